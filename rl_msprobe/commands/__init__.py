@@ -1,0 +1,1 @@
+"""Thin click commands, one module per area; the library does the work."""
