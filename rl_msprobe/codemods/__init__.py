@@ -1,0 +1,1 @@
+"""LibCST codemods, one module per upstream file; each is a pure `str -> str` edit."""

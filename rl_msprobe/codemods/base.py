@@ -1,0 +1,325 @@
+"""What every codemod is: a pure `str -> str` edit of one upstream file, found by named anchors.
+
+A codemod only *inserts whole lines*, each ending in its marker comment
+(`# rl-msprobe:<name>`). That one rule makes the rest exact and content-based:
+`revert` drops the marked lines (giving back the original bytes, line endings included),
+`status` compares a file with what applying to its reverted self would give, and
+`apply` is idempotent. Every `apply` checks the rule itself (black-style self-check).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+from packaging.version import InvalidVersion, Version
+
+from rl_msprobe.errors import UserError
+
+MARKER_PREFIX = "# rl-msprobe:"
+
+
+class Status(str, enum.Enum):
+    """Where a file (or a set) stands with respect to a codemod."""
+
+    APPLIED = "applied"
+    ABSENT = "absent"
+    PARTIAL = "partial"
+    CONFLICT = "conflict"
+    NOT_APPLICABLE = "not-applicable"  # the piece does not exist for this version / tree
+    NATIVE = "native"  # the upstream version supports this natively: no patch needed
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    status: Status
+    detail: str = ""
+
+
+class AnchorError(UserError):
+    """A named anchor was not found: the upstream file differs from what the codemod knows."""
+
+    def __init__(self, path: str, anchor: str, version: str | None, expected: str) -> None:
+        self.path, self.anchor, self.version, self.expected = path, anchor, version, expected
+        super().__init__(
+            f"{path}: anchor '{anchor}' not found (detected version {version or 'unknown'}); "
+            f"expected {expected}. The file differs from every release rl-msprobe knows: "
+            "update rl-msprobe, or edit the file by hand following the diff of a supported release."
+        )
+
+
+def parse_version(text: str | None) -> Version | None:
+    if not text:
+        return None
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def version_in_range(version: str | None, low: str | None, high: str | None) -> bool:
+    """Inclusive range check on release numbers; pre-releases of `high`'s series count as inside.
+
+    An unknown version is treated as inside: the anchors decide then.
+    """
+    parsed = parse_version(version)
+    if parsed is None:
+        return True
+    if low is not None and parsed < Version(low):
+        return False
+    return not (high is not None and Version(parsed.base_version) > Version(high))
+
+
+class Codemod:
+    """Base class. Subclasses set the class attributes and implement `transform`."""
+
+    name: ClassVar[str]  # also the marker suffix
+    project: ClassVar[str]
+    path: ClassVar[str]  # relative to the tree root, posix
+    min_version: ClassVar[str | None] = None
+    max_version: ClassVar[str | None] = None
+    anchors: ClassVar[dict[str, str]]  # anchor name -> what was expected there (for errors)
+    description: ClassVar[str] = ""
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def marker(self) -> str:
+        return f"{MARKER_PREFIX}{self.name}"
+
+    def supports(self, version: str | None) -> bool:
+        return version_in_range(version, self.min_version, self.max_version)
+
+    def range_text(self) -> str:
+        return f"{self.min_version or 'any'} … {self.max_version or 'newest'}"
+
+    def apply(self, source: str, version: str | None = None) -> str:
+        """Insert the marked lines; a source where they already stand comes back unchanged."""
+        if self.is_marked(source):
+            report = self.status(source, version)
+            if report.status is Status.APPLIED:
+                return source
+            raise UserError(
+                f"{self.path}: the {self.name} patch is {report.status.value} ({report.detail}); "
+                f"run `rl-msprobe patch revert` first, then apply again."
+            )
+        return self._apply_clean(source, version)
+
+    def revert(self, source: str) -> str:
+        """Drop this codemod's marked lines: the exact original text."""
+        return "".join(line for line in source.splitlines(keepends=True) if not self._is_marked_line(line))
+
+    def status(self, source: str, version: str | None = None) -> StatusReport:
+        marked = self.marked_lines(source)
+        clean = self.revert(source)
+        try:
+            expected = self._apply_clean(clean, version)
+        except AnchorError as exc:
+            if not marked:
+                return StatusReport(Status.CONFLICT, f"cannot be applied: anchor '{exc.anchor}' not found")
+            return StatusReport(Status.CONFLICT, f"anchor '{exc.anchor}' changed after apply")
+        if not marked:
+            return StatusReport(Status.ABSENT, "not applied")
+        if expected == source:
+            return StatusReport(Status.APPLIED, f"{len(marked)} marked lines in place")
+        wanted = self.marked_lines(expected)
+        if len(marked) < len(wanted) and all(line in wanted for line in marked):
+            return StatusReport(Status.PARTIAL, f"{len(marked)} of {len(wanted)} marked lines present")
+        return StatusReport(Status.CONFLICT, "marked lines differ from what this version expects")
+
+    def is_marked(self, source: str) -> bool:
+        return self.marker in source and bool(self.marked_lines(source))
+
+    def marked_lines(self, source: str) -> list[str]:
+        return [line.strip() for line in source.splitlines() if self._is_marked_line(line)]
+
+    # ------------------------------------------------------------------ internals
+
+    def _is_marked_line(self, line: str) -> bool:
+        return line.rstrip("\r\n").rstrip().endswith(self.marker)
+
+    def _apply_clean(self, source: str, version: str | None) -> str:
+        try:
+            module = cst.parse_module(source)
+        except cst.ParserSyntaxError as exc:
+            raise UserError(f"{self.path}: not valid Python ({exc.message} at line {exc.raw_line}).") from exc
+        ctx = TransformContext(self, module, version)
+        result = self.transform(module, ctx).code
+        ctx.check_all_found()
+        if self.revert(result) != source:  # self-check: only whole marked lines were added
+            raise RuntimeError(f"codemod {self.name} changed unmarked text in {self.path}")
+        return result
+
+
+class TransformContext:
+    """Per-run helper for a codemod: records anchors and builds marked statements."""
+
+    def __init__(self, codemod: Codemod, module: cst.Module, version: str | None) -> None:
+        self.codemod = codemod
+        self.module = module
+        self.version = version
+        self.found: set[str] = set()
+
+    def hit(self, anchor: str) -> None:
+        if anchor not in self.codemod.anchors:
+            raise KeyError(f"{self.codemod.name}: undeclared anchor {anchor!r}")
+        self.found.add(anchor)
+
+    def require(self, anchor: str) -> None:
+        """Raise now if `anchor` was not found (for anchors that later steps depend on)."""
+        if anchor not in self.found:
+            self.fail(anchor)
+
+    def fail(self, anchor: str) -> None:
+        raise AnchorError(self.codemod.path, anchor, self.version, self.codemod.anchors[anchor])
+
+    def check_all_found(self) -> None:
+        for anchor in self.codemod.anchors:
+            if anchor not in self.found:
+                self.fail(anchor)
+
+    def statements(self, code: str) -> list[cst.BaseStatement]:
+        """Parse one or more one-line statements and mark each line."""
+        lines = [line for line in code.strip("\n").split("\n") if line.strip()]
+        newline = self.module.default_newline
+        marked = "".join(f"{line}  {self.codemod.marker}{newline}" for line in lines)
+        parsed = cst.parse_module(marked, config=self.module.config_for_parsing)
+        return list(parsed.body)
+
+    def statement(self, code: str) -> cst.BaseStatement:
+        (stmt,) = self.statements(code)
+        return stmt
+
+
+# ---------------------------------------------------------------------- small CST helpers
+
+
+def body_of(node: cst.CSTNode) -> Sequence[cst.BaseStatement]:
+    body = getattr(node, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        return body.body
+    raise TypeError(f"{type(node).__name__} has no indented block")
+
+
+def with_body(node: cst.CSTNode, statements: Iterable[cst.BaseStatement]) -> cst.CSTNode:
+    block = node.body  # type: ignore[attr-defined]
+    return node.with_changes(body=block.with_changes(body=tuple(statements)))
+
+
+def is_import(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def insert_after_imports(module: cst.Module, statements: Sequence[cst.BaseStatement]) -> cst.Module:
+    """Insert statements after the last top-level import of the leading import block."""
+    body = list(module.body)
+    last = -1
+    for index, stmt in enumerate(body):
+        if is_import(stmt):
+            last = index
+        elif last >= 0 and not isinstance(stmt, cst.SimpleStatementLine):
+            break
+    position = last + 1 if last >= 0 else _after_docstring(body)
+    return module.with_changes(body=[*body[:position], *statements, *body[position:]])
+
+
+def _after_docstring(body: list[cst.BaseStatement]) -> int:
+    if body and isinstance(body[0], cst.SimpleStatementLine):
+        first = body[0].body[0]
+        if isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString)):
+            return 1
+    return 0
+
+
+def call_name(node: cst.CSTNode) -> str | None:
+    """Dotted name of a call's function (`self.forward_step`), else None."""
+    if not isinstance(node, cst.Call):
+        return None
+    return dotted(node.func)
+
+
+def dotted(node: cst.CSTNode) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def contains_call(node: cst.CSTNode, name: str) -> bool:
+    """Does `node` contain a call to the dotted function `name` anywhere?"""
+    found = False
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> bool:
+            nonlocal found
+            if call_name(call) == name:
+                found = True
+            return not found
+
+    node.visit(_Finder())
+    return found
+
+
+class ScopedTransformer(cst.CSTTransformer):
+    """A transformer that knows the dotted class/function scope it is in (`FSDPEngine.forward_step`)."""
+
+    def __init__(self, ctx: TransformContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.scope: list[str] = []
+
+    @property
+    def qualname(self) -> str:
+        return ".".join(self.scope)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.scope.append(node.name.value)
+        return True
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
+        self.scope.pop()
+        return self.leave_scope(original, updated)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.scope.append(node.name.value)
+        return True
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+        name = ".".join([*self.scope])
+        self.scope.pop()
+        return self.leave_function(name, original, updated)
+
+    def leave_scope(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
+        return updated
+
+    def leave_function(self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+        return updated
+
+
+def insert_before(stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """`new` then `stmt`, with `stmt`'s leading blank lines and comments moved above `new`.
+
+    The text is the same after a revert (the marked lines go, the leading lines stay).
+    """
+    if not new:
+        return [stmt]
+    lead = getattr(stmt, "leading_lines", ())
+    first = new[0].with_changes(leading_lines=lead)  # type: ignore[call-arg]
+    return [first, *new[1:], stmt.with_changes(leading_lines=())]
+
+
+def after_docstring(statements: Sequence[cst.BaseStatement]) -> int:
+    """Index of the first statement after a function's docstring."""
+    return _after_docstring(list(statements))

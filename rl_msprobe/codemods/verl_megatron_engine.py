@@ -1,0 +1,93 @@
+"""verl Megatron engine: one msprobe step per micro-batch forward.
+
+Megatron's schedule owns the micro-batch loop, so the decision (DUMP_ON, DUMP_PHASE, ref
+engine) is taken once per batch at the top of `MegatronEngine.forward_backward_batch`, and
+every `output = forward_fn(...)` / `output = fused_forward_fn(...)` in
+`MegatronEngineWithLMHead.forward_step` is wrapped in start / stop + step on the model chunk
+being run. The value-head engine's own `forward_fn` call is left alone (scoped by class).
+
+Drift handled (verl 0.6.0 … 0.9.1): one `forward_fn(` call (≤ 0.7.0) or two under
+`if use_fused_kernels:` / `else:` (0.7.1+); the one-line and the multi-line `forward_step`
+signature (`logits_processor_func` from 0.8.0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from rl_msprobe.codemods.base import (
+    Codemod,
+    ScopedTransformer,
+    TransformContext,
+    after_docstring,
+    call_name,
+    insert_after_imports,
+    insert_before,
+    with_body,
+)
+from rl_msprobe.codemods.verl_fsdp_engine import HOOKS_IMPORT
+
+FORWARD_CALLS = {"forward_fn", "fused_forward_fn"}
+
+
+def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    assign = stmt.body[0]
+    return isinstance(assign, cst.Assign) and call_name(assign.value) in FORWARD_CALLS
+
+
+class _Transformer(ScopedTransformer):
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+        if not self.qualname.startswith("MegatronEngineWithLMHead.forward_step"):
+            return updated
+        statements: list[cst.BaseStatement] = []
+        for stmt in updated.body:
+            if _is_forward_assign(stmt):
+                self.ctx.hit("forward_fn call")
+                start = self.ctx.statement("rl_msprobe_hooks.megatron_forward_start(self, model, batch)")
+                statements.extend(insert_before(stmt, [start]))
+                statements.append(self.ctx.statement("rl_msprobe_hooks.megatron_forward_end(self, batch)"))
+            else:
+                statements.append(stmt)
+        return updated.with_changes(body=statements)
+
+    def leave_function(self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+        if qualname == "MegatronEngineWithLMHead.forward_step":
+            self.ctx.hit("MegatronEngineWithLMHead.forward_step")
+            if not _has_param(updated, "batch_iter"):
+                self.ctx.fail("MegatronEngineWithLMHead.forward_step")
+        if qualname != "MegatronEngine.forward_backward_batch":
+            return updated
+        self.ctx.hit("MegatronEngine.forward_backward_batch")
+        body: Sequence[cst.BaseStatement] = updated.body.body
+        at = after_docstring(body)
+        decide = self.ctx.statement("rl_msprobe_hooks.megatron_batch_begin(self, forward_only)")
+        return with_body(updated, [*body[:at], decide, *body[at:]])
+
+
+def _has_param(func: cst.FunctionDef, name: str) -> bool:
+    return any(p.name.value == name for p in func.params.params)
+
+
+class VerlMegatronEngine(Codemod):
+    name = "verl-megatron-engine"
+    project = "verl"
+    path = "verl/workers/engine/megatron/transformer_impl.py"
+    min_version = "0.6.0"
+    max_version = "0.9.1"
+    description = "dump switch per batch in MegatronEngine; start/stop around each forward_fn in forward_step"
+    anchors = {
+        "MegatronEngine.forward_backward_batch": "a method forward_backward_batch in class MegatronEngine",
+        "MegatronEngineWithLMHead.forward_step": "a method forward_step(self, batch_iter, model, ...) "
+        "in class MegatronEngineWithLMHead",
+        "forward_fn call": "`output = forward_fn(...)` or `output = fused_forward_fn(...)` "
+        "in MegatronEngineWithLMHead.forward_step",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        updated = module.visit(_Transformer(ctx))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])

@@ -1,0 +1,229 @@
+"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
+
+tree_option = click.option(
+    "--tree",
+    metavar="PATH|release:NAME==VER",
+    help="The folder holding the package (or the package folder), or a release fetched from the index.",
+)
+python_option = click.option(
+    "--python", "python", metavar="PY", help="Use the tree this interpreter imports (may be `docker exec -i C python3`)."
+)
+sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
+
+
+def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str | None):
+    from rl_msprobe.patches import resolve_sets
+    from rl_msprobe.targets import resolve_target
+
+    sets = resolve_sets(set_names)
+    project = sets[0].project
+    default = _newest(project) if not tree and not python else None
+    return resolve_target(tree, python, project, default_version=default), sets
+
+
+def _newest(project: str) -> str | None:
+    from rl_msprobe.patches import all_sets
+
+    versions = [s.max_version for s in all_sets() if s.project == project and s.max_version]
+    if not versions:
+        return None
+    from packaging.version import Version
+
+    return max(versions, key=Version)
+
+
+@click.group()
+def patch() -> None:
+    """Source patch sets for verl, SGLang, vLLM and vLLM-Ascend trees.
+
+    A tree is --tree PATH (a checkout, an editable install or site-packages), --python PY
+    (the tree that interpreter imports), or --tree release:verl==0.9.1 (fetched; diff and
+    status only). Without either, diff and status use the newest supported release.
+    """
+
+
+@patch.command("list")
+@json_option
+@handles_user_errors
+def list_sets(as_json: bool) -> None:
+    """List the patch sets, their projects, version ranges and pieces."""
+    from rl_msprobe.patches import all_sets
+
+    doc = [
+        {
+            "name": s.name,
+            "project": s.project,
+            "versions": s.range_text(),
+            "native_since": s.native_since,
+            "optional": s.optional,
+            "description": s.description,
+            "pieces": [{"name": p.label, "path": p.path, "essential": p.essential} for p in s.all_pieces()],
+        }
+        for s in all_sets()
+    ]
+    if as_json:
+        emit_json(doc)
+        return
+    for entry in doc:
+        click.echo(f"{entry['name']:<26} {entry['project']:<12} {entry['versions']:<22} {entry['description']}")
+
+
+@patch.command()
+@sets_argument
+@tree_option
+@python_option
+@click.option("--stat", "show_stat", is_flag=True, help="Print the summary (files, hunks, +/-) instead of the diff.")
+@json_option
+@handles_user_errors
+def diff(set_names: tuple[str, ...], tree: str | None, python: str | None, show_stat: bool, as_json: bool) -> None:
+    """Print the unified diff applying SET... would make. Exit 1 when changes are pending, 0 when none."""
+    from rl_msprobe import workspace
+
+    target, sets = _target_and_sets(set_names, tree, python)
+    plan = workspace.plan_apply(target, sets)
+    text = workspace.unified_diff(plan.changes)
+    summary = workspace.summarize(text)
+    if as_json:
+        emit_json(
+            {
+                "tree": str(target.root),
+                "project": target.project,
+                "version": target.version,
+                "sets": [s.name for s in sets],
+                "summary": summary,
+                "skipped": [r.to_json() for r in plan.skipped],
+                "diff": text,
+            }
+        )
+    elif show_stat:
+        for f in summary["files"]:
+            click.echo(f"{f['path']}: {f['hunks']} hunks, +{f['added']} -{f['removed']}")
+    else:
+        click.echo(text, nl=False)
+    if not as_json:
+        for r in plan.skipped:
+            click.echo(f"# {r.piece}: not applicable here: {r.detail}", err=True)
+        click.echo(
+            f"# {target.describe()}: {len(summary['files'])} files, {summary['hunks']} hunks, "
+            f"+{summary['added']} -{summary['removed']}",
+            err=True,
+        )
+    sys.exit(1 if plan.pending else 0)
+
+
+@patch.command()
+@sets_argument
+@tree_option
+@python_option
+@click.option("--branch", metavar="NAME", help="Branch for the commit (default rl-msprobe/<sets>).")
+@click.option("--no-branch", is_flag=True, help="Commit on the current branch instead of a new one.")
+@click.option("--allow-dirty", is_flag=True, help="Apply in a git checkout with uncommitted changes (left untouched).")
+@json_option
+@handles_user_errors
+def apply(
+    set_names: tuple[str, ...],
+    tree: str | None,
+    python: str | None,
+    branch: str | None,
+    no_branch: bool,
+    allow_dirty: bool,
+    as_json: bool,
+) -> None:
+    """Apply SET... to the tree: every file or none. Applying an applied set changes nothing."""
+    from rl_msprobe import workspace
+    from rl_msprobe.errors import UserError
+
+    if branch and no_branch:
+        raise UserError("pass --branch NAME or --no-branch, not both.")
+    target, sets = _target_and_sets(set_names, tree, python)
+    result = workspace.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+    if as_json:
+        emit_json(result)
+        return
+    if result["noop"]:
+        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; nothing changed.")
+    else:
+        click.echo(f"applied {', '.join(result['sets'])} to {target.describe()}:")
+        for path in result["changed"]:
+            click.echo(f"  {path}")
+        if result["git"]:
+            click.echo(f"git: branch {result['git']['branch']}, commit {result['git']['commit'][:12]}")
+        else:
+            click.echo(f"originals kept in {result['manifest']}")
+    for skipped in result["skipped"]:
+        click.echo(f"  not applicable: {skipped['codemod']} ({skipped['detail']})")
+    for s in sets:
+        for note in s.notes:
+            click.echo(f"note: {note}")
+
+
+@patch.command()
+@sets_argument
+@tree_option
+@python_option
+@json_option
+@handles_user_errors
+def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_json: bool) -> None:
+    """Revert SET...: the files are byte-identical to before the apply (git: a revert commit)."""
+    from rl_msprobe import workspace
+
+    target, sets = _target_and_sets(set_names, tree, python)
+    result = workspace.revert(target, sets)
+    if as_json:
+        emit_json(result)
+        return
+    if result["noop"]:
+        click.echo(f"{', '.join(result['sets'])}: not applied to {target.describe()}; nothing changed.")
+        return
+    click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
+    for path in result["changed"]:
+        click.echo(f"  {path}")
+    if result["git"]:
+        click.echo(f"git: revert commit {result['git']['commit'][:12]} on {result['git']['branch']}")
+
+
+@patch.command()
+@sets_argument
+@tree_option
+@python_option
+@json_option
+@handles_user_errors
+def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_json: bool) -> None:
+    """Per set and file: applied | absent | partial | conflict (also native, not-applicable).
+
+    Exit 0 when everything asked for is applied (or native), 1 otherwise. Without SET, every
+    set for the tree's project.
+    """
+    from rl_msprobe import workspace
+    from rl_msprobe.patches import all_sets, resolve_sets
+    from rl_msprobe.targets import resolve_target, resolve_tree
+
+    if set_names:
+        target, sets = _target_and_sets(set_names, tree, python)
+    else:
+        from rl_msprobe.errors import UserError
+
+        if not tree:
+            raise UserError("without SET, pass --tree PATH so rl-msprobe can tell the project.")
+        target = resolve_tree(tree)
+        sets = [s for s in all_sets() if s.project == target.project and not s.includes]
+        sets = resolve_sets([s.name for s in sets])
+        target = resolve_target(tree, python, target.project)
+    doc = workspace.collect_status(target, sets)
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(f"{target.describe()}")
+        for entry in doc["sets"]:
+            click.echo(f"{entry['name']}: {entry['status']}")
+            for f in entry["files"]:
+                click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
+    sys.exit(0 if workspace.all_applied(doc) else 1)

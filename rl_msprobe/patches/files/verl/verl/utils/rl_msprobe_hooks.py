@@ -1,0 +1,1 @@
+"""Added to this tree by rl-msprobe (placeholder)."""

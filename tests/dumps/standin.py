@@ -1,0 +1,346 @@
+"""Stand-in rollout and training processes for the dumps end-to-end test.
+
+Until the vLLM CPU venv (patched with `vllm-dump`) and the verl training helper can be run
+here, this script plays both sides with a tiny Qwen2 (vocab 512, hidden 128, intermediate 256,
+2 layers, 4 heads, 2 kv heads, random weights, no hub):
+
+- ``rollout``: a module tree named like vLLM's Qwen2 (fused ``qkv_proj`` / ``gate_up_proj``,
+  ``QKVParallelLinear``, ``RowParallelLinear``, ``SiluAndMul``, ``logits_processor``; tokens
+  flattened to ``[T, H]``) fed with the same weights; one msprobe step per model step,
+  ``{out}/{pid}/dispatch_log.jsonl`` in the DOMAIN §6 format, vLLM ≥ 0.14 id suffixes.
+- ``train``: transformers' own ``Qwen2ForCausalLM`` wrapped the way FSDP1 names modules
+  (``_fsdp_wrapped_module``), one msprobe step per micro-batch (one request each, prompt only),
+  ``{out}/{pid}/update_actor_log.jsonl``.
+
+Each side is its own process because msprobe's PrecisionDebugger is a per-process singleton.
+Usage: python standin.py rollout|train OUT [--perturb LAYER] [--no-pid-level]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PROMPTS = {  # request id (as verl sends it) -> prompt token ids
+    "3f2a9c1e7b6d4e5fa0b1c2d3e4f50617": [1, 17, 42, 99, 5, 311, 27, 64],
+    "9a8b7c6d5e4f40312a1b2c3d4e5f6071": [1, 250, 3, 77, 401, 12],
+    "0c1d2e3f4a5b46c7d8e9f0a1b2c3d4e5": [1, 8, 88, 188, 288],
+}
+VLLM_SUFFIX = {rid: f"{i:02d}c0ffee"[-8:] for i, rid in enumerate(PROMPTS)}
+
+
+def hf_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="eager",
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+# ---------------------------------------------------------------- vLLM-named rollout tree
+class VocabParallelEmbedding(nn.Embedding):
+    pass
+
+
+class ParallelLMHead(nn.Linear):
+    pass
+
+
+class QKVParallelLinear(nn.Linear):
+    pass
+
+
+class MergedColumnParallelLinear(nn.Linear):
+    pass
+
+
+class RowParallelLinear(nn.Linear):
+    pass
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x):
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim = head_dim
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+    def forward(self, positions, q, k):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+        def rot(x):
+            x1, x2 = x[..., : self.head_dim // 2], x[..., self.head_dim // 2 :]
+            return torch.cat((-x2, x1), dim=-1)
+
+        t = q.shape[0]
+        q = q.view(t, -1, self.head_dim)
+        k = k.view(t, -1, self.head_dim)
+        return (q * cos + rot(q) * sin).reshape(t, -1), (k * cos + rot(k) * sin).reshape(t, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+
+    def forward(self, q, k, v):
+        t = q.shape[0]
+        q = q.view(t, self.heads, self.head_dim).transpose(0, 1)
+        k = k.view(t, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = v.view(t, self.kv_heads, self.head_dim).transpose(0, 1)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(0, 1).reshape(t, -1)
+
+
+class Qwen2Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        self.q_size, self.kv_size = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary_emb = RotaryEmbedding(hd, cfg.rope_parameters["rope_theta"])
+        self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, hd)
+
+    def forward(self, positions, hidden_states):
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = Qwen2Attention(cfg)
+        self.mlp = Qwen2MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden_states):
+        h = hidden_states + self.self_attn(positions, self.input_layernorm(hidden_states))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen2Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen2DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions):
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(positions, h)
+        return self.norm(h)
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, lm_head, hidden_states):
+        return lm_head(hidden_states)
+
+
+class VllmQwen2ForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.model = Qwen2Model(cfg)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.logits_processor = LogitsProcessor()
+
+    def forward(self, input_ids, positions):
+        return self.logits_processor(self.lm_head, self.model(input_ids, positions))
+
+
+@torch.no_grad()
+def vllm_model_from(hf) -> VllmQwen2ForCausalLM:
+    cfg = hf.config
+    m = VllmQwen2ForCausalLM(cfg).eval()
+    m.model.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+    m.model.norm.weight.copy_(hf.model.norm.weight)
+    m.lm_head.weight.copy_(hf.lm_head.weight)
+    for ours, theirs in zip(m.model.layers, hf.model.layers):
+        a, b = ours.self_attn, theirs.self_attn
+        a.qkv_proj.weight.copy_(torch.cat([b.q_proj.weight, b.k_proj.weight, b.v_proj.weight]))
+        a.qkv_proj.bias.copy_(torch.cat([b.q_proj.bias, b.k_proj.bias, b.v_proj.bias]))
+        a.o_proj.weight.copy_(b.o_proj.weight)
+        ours.mlp.gate_up_proj.weight.copy_(torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight]))
+        ours.mlp.down_proj.weight.copy_(theirs.mlp.down_proj.weight)
+        ours.input_layernorm.weight.copy_(theirs.input_layernorm.weight)
+        ours.post_attention_layernorm.weight.copy_(theirs.post_attention_layernorm.weight)
+    return m
+
+
+# ---------------------------------------------------------------- FSDP1-named training tree
+class FullyShardedDataParallel(nn.Module):
+    """Names modules the way FSDP1 does (`_fsdp_wrapped_module`); shards nothing."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self._fsdp_wrapped_module = module
+
+    def forward(self, *args, **kwargs):
+        return self._fsdp_wrapped_module(*args, **kwargs)
+
+
+def fsdp_like(hf) -> nn.Module:
+    for i, layer in enumerate(hf.model.layers):
+        hf.model.layers[i] = FullyShardedDataParallel(layer)
+    return FullyShardedDataParallel(hf)
+
+
+# ---------------------------------------------------------------- the two processes
+def debugger(out: str, dump_path: str):
+    from msprobe.pytorch import PrecisionDebugger
+
+    cfg = {
+        "task": "tensor",
+        "dump_path": dump_path,
+        "rank": [],
+        "step": [],
+        "level": "L0",
+        "tensor": {"scope": [], "list": [], "data_mode": ["forward"]},
+    }
+    os.makedirs(dump_path, exist_ok=True)
+    path = os.path.join(out, f"msprobe_config_{os.getpid()}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return PrecisionDebugger(config_path=path)
+
+
+def perturb(hf, layer: int) -> None:
+    if layer >= 0:
+        with torch.no_grad():
+            hf.model.layers[layer].mlp.down_proj.weight.mul_(1.5)
+
+
+def log_line(f, **fields) -> None:
+    f.write(json.dumps(fields) + "\n")
+    f.flush()
+
+
+def run_rollout(out: str, layer: int, pid_level: bool) -> None:
+    hf = hf_model()
+    perturb(hf, layer)
+    model = vllm_model_from(hf)
+    pid = os.getpid()
+    base = os.path.join(out, str(pid)) if pid_level else out
+    dbg = debugger(out, base)
+    os.makedirs(os.path.join(out, str(pid)), exist_ok=True)
+    ids = list(PROMPTS)
+    # model steps as a scheduler would issue them: single prefill, decode, a batched prefill
+    steps = [
+        ("prefill", [(ids[0], "new", PROMPTS[ids[0]])]),
+        ("decode", [(ids[0], "cached", [7])]),
+        ("prefill", [(ids[1], "new", PROMPTS[ids[1]])]),
+        ("prefill", [(ids[2], "new", PROMPTS[ids[2]]), (ids[0], "cached", [9])]),
+    ]
+    with open(os.path.join(out, str(pid), "dispatch_log.jsonl"), "w") as log:
+        for n, (phase, reqs) in enumerate(steps):
+            tokens = [t for _, _, toks in reqs for t in toks]
+            positions = torch.arange(len(tokens)) if phase == "prefill" else torch.tensor([len(PROMPTS[ids[0]])])
+            dbg.start(model=model)
+            with torch.no_grad():
+                model(torch.tensor(tokens), positions)
+            dbg.stop()
+            log_line(
+                log,
+                source="dispatch",
+                timestamp=time.time(),
+                pid=pid,
+                rank=0,
+                step=n,
+                phase=phase,
+                total_num_scheduled_tokens=len(tokens),
+                requests=[
+                    {"request_id": f"{rid}-{VLLM_SUFFIX[rid]}", "type": kind, "tokens": len(toks)}
+                    for rid, kind, toks in reqs
+                ],
+            )
+            dbg.step()
+
+
+def run_train(out: str, layer: int, pid_level: bool) -> None:
+    hf = hf_model()
+    perturb(hf, layer)
+    model = fsdp_like(hf)
+    pid = os.getpid()
+    dbg = debugger(out, os.path.join(out, str(pid)) if pid_level else out)
+    os.makedirs(os.path.join(out, str(pid)), exist_ok=True)
+    with open(os.path.join(out, str(pid), "update_actor_log.jsonl"), "w") as log:
+        for rid in list(PROMPTS)[:2]:  # the batched request never reaches a one-request pair
+            step = dbg.service.current_iter
+            dbg.start(model=model)
+            with torch.no_grad():
+                model(input_ids=torch.tensor([PROMPTS[rid]]))
+            dbg.stop()
+            log_line(
+                log,
+                source="update_actor",
+                timestamp=time.time(),
+                pid=pid,
+                rank=0,
+                step=step,
+                request_ids=[rid],
+                num_requests=1,
+            )
+            dbg.step()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("side", choices=["rollout", "train"])
+    p.add_argument("out")
+    p.add_argument("--perturb", type=int, default=-1, help="scale this layer's mlp.down_proj weight by 1.5")
+    p.add_argument("--no-pid-level", action="store_true", help="dump straight into OUT (no {pid} folder)")
+    a = p.parse_args()
+    (run_rollout if a.side == "rollout" else run_train)(a.out, a.perturb, not a.no_pid_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Test helpers shared by every patch-set test: real releases copied into scratch git repos,
+and the full patch cycle (diff -> git apply --check -> apply -> status -> compile -> second
+apply no-op -> byte-exact revert -> branch and commit)."""
+
+from __future__ import annotations
+
+import json
+import py_compile
+import shutil
+import subprocess
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rl_msprobe.cli import main
+from rl_msprobe.targets import fetch_release
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run `rl-msprobe ARGS` in-process; returns (exit code, stdout, stderr)."""
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def init_repo(path: Path) -> Path:
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.email", "tests@rl-msprobe")
+    git(path, "config", "user.name", "rl-msprobe tests")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "upstream release")
+    return path
+
+
+def scratch_copy(project: str, version: str, dest: Path, with_git: bool = True) -> Path:
+    """A writable copy of a release fetched from the package index (cached), as a git repo."""
+    root = fetch_release(project, version)
+    shutil.copytree(root, dest, symlinks=True)
+    return init_repo(dest) if with_git else dest
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+
+
+def full_cycle(tree: Path, sets: list[str]) -> dict:
+    """Run the whole cycle on a scratch git tree and assert each step; returns the status JSON."""
+    before = snapshot(tree)
+    code, diff, err = run_cli("patch", "diff", *sets, "--tree", str(tree))
+    assert code == 1, f"diff should report pending changes: {err}"
+    patch_file = tree.parent / f"{tree.name}.patch"
+    patch_file.write_text(diff)
+    subprocess.run(["git", "apply", "--check", str(patch_file)], cwd=tree, check=True)
+    subprocess.run(["patch", "-p1", "--dry-run", "-s", "-i", str(patch_file)], cwd=tree, check=True)
+
+    code, out, err = run_cli("patch", "apply", *sets, "--tree", str(tree), "--json")
+    assert code == 0, err
+    applied = json.loads(out)
+    assert applied["git"]["branch"] == "rl-msprobe/" + "+".join(sets)
+    assert git(tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == applied["git"]["branch"]
+    message = git(tree, "log", "-1", "--format=%B")
+    assert all(s in message for s in sets) and "rl-msprobe" in message
+
+    code, out, err = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
+    status = json.loads(out)
+    assert code == 0, json.dumps(status, indent=1)
+    for rel in applied["changed"]:
+        if rel.endswith(".py"):
+            py_compile.compile(str(tree / rel), doraise=True)
+    assert git(tree, "status", "--porcelain").strip() == ""
+
+    after_apply = snapshot(tree)
+    code, out, _ = run_cli("patch", "apply", *sets, "--tree", str(tree), "--json")
+    assert code == 0 and json.loads(out)["noop"] is True
+    assert snapshot(tree) == after_apply
+    code, _, _ = run_cli("patch", "diff", *sets, "--tree", str(tree))
+    assert code == 0, "no changes may be pending after apply"
+
+    code, out, err = run_cli("patch", "revert", *sets, "--tree", str(tree), "--json")
+    assert code == 0, err
+    assert snapshot(tree) == before, "revert must give back the original bytes"
+    code, out, _ = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
+    assert code == 1 and all(s["status"] in ("absent", "not-applicable") for s in json.loads(out)["sets"])
+    return status
