@@ -1,1 +1,208 @@
-"""Added to this tree by rl-msprobe (placeholder)."""
+"""msprobe dump hooks for verl's training engines. Added to this tree by rl-msprobe (patch set verl-engine).
+
+The engine files call these functions from a few marked lines (`# rl-msprobe:...`); run
+`rl-msprobe patch revert verl-engine --tree <this tree>` to remove them and this file.
+
+Environment (read at every call, so a Ray worker sees what its runtime env gives it):
+  DUMP_ON=1                 enable; unset or anything else: the hooks do nothing and msprobe
+                            is never imported
+  DUMP_PHASE=log_prob       which engine calls dump: log_prob (forward-only, the default),
+                            update_actor (forward + backward), or all
+  MSPROBE_ACTOR_CONFIG=PATH the msprobe config.json for the training side (required when DUMP_ON=1)
+  DUMP_SEED=1234            seed passed to msprobe's seed_all
+  DUMP_DETERMINISTIC=1      seed_all(mode=True) as msprobe documents for precision comparison:
+                            it calls torch.use_deterministic_algorithms(True), so a
+                            non-deterministic CUDA/NPU kernel then raises. Set 0 to only seed.
+
+Output: one msprobe step per dumped micro-batch in `{dump_path}/step{N}/rank{R}/dump.json`,
+and one line per dumped micro-batch in `{dump_path}/{pid}/update_actor_log.jsonl`:
+  {"source": "update_actor", "timestamp", "pid", "rank", "step", "phase", "request_ids", "num_requests"}
+The reference-model engine (`engine_config.forward_only`) is never dumped.
+
+This file depends on nothing but the standard library, torch-free duck typing and (lazily) msprobe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+PHASES = ("log_prob", "update_actor", "all")
+
+_state = {"debugger": None, "config": None}
+
+
+class RlMsprobeConfigError(RuntimeError):
+    """DUMP_ON=1 but the msprobe config cannot be used: one clear message, no chained traceback."""
+
+
+def enabled() -> bool:
+    return os.environ.get("DUMP_ON", "") == "1"
+
+
+def _phase() -> str:
+    phase = os.environ.get("DUMP_PHASE", "log_prob").strip() or "log_prob"
+    if phase not in PHASES:
+        raise RlMsprobeConfigError(f"DUMP_PHASE={phase!r} is not one of {', '.join(PHASES)}.")
+    return phase
+
+
+def wants(engine, forward_only: bool) -> bool:
+    """Should this engine call be dumped? (DUMP_ON, DUMP_PHASE, and never the ref engine.)"""
+    if not enabled():
+        return False
+    engine_config = getattr(engine, "engine_config", None)
+    if getattr(engine_config, "forward_only", False):
+        return False  # the reference model's engine
+    phase = _phase()
+    if phase == "all":
+        return True
+    return phase == ("log_prob" if forward_only else "update_actor")
+
+
+def debugger():
+    """The process's msprobe PrecisionDebugger (a per-process singleton), created on first use."""
+    if _state["debugger"] is not None:
+        return _state["debugger"]
+    config = os.environ.get("MSPROBE_ACTOR_CONFIG", "")
+    if not config:
+        raise RlMsprobeConfigError(
+            "DUMP_ON=1 but MSPROBE_ACTOR_CONFIG is not set: point it at the training msprobe config.json "
+            "(rl-msprobe prepare writes config_actor.json), or unset DUMP_ON."
+        ) from None
+    try:
+        with open(config, encoding="utf-8") as handle:
+            json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise RlMsprobeConfigError(
+            f"DUMP_ON=1 but MSPROBE_ACTOR_CONFIG={config} cannot be used ({exc}); fix the file or the variable."
+        ) from None
+    from msprobe.pytorch import PrecisionDebugger, seed_all
+
+    seed_all(
+        seed=int(os.environ.get("DUMP_SEED", "1234")),
+        mode=os.environ.get("DUMP_DETERMINISTIC", "1") == "1",
+    )
+    _state["debugger"] = PrecisionDebugger(config_path=config)
+    _state["config"] = config
+    return _state["debugger"]
+
+
+def request_ids(batch) -> list:
+    """The micro-batch's request ids (a non-tensor field `request_id`), as plain strings."""
+    if batch is None:
+        return []
+    value = None
+    for key in ("request_id", "request_ids"):
+        try:
+            value = batch[key] if key in batch.keys() else None
+        except Exception:
+            value = None
+        if value is None:
+            non_tensor = getattr(batch, "non_tensor_batch", None)
+            if isinstance(non_tensor, dict):
+                value = non_tensor.get(key)
+        if value is not None:
+            break
+    if value is None:
+        return []
+    for attr in ("tolist", "data"):
+        if hasattr(value, attr) and not isinstance(value, (str, bytes)):
+            value = getattr(value, attr)
+            value = value() if callable(value) else value
+    if isinstance(value, (str, bytes)):
+        value = [value]
+    out = []
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, (list, tuple)):
+            out.extend(str(x) for x in item)
+        else:
+            out.append(item.decode() if isinstance(item, bytes) else str(item))
+    return out
+
+
+def _rank(engine) -> int:
+    rank = getattr(engine, "rank", None)
+    if rank is not None:
+        return int(rank)
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+def _log(engine, batch, step: int, phase: str) -> None:
+    dump_path = debugger().service.config.dump_path
+    pid = os.getpid()
+    folder = os.path.join(dump_path, str(pid))
+    os.makedirs(folder, exist_ok=True)
+    ids = request_ids(batch)
+    line = {
+        "source": "update_actor",
+        "timestamp": time.time(),
+        "pid": pid,
+        "rank": _rank(engine),
+        "step": step,
+        "phase": phase,
+        "request_ids": ids,
+        "num_requests": len(ids),
+    }
+    with open(os.path.join(folder, "update_actor_log.jsonl"), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def _start(model) -> int:
+    dbg = debugger()
+    dbg.start(model=model)
+    return int(getattr(dbg.service, "current_iter", 0))
+
+
+def _finish(engine, batch, step: int, phase: str) -> None:
+    dbg = debugger()
+    dbg.stop()
+    _log(engine, batch, step, phase)
+    dbg.step()
+
+
+# ---------------------------------------------------------------- FSDP engine
+
+
+def micro_batch_start(engine, micro_batch, forward_only):
+    """Before a micro-batch's forward (and backward): start the debugger on engine.module."""
+    if not wants(engine, forward_only):
+        return None
+    phase = "log_prob" if forward_only else "update_actor"
+    return (engine, micro_batch, _start(engine.module), phase)
+
+
+def micro_batch_end(token) -> None:
+    """After the micro-batch: stop, log its request ids, step."""
+    if token is None:
+        return
+    engine, micro_batch, step, phase = token
+    _finish(engine, micro_batch, step, phase)
+
+
+# ---------------------------------------------------------------- Megatron engine
+
+
+def megatron_batch_begin(engine, forward_only) -> None:
+    """Decide once per batch (Megatron's schedule owns the micro-batch loop)."""
+    engine._rl_msprobe_phase = ("log_prob" if forward_only else "update_actor") if wants(engine, forward_only) else None
+
+
+def megatron_forward_start(engine, model, batch) -> None:
+    phase = getattr(engine, "_rl_msprobe_phase", None)
+    if phase is None:
+        return
+    engine._rl_msprobe_step = _start(model)
+
+
+def megatron_forward_end(engine, batch) -> None:
+    phase = getattr(engine, "_rl_msprobe_phase", None)
+    if phase is None:
+        return
+    _finish(engine, batch, getattr(engine, "_rl_msprobe_step", 0), phase)
