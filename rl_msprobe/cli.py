@@ -18,7 +18,11 @@ from rl_msprobe import __version__
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "env": ("rl_msprobe.commands.planner", "env", "Check (and install) msprobe in the training interpreter."),
     "detect": ("rl_msprobe.commands.planner", "detect", "Decide the collection mode of a launch script."),
-    "prepare": ("rl_msprobe.commands.planner", "prepare", "Write a derived launch script and msprobe configs."),
+    "prepare": (
+        "rl_msprobe.commands.planner",
+        "prepare",
+        "Write a derived launch script and msprobe configs.",
+    ),
     "check": ("rl_msprobe.commands.planner", "check", "Check a launch script against the rules of a mode."),
     "patch": ("rl_msprobe.commands.patch", "patch", "Diff, apply, revert and inspect source patch sets."),
     "dumps": ("rl_msprobe.commands.dumps", "dumps", "Check, correlate and compare collected dumps."),

@@ -67,7 +67,9 @@ def decode(data: bytes, path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}); rl-msprobe only patches UTF-8 sources.") from exc
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {exc.start}); rl-msprobe only patches UTF-8 sources."
+        ) from exc
 
 
 def _read(root: Path, rel: str) -> bytes | None:
@@ -119,7 +121,9 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
         before = texts[piece.path][0] if piece.path in texts else _read(target.root, piece.path)
         why_not = _applicability(piece, target, before is not None)
         if why_not:
-            plan.skipped.append(PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_APPLICABLE, why_not))
+            plan.skipped.append(
+                PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_APPLICABLE, why_not)
+            )
             continue
         item = piece.item
         if isinstance(item, NewFile):
@@ -192,7 +196,11 @@ def piece_status(target: Target, patch_set: PatchSet, piece: Piece) -> PieceRepo
         if data == item.content():
             return PieceReport(patch_set.name, piece.path, piece.label, Status.APPLIED, "file present")
         return PieceReport(
-            patch_set.name, piece.path, piece.label, Status.CONFLICT, "file differs from the one this rl-msprobe adds"
+            patch_set.name,
+            piece.path,
+            piece.label,
+            Status.CONFLICT,
+            "file differs from the one this rl-msprobe adds",
         )
     report = item.status(decode(data or b"", piece.path), target.version)
     return PieceReport(patch_set.name, piece.path, piece.label, report.status, report.detail)
@@ -239,7 +247,9 @@ def unified_diff(changes: list[FileChange]) -> str:
     """A diff with a/ b/ paths that `git apply` and `patch -p1` accept."""
     out: list[str] = []
     for change in changes:
-        old = decode(change.before, change.path).splitlines(keepends=True) if change.before is not None else []
+        old = (
+            decode(change.before, change.path).splitlines(keepends=True) if change.before is not None else []
+        )
         new = decode(change.after, change.path).splitlines(keepends=True) if change.after is not None else []
         a = f"a/{change.path}" if change.before is not None else "/dev/null"
         b = f"b/{change.path}" if change.after is not None else "/dev/null"
@@ -332,7 +342,9 @@ def write_all(root: Path, changes: list[FileChange]) -> None:
     except OSError as exc:
         for change in reversed(done):
             _write_one(root, change.path, change.before)
-        raise UserError(f"{root / change.path}: could not be written ({exc.strerror}); every file was restored.") from exc
+        raise UserError(
+            f"{root / change.path}: could not be written ({exc.strerror}); every file was restored."
+        ) from exc
 
 
 # ---------------------------------------------------------------- git / manifest
@@ -384,7 +396,9 @@ def _message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str
 
 
 def _check_git_clean(repo: Any, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:
-    dirty = [item.a_path for item in repo.index.diff(None)] + [item.a_path for item in repo.index.diff("HEAD")]
+    dirty = [item.a_path for item in repo.index.diff(None)] + [
+        item.a_path for item in repo.index.diff("HEAD")
+    ]
     if not dirty:
         return
     if not allow_dirty:
@@ -506,22 +520,30 @@ def apply(
     repo = open_repo(target.root)
     if repo is not None:
         _check_git_clean(repo, target.root, plan.changes, allow_dirty)
+        _preflight(target.root, plan.changes)
         original_branch = None if repo.head.is_detached else repo.active_branch.name
         name = branch or default_branch(sets)
-        if make_branch and original_branch != name:
+        new_branch = make_branch and original_branch != name
+        if new_branch:
             if name in [h.name for h in repo.heads]:
                 raise UserError(
                     f"branch {name} already exists in {repo.working_tree_dir}; check it out, delete it, "
                     "or pass --branch NAME."
                 )
             repo.git.checkout("-b", name)
+        paths = _repo_paths(repo, target.root, plan.changes)
+        written = False
         try:
             write_all(target.root, plan.changes)
-            sha = _commit(repo, _repo_paths(repo, target.root, plan.changes), _message("apply", target, sets, plan))
+            written = True
+            sha = _commit(repo, paths, _message("apply", target, sets, plan))
         except BaseException:
-            write_all(target.root, [FileChange(c.path, c.after, c.before) for c in plan.changes])
-            if make_branch and original_branch and original_branch != name:
-                repo.git.checkout(original_branch)
+            if written:  # the commit failed: unstage and put every file back
+                repo.git.reset("-q", "--", *paths)
+                for change in plan.changes:
+                    _write_one(target.root, change.path, change.before)
+            if new_branch and original_branch:
+                repo.git.checkout("-q", original_branch)
                 repo.git.branch("-D", name)
             raise
         result["git"] = {"branch": repo.active_branch.name, "commit": sha, "from_branch": original_branch}
@@ -555,7 +577,10 @@ def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
         tracked = [p for p in paths if repo.git.ls_files("--", p)]
         if tracked:
             sha = _commit(repo, tracked, _message("revert", target, sets, plan))
-            result["git"] = {"branch": None if repo.head.is_detached else repo.active_branch.name, "commit": sha}
+            result["git"] = {
+                "branch": None if repo.head.is_detached else repo.active_branch.name,
+                "commit": sha,
+            }
     else:
         write_all(target.root, plan.changes)
         _forget_originals(target.root, plan)

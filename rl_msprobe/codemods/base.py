@@ -95,6 +95,10 @@ class Codemod:
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.name}"
 
+    def required_anchors(self, version: str | None) -> list[str]:
+        """Anchors that must be found for this version (all of them unless a codemod says otherwise)."""
+        return list(self.anchors)
+
     def supports(self, version: str | None) -> bool:
         return version_in_range(version, self.min_version, self.max_version)
 
@@ -182,7 +186,7 @@ class TransformContext:
         raise AnchorError(self.codemod.path, anchor, self.version, self.codemod.anchors[anchor])
 
     def check_all_found(self) -> None:
-        for anchor in self.codemod.anchors:
+        for anchor in self.codemod.required_anchors(self.version):
             if anchor not in self.found:
                 self.fail(anchor)
 
@@ -236,7 +240,9 @@ def insert_after_imports(module: cst.Module, statements: Sequence[cst.BaseStatem
 def _after_docstring(body: list[cst.BaseStatement]) -> int:
     if body and isinstance(body[0], cst.SimpleStatementLine):
         first = body[0].body[0]
-        if isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString)):
+        if isinstance(first, cst.Expr) and isinstance(
+            first.value, (cst.SimpleString, cst.ConcatenatedString)
+        ):
             return 1
     return 0
 
@@ -304,7 +310,9 @@ class ScopedTransformer(cst.CSTTransformer):
     def leave_scope(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
         return updated
 
-    def leave_function(self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
         return updated
 
 

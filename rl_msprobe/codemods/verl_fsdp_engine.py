@@ -29,7 +29,9 @@ HOOKS_IMPORT = "from verl.utils import rl_msprobe_hooks"
 
 
 class _Transformer(ScopedTransformer):
-    def leave_function(self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
         if qualname != "FSDPEngine.forward_backward_batch":
             return updated
         self.ctx.hit("FSDPEngine.forward_backward_batch")

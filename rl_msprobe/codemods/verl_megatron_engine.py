@@ -25,11 +25,14 @@ from rl_msprobe.codemods.base import (
     call_name,
     insert_after_imports,
     insert_before,
+    parse_version,
+    version_in_range,
     with_body,
 )
 from rl_msprobe.codemods.verl_fsdp_engine import HOOKS_IMPORT
 
 FORWARD_CALLS = {"forward_fn", "fused_forward_fn"}
+FUSED_SINCE = "0.7.1"  # from this release forward_step has a fused and a plain forward call
 
 
 def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
@@ -39,6 +42,10 @@ def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
     return isinstance(assign, cst.Assign) and call_name(assign.value) in FORWARD_CALLS
 
 
+def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
+    return call_name(stmt.body[0].value)  # type: ignore[attr-defined,return-value]
+
+
 class _Transformer(ScopedTransformer):
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
         if not self.qualname.startswith("MegatronEngineWithLMHead.forward_step"):
@@ -46,7 +53,7 @@ class _Transformer(ScopedTransformer):
         statements: list[cst.BaseStatement] = []
         for stmt in updated.body:
             if _is_forward_assign(stmt):
-                self.ctx.hit("forward_fn call")
+                self.ctx.hit(f"{_forward_callee(stmt)} call")
                 start = self.ctx.statement("rl_msprobe_hooks.megatron_forward_start(self, model, batch)")
                 statements.extend(insert_before(stmt, [start]))
                 statements.append(self.ctx.statement("rl_msprobe_hooks.megatron_forward_end(self, batch)"))
@@ -54,7 +61,9 @@ class _Transformer(ScopedTransformer):
                 statements.append(stmt)
         return updated.with_changes(body=statements)
 
-    def leave_function(self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
         if qualname == "MegatronEngineWithLMHead.forward_step":
             self.ctx.hit("MegatronEngineWithLMHead.forward_step")
             if not _has_param(updated, "batch_iter"):
@@ -83,9 +92,16 @@ class VerlMegatronEngine(Codemod):
         "MegatronEngine.forward_backward_batch": "a method forward_backward_batch in class MegatronEngine",
         "MegatronEngineWithLMHead.forward_step": "a method forward_step(self, batch_iter, model, ...) "
         "in class MegatronEngineWithLMHead",
-        "forward_fn call": "`output = forward_fn(...)` or `output = fused_forward_fn(...)` "
-        "in MegatronEngineWithLMHead.forward_step",
+        "forward_fn call": "`output = forward_fn(...)` in MegatronEngineWithLMHead.forward_step",
+        "fused_forward_fn call": "`output = fused_forward_fn(...)` in MegatronEngineWithLMHead.forward_step "
+        "(verl 0.7.1 and later)",
     }
+
+    def required_anchors(self, version: str | None) -> list[str]:
+        anchors = list(self.anchors)
+        if not version_in_range(version, FUSED_SINCE, None) or parse_version(version) is None:
+            anchors.remove("fused_forward_fn call")
+        return anchors
 
     def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
         updated = module.visit(_Transformer(ctx))

@@ -14,7 +14,10 @@ tree_option = click.option(
     help="The folder holding the package (or the package folder), or a release fetched from the index.",
 )
 python_option = click.option(
-    "--python", "python", metavar="PY", help="Use the tree this interpreter imports (may be `docker exec -i C python3`)."
+    "--python",
+    "python",
+    metavar="PY",
+    help="Use the tree this interpreter imports (may be `docker exec -i C python3`).",
 )
 sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
 
@@ -73,17 +76,23 @@ def list_sets(as_json: bool) -> None:
         emit_json(doc)
         return
     for entry in doc:
-        click.echo(f"{entry['name']:<26} {entry['project']:<12} {entry['versions']:<22} {entry['description']}")
+        click.echo(
+            f"{entry['name']:<26} {entry['project']:<12} {entry['versions']:<22} {entry['description']}"
+        )
 
 
 @patch.command()
 @sets_argument
 @tree_option
 @python_option
-@click.option("--stat", "show_stat", is_flag=True, help="Print the summary (files, hunks, +/-) instead of the diff.")
+@click.option(
+    "--stat", "show_stat", is_flag=True, help="Print the summary (files, hunks, +/-) instead of the diff."
+)
 @json_option
 @handles_user_errors
-def diff(set_names: tuple[str, ...], tree: str | None, python: str | None, show_stat: bool, as_json: bool) -> None:
+def diff(
+    set_names: tuple[str, ...], tree: str | None, python: str | None, show_stat: bool, as_json: bool
+) -> None:
     """Print the unified diff applying SET... would make. Exit 1 when changes are pending, 0 when none."""
     from rl_msprobe import workspace
 
@@ -125,7 +134,9 @@ def diff(set_names: tuple[str, ...], tree: str | None, python: str | None, show_
 @python_option
 @click.option("--branch", metavar="NAME", help="Branch for the commit (default rl-msprobe/<sets>).")
 @click.option("--no-branch", is_flag=True, help="Commit on the current branch instead of a new one.")
-@click.option("--allow-dirty", is_flag=True, help="Apply in a git checkout with uncommitted changes (left untouched).")
+@click.option(
+    "--allow-dirty", is_flag=True, help="Apply in a git checkout with uncommitted changes (left untouched)."
+)
 @json_option
 @handles_user_errors
 def apply(

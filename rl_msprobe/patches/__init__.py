@@ -116,7 +116,11 @@ def _load_all() -> None:
     # Importing the modules registers their sets; each area keeps its own module.
     from rl_msprobe.patches import verl  # noqa: F401
 
-    for optional in ("rl_msprobe.patches.sglang", "rl_msprobe.patches.vllm_ascend", "rl_msprobe.patches.vllm"):
+    for optional in (
+        "rl_msprobe.patches.sglang",
+        "rl_msprobe.patches.vllm_ascend",
+        "rl_msprobe.patches.vllm",
+    ):
         try:
             __import__(optional)
         except ModuleNotFoundError as exc:
@@ -137,7 +141,9 @@ def get_set(name: str) -> PatchSet:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
-        raise UserError(f"unknown patch set {name!r}; known sets: {known} (see `rl-msprobe patch list`).") from None
+        raise UserError(
+            f"unknown patch set {name!r}; known sets: {known} (see `rl-msprobe patch list`)."
+        ) from None
 
 
 def resolve_sets(names: list[str] | tuple[str, ...]) -> list[PatchSet]:

@@ -24,3 +24,115 @@ VERL_ENGINE = register(
         ),
     )
 )
+
+
+# ---------------------------------------------------------------------------- consistency sets
+
+from rl_msprobe.codemods.verl_request_id import (  # noqa: E402
+    VerlAgentLoopRequestId,
+    VerlFullyAsyncRolloutRequestId,
+    VerlLLMServerRequestId,
+)
+from rl_msprobe.codemods.verl_trainer import (  # noqa: E402
+    VerlFullyAsyncTrainer,
+    VerlRayTrainer,
+    VerlSeparateTrainer,
+    VerlSyncTrainer,
+    VerlV1Trainer,
+)
+
+CONSISTENCY_FILE = NewFile("verl", "verl/utils/rl_msprobe_consistency.py", name="verl-consistency-file")
+
+
+def _only(codemod, why: str, needs_file: bool = False) -> Piece:
+    """A piece that exists only for some versions: not-applicable (with `why`) outside its range.
+
+    needs_file=False: inside its range the file must be there (a missing anchor fails loudly).
+    """
+    return Piece(codemod, essential=False, why_optional=why, needs_file=needs_file)
+
+
+VERL_PROMPTS_ONLY = register(
+    PatchSet(
+        name="verl-prompts-only",
+        project="verl",
+        description="PROMPTS_ONLY=1 trims responses before the old-log-prob recompute in every trainer of the version",
+        pieces=(
+            Piece(CONSISTENCY_FILE),
+            Piece(VerlRayTrainer()),
+            _only(
+                VerlSeparateTrainer(),
+                "SeparateRayPPOTrainer (verl/experimental/separation) exists from verl 0.7.1",
+            ),
+            _only(
+                VerlSyncTrainer(),
+                "verl/trainer/main_ppo_sync.py (TransferQueue trainer) exists only in verl 0.8.0",
+            ),
+            _only(
+                VerlV1Trainer(), "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) exists from verl 0.9.0"
+            ),
+            _only(
+                VerlFullyAsyncTrainer(),
+                "fully_async_trainer.py is shipped from verl 0.8.0 (0.7.1 wheels have only its config); "
+                "FullyAsyncTrainer inherits the patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
+                needs_file=True,
+            ),
+        ),
+        min_version="0.6.0",
+        max_version=NEWEST,
+        notes=(
+            "Essential for every version: RayPPOTrainer.fit (0.6.0: before the compute_log_prob call; 0.6.1+: "
+            "before the bypass_recomputing_logprobs line). Required inside their ranges: "
+            "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
+            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer). Optional: FullyAsyncTrainer._fit_generate "
+            "(where the tree ships fully_async_trainer.py).",
+            "The trimmed batch is meant for a consistency run of one step with DUMP_PHASE=log_prob: later phases "
+            "see zero response tokens.",
+        ),
+    )
+)
+
+VERL_REQUEST_ID = register(
+    PatchSet(
+        name="verl-request-id",
+        project="verl",
+        description="the id each rollout request carries is kept in the output's extra_fields['request_id']",
+        pieces=(
+            Piece(CONSISTENCY_FILE),
+            _only(
+                VerlAgentLoopRequestId(),
+                "from verl 0.8.0 the rollout client lives in verl/workers/rollout/llm_server.py",
+            ),
+            _only(
+                VerlLLMServerRequestId(),
+                "before verl 0.8.0 the rollout client is AsyncLLMServerManager (agent_loop.py)",
+            ),
+            _only(
+                VerlFullyAsyncRolloutRequestId(),
+                "FullyAsyncLLMServerClient is in fully_async_rollouter.py only in verl 0.8.0 (llm_server.py from 0.9.0)",
+            ),
+        ),
+        min_version="0.6.0",
+        max_version=NEWEST,
+        notes=(
+            "Exactly one rollout-client file per version is required: agent_loop.py (0.6.0 - 0.7.1) or "
+            "llm_server.py (0.8.0+); plus fully_async_rollouter.py in 0.8.0.",
+        ),
+    )
+)
+
+VERL_CONSISTENCY = register(
+    PatchSet(
+        name="verl-consistency",
+        project="verl",
+        description="training-inference consistency: engine hooks + PROMPTS_ONLY trimming + request ids",
+        includes=("verl-engine", "verl-prompts-only", "verl-request-id"),
+        min_version="0.6.0",
+        max_version=NEWEST,
+        notes=(
+            *VERL_ENGINE.notes,
+            "verl 0.6.x: the actor always runs the legacy workers (use_legacy_worker_impl only switches critic and "
+            "reward model), so the patched engine never computes the actor's log-probs there: use verl >= 0.7.0.",
+        ),
+    )
+)
