@@ -1,0 +1,363 @@
+"""`rl-msprobe env | detect | prepare | check`: thin click commands over the planner.
+
+Heavy imports stay inside the functions so `rl-msprobe --help` stays light.
+Exit codes: 0 ok, 1 found something (msprobe missing, mode unknown, violations, refused), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
+from rl_msprobe.errors import UserError
+
+_PROJECT_PACKAGES = {"verl": "verl", "sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm_ascend"}
+
+
+def _read_script(path: str) -> tuple[str, str]:
+    abs_path = os.path.abspath(path)
+    try:
+        data = Path(abs_path).read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file. Pass the verl launch script.") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder. Pass the verl launch script.") from None
+    try:
+        return data.decode("utf-8"), abs_path
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {exc.start}). Pass the launch script itself."
+        ) from None
+
+
+def _int_list(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.replace(" ", "").strip("[]").split(",") if v]
+    except ValueError:
+        raise UserError(f"{option} {text}: write numbers separated by commas, e.g. {option} 1,2.") from None
+    if any(v < 0 for v in values):
+        raise UserError(f"{option} {text}: numbers must not be negative.")
+    return values
+
+
+def _versions(
+    trees: tuple[str, ...], python: str | None
+) -> tuple[dict[str, str | None], dict[str, str], list[str]]:
+    """Upstream versions (and how to name each tree in a patch command) from --tree / --python."""
+    from rl_msprobe import targets
+
+    versions: dict[str, str | None] = {}
+    where: dict[str, str] = {}
+    notes: list[str] = []
+    for spec in trees:
+        target = targets.resolve_tree(spec)
+        versions[target.project] = target.version
+        if not target.readonly:
+            where[target.project] = f"--tree {target.root}"
+        notes.append(f"{target.describe()} (from --tree {spec})")
+    if python:
+        found = targets.locate_with_python(python, list(_PROJECT_PACKAGES.values()))
+        for project, package in _PROJECT_PACKAGES.items():
+            location = found.get(package)
+            if project in versions or not location:
+                continue
+            root = Path(location).parent
+            versions[project] = targets.detect_version(root, project) if root.is_dir() else None
+            where[project] = f"--python {python!r}" if " " in python else f"--python {python}"
+            notes.append(
+                f"{project} {versions[project] or '(version unknown)'} at {root} (from --python {python})"
+            )
+    return versions, where, notes
+
+
+def _echo_list(title: str, items: list[str]) -> None:
+    if items:
+        click.echo(f"{title}:")
+        for item in items:
+            click.echo(f"  - {item}")
+
+
+def _echo_violations(violations: list[dict[str, str]]) -> None:
+    if violations:
+        click.echo("violations:")
+        for v in violations:
+            click.echo(
+                f"  - [{v['rule']}] {v['key']}: found {v['found'] or '-'}, required {v['required'] or '-'}"
+            )
+            click.echo(f"      fix: {v['fix']}")
+
+
+tree_option = click.option(
+    "--tree",
+    "trees",
+    multiple=True,
+    metavar="T",
+    help="An upstream tree (path or release:NAME==VER) whose version matters (verl, sglang, vllm-ascend); repeatable.",
+)
+python_option = click.option(
+    "--python",
+    "python",
+    metavar="PY",
+    help="The training interpreter (may be `docker exec -i NAME python3`).",
+)
+mode_option = click.option(
+    "--mode", type=click.Choice(["training", "inference", "consistency"]), help="Collection mode."
+)
+hint_option = click.option(
+    "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
+)
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["vllm", "sglang"]),
+    help="The rollout engine, when the script does not say.",
+)
+
+
+@click.command()
+@click.option(
+    "--python", "python", default="python3", show_default=True, metavar="PY", help="The training interpreter."
+)
+@click.option("--no-install", is_flag=True, help="Only check; never install.")
+@json_option
+@handles_user_errors
+def env(python: str, no_install: bool, as_json: bool) -> None:
+    """Check that msprobe imports in the training Python; install mindstudio-probe there if not.
+
+    Exit 0 when `from msprobe.pytorch import PrecisionDebugger` works, 1 otherwise (with the
+    two manual commands). Do not go on to prepare or patch until this passes.
+    """
+    from rl_msprobe import env as env_mod
+
+    report = env_mod.ensure(python, no_install=no_install)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        where = f"{report.executable} (Python {report.python_version})" if report.executable else python
+        if report.ok:
+            verb = "installed and importable" if report.installed_now else "importable"
+            click.echo(f"msprobe {report.version or '(version unknown)'} is {verb} in {where}.")
+        else:
+            click.echo(f"msprobe is NOT importable in {where}: {report.error}")
+            if no_install:
+                click.echo("--no-install: nothing was installed.")
+            elif report.install_attempted:
+                click.echo("Installing it failed. Install it yourself, then verify:")
+            click.echo("Manual commands:")
+            for cmd in report.manual_commands():
+                click.echo(f"  {cmd}")
+            click.echo("Stop here: do not prepare, patch or launch a dump until msprobe imports.")
+    sys.exit(0 if report.ok else 1)
+
+
+@click.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+@hint_option
+@json_option
+@handles_user_errors
+def detect(script: str, hint: str | None, as_json: bool) -> None:
+    """Decide the collection mode, rollout engine and training backend of SCRIPT.
+
+    Exit 0 when the mode is decided, 1 when it is not (then choose --mode yourself).
+    """
+    from rl_msprobe import planner
+
+    text, path = _read_script(script)
+    _, detection = planner.detect_text(text, path, hint)
+    if as_json:
+        emit_json(detection.to_json())
+    else:
+        click.echo(f"mode: {detection.mode}")
+        click.echo(f"rollout: {detection.rollout}")
+        click.echo(f"train_backend: {detection.train_backend}")
+        _echo_list("reasons", detection.reasons)
+    sys.exit(0 if detection.mode != "unknown" else 1)
+
+
+@click.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+@mode_option
+@hint_option
+@click.option(
+    "--out",
+    "out_dir",
+    metavar="DIR",
+    help="Where to write the derived script (default: beside the original).",
+)
+@click.option(
+    "--dump-dir",
+    metavar="DIR",
+    help="Dump root for inference/consistency (default: DIR/msprobe_<name>/dump).",
+)
+@click.option(
+    "--level", default="mix", show_default=True, type=click.Choice(["mix", "L0", "L1"]), help="msprobe level."
+)
+@click.option(
+    "--steps",
+    metavar="1,2",
+    help="Training: global_profiler.steps (default 1,2). Others: msprobe step list (default 0).",
+)
+@click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks).")
+@click.option("--stages", metavar="S1,S2", help="Training stages (default: all three).")
+@backend_option
+@click.option("--pd/--no-pd", default=None, help="SGLang prefill/decode disaggregation (default: detected).")
+@tree_option
+@python_option
+@click.option(
+    "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
+)
+@json_option
+@handles_user_errors
+def prepare(
+    script: str,
+    mode: str | None,
+    hint: str | None,
+    out_dir: str | None,
+    dump_dir: str | None,
+    level: str,
+    steps: str | None,
+    ranks: str | None,
+    stages: str | None,
+    backend: str | None,
+    pd: bool | None,
+    trees: tuple[str, ...],
+    python: str | None,
+    no_env_check: bool,
+    as_json: bool,
+) -> None:
+    """Write a derived launch script and its msprobe configs; never touch SCRIPT.
+
+    Prints the diff original -> derived and what is left to do (patch sets to apply).
+    Exit 0 when written and the derived script passes `check`, 1 when refused or rules
+    remain unmet, 2 on bad input.
+    """
+    from rl_msprobe import msprobe_config, planner
+
+    text, path = _read_script(script)
+    notes: list[str] = []
+    if python and not no_env_check:
+        from rl_msprobe import env as env_mod
+
+        report = env_mod.probe(python)
+        if not report.ok:
+            message = (
+                f"msprobe is not importable in {python} ({report.error}). Run `rl-msprobe env --python {python}` "
+                "first, or pass --no-env-check to prepare anyway."
+            )
+            if as_json:
+                emit_json({"written": False, "error": message, "env": report.to_json()})
+            else:
+                click.echo(message, err=True)
+            sys.exit(1)
+        notes.append(f"msprobe {report.version} imports in {python}.")
+    elif not python:
+        notes.append(
+            "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
+        )
+    versions, where, tree_notes = _versions(trees, python)
+    stage_list = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    result = planner.plan(
+        text,
+        path,
+        mode=mode,
+        hint=hint,
+        out_dir=out_dir,
+        dump_dir=dump_dir,
+        level=level,
+        steps=_int_list(steps, "--steps"),
+        ranks=_int_list(ranks, "--ranks"),
+        stages=stage_list,
+        backend=backend,
+        pd=pd,
+        versions=versions,
+        patch_target=where,
+    )
+    result.notes = [*tree_notes, *notes, *result.notes]
+    if not result.refused:
+        _write(result.derived_path, result.derived_text, executable=True)
+        for _role, (cfg_path, doc) in result.configs.items():
+            _write(cfg_path, msprobe_config.dumps(doc))
+    if Path(path).read_text(encoding="utf-8") != text:  # pragma: no cover - defensive
+        raise UserError(f"{path} changed while preparing; nothing of it was written by rl-msprobe.")
+    doc = result.to_json()
+    if as_json:
+        emit_json(doc)
+    else:
+        if result.refused:
+            click.echo(f"Refused: {path} cannot be prepared for {result.mode} collection.")
+            _echo_violations(doc["violations"])
+        else:
+            click.echo(result.diff, nl=False)
+            click.echo(f"\nwrote {result.derived_path}")
+            for role, cfg in doc["configs"].items():
+                click.echo(f"wrote {cfg}  ({role} msprobe config)")
+            _echo_violations(doc["violations"])
+            todo = []
+            todo += [f"apply the patches: {cmd}" for cmd in result.patch_commands]
+            if result.patch_commands:
+                todo.append(
+                    "patch the tree that actually runs (inside a container it may be /verl, not your checkout)"
+                )
+            todo.append(f"check: rl-msprobe check {result.derived_path} --mode {result.mode}")
+            todo.append(f"run: bash {result.derived_path}")
+            _echo_list("still to do", todo)
+        _echo_list("unverifiable", result.unverifiable)
+        _echo_list("warnings", result.warnings)
+        _echo_list("notes", result.notes)
+    sys.exit(1 if result.refused or result.violations else 0)
+
+
+def _write(path: str, text: str, executable: bool = False) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    if executable:
+        tmp.chmod(0o755)
+    os.replace(tmp, target)
+
+
+@click.command()
+@click.argument("script", type=click.Path(dir_okay=False))
+@mode_option
+@backend_option
+@hint_option
+@tree_option
+@python_option
+@json_option
+@handles_user_errors
+def check(
+    script: str,
+    mode: str | None,
+    backend: str | None,
+    hint: str | None,
+    trees: tuple[str, ...],
+    python: str | None,
+    as_json: bool,
+) -> None:
+    """Check SCRIPT (derived or hand-written) against every rule of its collection mode.
+
+    Exit 0 when every rule holds, 1 on violations, 2 on bad input.
+    """
+    from rl_msprobe import planner
+
+    text, path = _read_script(script)
+    versions, _, tree_notes = _versions(trees, python)
+    report = planner.check(text, path, mode=mode, backend=backend, hint=hint, versions=versions)
+    report.notes = [*tree_notes, *report.notes]
+    doc = report.to_json()
+    if as_json:
+        emit_json(doc)
+    else:
+        status = "ok" if report.result.ok else f"{len(report.result.violations)} violation(s)"
+        click.echo(f"{path}: {report.mode} rules: {status}")
+        _echo_violations(doc["violations"])
+        _echo_list("unverifiable", report.result.unverifiable)
+        _echo_list("warnings", report.result.warnings)
+        _echo_list("notes", report.notes)
+    sys.exit(0 if report.result.ok else 1)

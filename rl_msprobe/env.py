@@ -1,0 +1,142 @@
+"""msprobe in the *training* interpreter: is it importable, and install it when it is not.
+
+The interpreter may be a command prefix (`docker exec -i NAME python3`): everything runs
+through it, including pip, so msprobe lands where verl runs — never in rl-msprobe's own
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+
+from rl_msprobe.errors import UserError
+
+PACKAGE = "mindstudio-probe"
+IMPORT_CHECK = "from msprobe.pytorch import PrecisionDebugger"
+MARKER = "RL_MSPROBE_ENV:"
+_PROBE = f"""
+import json, sys
+info = {{"python": sys.executable, "python_version": sys.version.split()[0], "ok": False, "error": None, "version": None}}
+try:
+    {IMPORT_CHECK}
+    info["ok"] = True
+except BaseException as exc:
+    info["error"] = type(exc).__name__ + ": " + str(exc)
+try:
+    import importlib.metadata as md
+    info["version"] = md.version("{PACKAGE}")
+except Exception:
+    pass
+print("{MARKER}" + json.dumps(info), flush=True)
+"""
+
+
+@dataclass
+class EnvReport:
+    python: str
+    ok: bool
+    version: str | None = None
+    executable: str | None = None
+    python_version: str | None = None
+    error: str | None = None
+    installed_now: bool = False
+    install_attempted: bool = False
+    install_log: str = ""
+    steps: list[str] = field(default_factory=list)
+
+    def manual_commands(self) -> list[str]:
+        """The specification's two manual commands, spelled for this interpreter."""
+        py = self.python
+        return [f"{py} -m pip install {PACKAGE}", f"{py} -c \"{IMPORT_CHECK}; print('OK')\""]
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {
+            "ok": self.ok,
+            "python": self.python,
+            "executable": self.executable,
+            "python_version": self.python_version,
+            "msprobe_version": self.version,
+            "installed_now": self.installed_now,
+            "install_attempted": self.install_attempted,
+            "error": self.error,
+            "steps": self.steps,
+        }
+        if not self.ok:
+            doc["manual_commands"] = self.manual_commands()
+        return doc
+
+
+def _argv(python: str) -> list[str]:
+    argv = shlex.split(python)
+    if not argv:
+        raise UserError(
+            "--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`."
+        )
+    return argv
+
+
+def probe(python: str, timeout: float = 300) -> EnvReport:
+    """Run the import check in that interpreter (msprobe's import takes a few seconds)."""
+    argv = _argv(python)
+    try:
+        proc = subprocess.run(
+            [*argv, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except FileNotFoundError as exc:
+        raise UserError(
+            f"--python {python}: {exc.filename} was not found. Pass the interpreter that runs verl."
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"--python {python}: no answer within {timeout:.0f} s.") from None
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARKER):
+            info = json.loads(line[len(MARKER) :])
+            return EnvReport(
+                python,
+                bool(info["ok"]),
+                info.get("version"),
+                info.get("python"),
+                info.get("python_version"),
+                info.get("error"),
+            )
+    raise UserError(
+        f"--python {python} did not run the check (exit {proc.returncode}): "
+        f"{(proc.stderr or proc.stdout).strip()[-300:]}. Pass a working Python interpreter."
+    )
+
+
+def install(python: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """`PY -m pip install mindstudio-probe`, with that interpreter's own pip."""
+    return subprocess.run(
+        [*_argv(python), "-m", "pip", "install", "--disable-pip-version-check", PACKAGE],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ensure(python: str, no_install: bool = False) -> EnvReport:
+    """Check; install when missing (unless no_install); check again."""
+    report = probe(python)
+    report.steps.append(f"check: {IMPORT_CHECK} -> {'ok' if report.ok else 'missing'}")
+    if report.ok or no_install:
+        return report
+    report.steps.append(f"install: {python} -m pip install {PACKAGE}")
+    try:
+        proc = install(python)
+        log = (proc.stdout + proc.stderr).strip()
+        failed = proc.returncode != 0
+    except subprocess.TimeoutExpired:
+        log, failed = "pip install timed out", True
+    after = probe(python)
+    after.install_attempted = True
+    after.install_log = log[-2000:]
+    after.installed_now = after.ok
+    after.steps = [*report.steps, f"check again -> {'ok' if after.ok else 'missing'}"]
+    if failed and not after.ok:
+        after.error = f"pip install failed: {log.strip().splitlines()[-1] if log.strip() else 'no output'}"
+    return after

@@ -1,0 +1,251 @@
+"""Decide the collection mode, the rollout engine and the training backend of a launch script.
+
+The signal table is the specification's (`seed/rl-msprobe-skill.txt`, step 0): words in
+the user's hint (Chinese or English) and the script's own contents. A hint wins over the
+script when they disagree, and the reasons say so. Every conclusion carries its reasons.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rl_msprobe.launch.overrides import Overrides
+from rl_msprobe.launch.script import LaunchScript
+
+MODES = ("training", "inference", "consistency")
+STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
+
+# (mode, pattern, what it is) — checked against the hint, case-insensitive
+HINT_SIGNALS: list[tuple[str, str, str]] = [
+    ("consistency", r"训推一致", "训推一致"),
+    ("consistency", r"prefill\s*对齐|align(?:ing)?\s+(?:the\s+)?prefill|prefill\s+align", "prefill 对齐"),
+    (
+        "consistency",
+        r"consistency|train(?:ing)?[\s/-]*(?:vs\.?|and|-)?[\s/-]*infer(?:ence)?\s+(?:consistency|alignment|compare|comparison)",
+        "training–inference consistency",
+    ),
+    ("inference", r"推理采集|推理\s*dump", "推理采集"),
+    ("inference", r"rollout\s+dump|dump\s+(?:the\s+)?rollout", "rollout dump"),
+    ("inference", r"generate\s+dump|dump\s+(?:the\s+)?generat", "generate dump"),
+    ("inference", r"inference\s+dump|dump\s+(?:the\s+)?inference", "inference dump"),
+    ("training", r"训练采集|训练\s*dump", "训练采集"),
+    ("training", r"global_profiler", "global_profiler"),
+    ("training", r"precision_debugger", "precision_debugger"),
+    ("training", r"actor_compute_log_prob|ref_compute_log_prob|actor_update", "a training stage name"),
+    ("training", r"training\s+dump|dump\s+(?:the\s+)?training", "training dump"),
+]
+_PRIORITY = {"consistency": 0, "inference": 1, "training": 2}
+
+
+@dataclass
+class Detection:
+    mode: str = "unknown"
+    rollout: str = "unknown"
+    train_backend: str = "unknown"
+    device: str = "unknown"  # gpu | npu | unknown
+    fully_async: bool = False
+    pd_disaggregation: bool = False
+    config_name: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "rollout": self.rollout,
+            "train_backend": self.train_backend,
+            "device": self.device,
+            "fully_async": self.fully_async,
+            "pd_disaggregation": self.pd_disaggregation,
+            "reasons": list(self.reasons),
+        }
+
+
+def _code_text(text: str) -> str:
+    """The script without comment lines (signals in comments do not count)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def hint_modes(hint: str) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for mode, pattern, label in HINT_SIGNALS:
+        if re.search(pattern, hint, re.I):
+            found.append((mode, label))
+    return found
+
+
+def env_value(script: LaunchScript, overrides: Overrides | None, name: str) -> str | None:
+    """An environment variable as the verl command (or its Ray workers) would see it."""
+    if overrides is not None:
+        found = overrides.get(f"ray_kwargs.ray_init.runtime_env.env_vars.{name}")
+        if found is not None and found.value is not None:
+            return str(found.value)
+    if script.command is not None:
+        for setting in reversed(script.command.env):
+            if setting.name == name:
+                return setting.value.text
+    return None
+
+
+def script_mode(script: LaunchScript, overrides: Overrides | None) -> tuple[set[str], list[str]]:
+    modes: set[str] = set()
+    reasons: list[str] = []
+    code = _code_text(script.text)
+    if overrides is not None:
+        tool = overrides.get("global_profiler.tool")
+        if tool is not None and tool.value == "precision_debugger":
+            modes.add("training")
+            reasons.append("the script sets global_profiler.tool=precision_debugger (training)")
+    if "precision_debugger.stages" in code and "training" not in modes:
+        modes.add("training")
+        reasons.append("the script sets precision_debugger.stages (training)")
+    for marker in ("dump_config_path", "msprobe_dump_config"):
+        if marker in code:
+            modes.add("inference")
+            reasons.append(f"the script contains {marker} (inference)")
+            break
+    has_dump_on = env_value(script, overrides, "DUMP_ON") is not None or re.search(r"\bDUMP_ON\b", code)
+    has_prompts = env_value(script, overrides, "PROMPTS_ONLY") is not None or re.search(
+        r"\bPROMPTS_ONLY\b", code
+    )
+    if has_dump_on and has_prompts:
+        modes.add("consistency")
+        reasons.append("the script sets DUMP_ON and PROMPTS_ONLY (consistency)")
+    return modes, reasons
+
+
+def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides | None = None) -> Detection:
+    det = Detection()
+    if overrides is None and script.command is not None:
+        overrides = Overrides(script.command.args)
+    if script.command is None:
+        det.reasons.append(
+            "no verl command found (python3 -m verl.trainer.main_ppo, the fully-async main, or a main_*.py script)"
+        )
+    else:
+        det.fully_async = script.command.fully_async
+        det.reasons.append(f"verl entry point: {script.command.entry} (line {script.command.statement.line})")
+
+    # ---- mode
+    found_modes, mode_reasons = script_mode(script, overrides)
+    from_script: str | None = None
+    if "consistency" in found_modes:
+        from_script = "consistency"
+    elif len(found_modes) == 1:
+        from_script = next(iter(found_modes))
+    elif len(found_modes) > 1:
+        mode_reasons.append(
+            "the script carries signals of more than one mode: " + ", ".join(sorted(found_modes))
+        )
+    from_hint: str | None = None
+    hint_found = hint_modes(hint) if hint else []
+    if hint_found:
+        best = min(hint_found, key=lambda m: _PRIORITY[m[0]])
+        from_hint = best[0]
+        labels = ", ".join(f"{label!r}" for _, label in hint_found)
+        det.reasons.append(f"the hint mentions {labels} -> {from_hint}")
+    det.reasons.extend(mode_reasons)
+    if from_hint and from_script and from_hint != from_script:
+        det.reasons.append(
+            f"the hint says {from_hint} but the script looks like {from_script}: the hint wins"
+        )
+        det.mode = from_hint
+    elif from_hint:
+        det.mode = from_hint
+    elif from_script:
+        det.mode = from_script
+    else:
+        det.reasons.append(
+            "mode undecidable: no hint and no mode signal in the script — choose training, inference or consistency"
+        )
+
+    if overrides is None:
+        return det
+    det.config_name = overrides.config_name
+
+    # ---- rollout engine
+    name = overrides.get("actor_rollout_ref.rollout.name")
+    runtime = overrides.runtime_key("actor_rollout_ref.rollout.name")
+    if name is not None and isinstance(name.value, str):
+        value = name.value.strip().lower()
+        if value in ("vllm", "sglang"):
+            det.rollout = value
+            det.reasons.append(f"rollout engine {value}: actor_rollout_ref.rollout.name={name.value}")
+        else:
+            det.reasons.append(
+                f"rollout engine {name.value!r} has no msprobe collection path (only vllm and sglang)"
+            )
+    elif runtime is not None:
+        det.reasons.append(
+            f"actor_rollout_ref.rollout.name is only known at run time ({runtime.problem}); pass --backend"
+        )
+    else:
+        hinted = {b for b in ("vllm", "sglang") if hint and re.search(rf"\b{b}\b", hint, re.I)}
+        if len(hinted) == 1:
+            det.rollout = hinted.pop()
+            det.reasons.append(f"rollout engine {det.rollout} from the hint (the script does not name one)")
+        else:
+            det.reasons.append(
+                "the script does not set actor_rollout_ref.rollout.name: verl has no default rollout engine "
+                "(the key is mandatory in 0.6-0.9), so the run would not start without it"
+            )
+
+    # ---- training backend
+    engine = overrides.get("model_engine")
+    strategy = overrides.get("actor_rollout_ref.actor.strategy")
+    config_name = overrides.config_name or ""
+    if engine is not None and isinstance(engine.value, str):
+        value = engine.value.lower()
+        if value == "megatron":
+            det.train_backend = "megatron"
+        elif value in ("dp", "fsdp", "fsdp2"):
+            det.train_backend = "fsdp"
+        det.reasons.append(
+            f"training backend {det.train_backend}: model_engine={engine.value}"
+            + ("" if det.train_backend != "unknown" else " (only FSDP and Megatron engines are covered)")
+        )
+    elif "megatron" in config_name:
+        det.train_backend = "megatron"
+        det.reasons.append(f"training backend megatron: --config-name {config_name}")
+    elif strategy is not None and isinstance(strategy.value, str):
+        value = strategy.value.lower()
+        det.train_backend = (
+            "megatron" if value == "megatron" else "fsdp" if value.startswith("fsdp") else "unknown"
+        )
+        det.reasons.append(
+            f"training backend {det.train_backend}: actor_rollout_ref.actor.strategy={strategy.value}"
+        )
+    elif overrides.runtime_key("model_engine") is not None:
+        det.reasons.append("model_engine is only known at run time; training backend unknown")
+    elif config_name and not re.search(r"(ppo_trainer|fully_async_ppo_trainer)$", config_name):
+        det.reasons.append(
+            f"--config-name {config_name}: training backend unknown (not a verl default config)"
+        )
+    elif script.command is not None:
+        det.train_backend = "fsdp"
+        det.reasons.append(
+            "training backend fsdp: verl's default (no model_engine=megatron, no Megatron config)"
+        )
+
+    # ---- device and PD disaggregation
+    code = _code_text(script.text)
+    device = overrides.get("trainer.device")
+    if device is not None and isinstance(device.value, str):
+        det.device = "npu" if device.value.lower() == "npu" else "gpu"
+        det.reasons.append(f"device {det.device}: trainer.device={device.value}")
+    elif re.search(
+        r"ASCEND_RT_VISIBLE_DEVICES|Ascend/[\w./-]*set_env\.sh|\bHCCL_\w+|torch_npu|vllm[_-]ascend", code
+    ):
+        det.device = "npu"
+        det.reasons.append(
+            "device npu: the script mentions Ascend (ASCEND_RT_VISIBLE_DEVICES, set_env.sh, HCCL_*)"
+        )
+    elif re.search(r"CUDA_VISIBLE_DEVICES|\bNCCL_\w+|nvidia-smi", code):
+        det.device = "gpu"
+        det.reasons.append("device gpu: the script mentions CUDA/NCCL settings")
+    if re.search(r"disaggregation", code) or (
+        hint and re.search(r"PD\s*分离|PD[\s-]+disagg|prefill[\s/-]+decode\s+disagg|disaggregat", hint, re.I)
+    ):
+        det.pd_disaggregation = True
+        det.reasons.append("SGLang prefill/decode disaggregation (PD) is in use")
+    return det

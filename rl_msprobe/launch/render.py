@@ -1,0 +1,148 @@
+"""Write a derived launch script: the original text with precise, reviewable edits.
+
+- a setting whose key the command already sets in an editable word (in the command or in an
+  array assignment) is replaced in place, keeping a `+`/`++` prefix the original needed;
+- any other setting is appended after the command's last argument (after `"$@"`, so
+  arguments given at run time cannot undo a rule), one per continued line;
+- environment variables are exported in a block at the top (so a Ray cluster the script
+  starts inherits them) and every later assignment of the same name is given the same value;
+  the planner also passes them to the Ray workers through `ray_kwargs.ray_init.runtime_env`.
+Nothing else in the text changes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from rl_msprobe.launch.overrides import Overrides, render_override, shell_quote
+from rl_msprobe.launch.script import LaunchScript
+
+
+@dataclass(frozen=True)
+class Edit:
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Token:
+    key: str
+    value: object
+    prefix: str
+    comment: str = ""
+
+
+def apply_edits(text: str, edits: list[Edit]) -> str:
+    out: list[str] = []
+    pos = 0
+    for edit in sorted(edits, key=lambda e: (e.start, e.end)):
+        if edit.start < pos:
+            continue  # overlapping edit (same word twice): the first one stands
+        out.append(text[pos : edit.start])
+        out.append(edit.text)
+        pos = edit.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _indent_of_line(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    match = re.match(r"[ \t]*", text[start:])
+    return match.group(0) if match else ""
+
+
+def _header_position(text: str) -> int:
+    """After the shebang and the comment block right below it."""
+    pos = 0
+    if text.startswith("#!"):
+        end = text.find("\n")
+        pos = len(text) if end < 0 else end + 1
+    return pos
+
+
+def render(
+    script: LaunchScript,
+    overrides: Overrides,
+    tokens: list[Token],
+    env: list[tuple[str, str, str]],
+    header: list[str],
+) -> str:
+    """The derived script text. `env`: (name, value, why) triples."""
+    command = script.command
+    assert command is not None
+    text = script.text
+    edits: list[Edit] = []
+    appended: list[str] = []
+    for token in tokens:
+        rendered = render_override(token.key, token.value, token.prefix)
+        items = overrides.all_for(token.key)
+        last = None
+        for item in reversed(overrides.items):
+            ov = item.override
+            if ov is not None and (ov.key == token.key or token.key.startswith(ov.key + ".")):
+                last = item
+                break
+        if (
+            last is not None
+            and last.override is not None
+            and last.override.key == token.key
+            and last.arg.editable
+        ):
+            for item in items:
+                if not item.arg.editable:
+                    continue
+                prefix = (
+                    item.override.prefix
+                    if item.override and item.override.prefix in ("+", "++")
+                    else token.prefix
+                )
+                if prefix == "+":
+                    prefix = "++"  # `+` fails once the key exists; `++` always works
+                new = render_override(token.key, token.value, prefix)
+                edits.append(Edit(item.arg.word.start, item.arg.word.end, shell_quote(new)))
+            continue
+        appended.append(shell_quote(rendered))
+    # environment: later assignments of the same names get the same value
+    names = {name: value for name, value, _ in env}
+    for var in script.variables.values():
+        if var.name in names:
+            for start, end, _line in var.assignments:
+                edits.append(Edit(start, end, shell_quote(names[var.name])))
+    for word in command.statement.assignments:
+        match = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\+?=", word.unquoted_prefix)
+        if match and match.group(1) in names:
+            edits.append(Edit(word.start, word.end, f"{match.group(1)}={shell_quote(names[match.group(1)])}"))
+    if appended:
+        last_word = command.last_word
+        indent = _indent_of_line(text, last_word.start)
+        multiline = "\n" in text[command.statement.start : command.statement.end]
+        if multiline:
+            if not indent:
+                indent = "    "
+            insertion = "".join(f" \\\n{indent}{tok}" for tok in appended)
+        else:
+            insertion = "".join(f" {tok}" for tok in appended)
+        edits.append(Edit(last_word.end, last_word.end, insertion))
+    block = [*header]
+    if env:
+        for name, value, why in env:
+            block.append(f"export {name}={shell_quote(value)}  # {why}")
+    if block:
+        block_text = "\n".join(block) + "\n"
+        pos = _header_position(text)
+        if pos == len(text) and text and not text.endswith("\n"):
+            block_text = "\n" + block_text
+        edits.append(Edit(pos, pos, block_text))
+    return apply_edits(text, edits)
+
+
+def comment(text: str) -> str:
+    """A one-line bash comment (no newlines can sneak in)."""
+    return "# " + " ".join(text.split())
+
+
+def quote_words(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)

@@ -1,0 +1,269 @@
+"""Inference (rollout) collection: dump the rollout engine's forward passes.
+
+Rules (specification path B; DOMAIN §1, §4, §5):
+- `actor_rollout_ref.rollout.enforce_eager=True` always (never dump with graphs on);
+  `TORCHDYNAMO_DISABLE=1` recommended.
+- vLLM: `++actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path`
+  — only vLLM-Ascend reads it (0.12.0rc1 calls it `dump_config`, ≤ 0.11 has no msprobe
+  support); upstream GPU vLLM ignores it and needs the `vllm-dump` patch, which reads
+  `MSPROBE_ROLLOUT_CONFIG` and covers the V1 model runner only (`VLLM_USE_V2_MODEL_RUNNER=0`).
+- SGLang ≥ 0.5.11: `++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config`;
+  older: the `sglang-dump` patch (reads `MSPROBE_ROLLOUT_CONFIG`, or `MSPROBE_PREFILL_CONFIG`
+  / `MSPROBE_DECODE_CONFIG` with PD disaggregation) and that key must not be set.
+  Unknown version: assume the newest release and say what an older one needs.
+- PD disaggregation: `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`.
+- the config sets `dump_path` (absolute); vLLM and SGLang methods are never mixed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from packaging.version import Version
+
+from rl_msprobe.modes.base import (
+    NEWEST,
+    ConfigSpec,
+    Context,
+    EnvVar,
+    Requirements,
+    Setting,
+    Violation,
+    is_abs_path,
+)
+
+VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+VLLM_KEY_0_12 = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config"
+SGLANG_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config"
+SGLANG_NATIVE = Version("0.5.11")
+ROLLOUT_ENV = "MSPROBE_ROLLOUT_CONFIG"
+
+
+def _is_true(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "generate") -> None:
+    """Everything the rollout side needs; shared by inference and consistency."""
+    rollout = ctx.rollout
+    generate_path = os.path.join(ctx.config_dir, "config_generate.json")
+    dump_root = os.path.join(ctx.dump_dir, role_dir)
+    req.add(
+        Setting(
+            "inference.enforce_eager",
+            "actor_rollout_ref.rollout.enforce_eager",
+            True,
+            "",
+            "never dump with CUDA/ACL graphs on: the rollout must run eagerly",
+            accept=_is_true,
+        )
+    )
+    req.env.append(
+        EnvVar(
+            "inference.torchdynamo",
+            "TORCHDYNAMO_DISABLE",
+            "1",
+            "torch.compile would hide modules from msprobe",
+            required=False,
+        )
+    )
+    if rollout not in ("vllm", "sglang"):
+        req.violations.append(
+            Violation(
+                "inference.rollout_engine",
+                "actor_rollout_ref.rollout.name",
+                "not set" if ctx.detection.rollout == "unknown" else ctx.detection.rollout,
+                "vllm or sglang",
+                "set actor_rollout_ref.rollout.name=vllm|sglang in the script (verl needs it anyway) or pass --backend",
+            )
+        )
+        return
+    if rollout == "vllm":
+        _vllm(ctx, req, generate_path, dump_root)
+    else:
+        _sglang(ctx, req, generate_path, dump_root)
+    req.checks.append(_no_mixing)
+
+
+def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
+    ascend = ctx.version("vllm-ascend")
+    key = VLLM_KEY
+    if ascend is not None and ascend < Version("0.12.0rc1"):
+        req.violations.append(
+            Violation(
+                "inference.vllm_ascend_version",
+                "vllm-ascend",
+                str(ascend),
+                ">= 0.12.0rc1",
+                "vLLM-Ascend up to 0.11 has no msprobe support: upgrade vllm-ascend",
+            )
+        )
+    elif ascend is not None and ascend < Version("0.13.0rc1"):
+        key = VLLM_KEY_0_12
+        req.notes.append(
+            f"vLLM-Ascend {ascend} reads additional_config.dump_config (renamed dump_config_path in 0.13)."
+        )
+    req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, key, ROLLOUT_ENV))
+    req.add(
+        Setting(
+            "inference.vllm_dump_config",
+            key,
+            path,
+            "++",
+            "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ is needed",
+            accept=is_abs_path,
+            required="an absolute path to the generate config",
+        )
+    )
+    gpu = ctx.detection.device != "npu" and ascend is None
+    req.env.append(
+        EnvVar(
+            "inference.vllm_gpu_config",
+            ROLLOUT_ENV,
+            path,
+            "read by the vllm-dump patch in upstream (GPU) vLLM's model runner",
+            required=ctx.detection.device == "gpu",
+            accept=os.path.isabs,
+        )
+    )
+    req.env.append(
+        EnvVar(
+            "inference.vllm_v1_runner",
+            "VLLM_USE_V2_MODEL_RUNNER",
+            "0",
+            "the vllm-dump patch covers the V1 GPU model runner only; newer vLLM uses V2 by default",
+            required=ctx.detection.device == "gpu",
+        )
+    )
+    if gpu:
+        req.patch_sets.append("vllm-dump")
+        req.notes.append(
+            "Upstream (GPU) vLLM has no msprobe support and ignores additional_config.dump_config_path: apply the "
+            "vllm-dump patch to the vLLM tree that runs; it reads MSPROBE_ROLLOUT_CONFIG, and "
+            "VLLM_USE_V2_MODEL_RUNNER=0 keeps vLLM on the V1 runner the patch covers. On Ascend (vLLM-Ascend) "
+            "skip the patch: vLLM-Ascend reads dump_config_path itself."
+        )
+    else:
+        req.notes.append(
+            "vLLM-Ascend reads additional_config.dump_config_path natively; no vLLM patch is needed."
+        )
+
+
+def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
+    version = ctx.version("sglang")
+    pd = ctx.options.pd if ctx.options.pd is not None else ctx.detection.pd_disaggregation
+    native = version is None or version >= SGLANG_NATIVE
+    if version is None:
+        req.notes.append(
+            f"SGLang version unknown: assuming the newest release ({NEWEST['sglang']}), which reads "
+            "msprobe_dump_config natively. SGLang < 0.5.11 rejects that key (TypeError): there, drop it, apply "
+            f"the sglang-dump patch and set {ROLLOUT_ENV} instead (pass --tree/--python to detect the version)."
+        )
+    if native:
+        req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, SGLANG_KEY))
+        req.add(
+            Setting(
+                "inference.sglang_dump_config",
+                SGLANG_KEY,
+                path,
+                "++",
+                "SGLang >= 0.5.11 starts msprobe from ServerArgs.msprobe_dump_config (forces CUDA graphs off)",
+                accept=is_abs_path,
+                required="an absolute path to the generate config",
+            )
+        )
+        if pd:
+            req.notes.append(
+                "PD disaggregation with native msprobe: prefill and decode servers share one config and dump_path; "
+                "tell them apart by process folder and rank."
+            )
+    else:
+        req.patch_sets.append("sglang-dump")
+        req.checks.append(_no_native_key_below_0_5_11)
+        if pd:
+            for role, env_name in (
+                ("prefill", "MSPROBE_PREFILL_CONFIG"),
+                ("decode", "MSPROBE_DECODE_CONFIG"),
+            ):
+                role_path = os.path.join(ctx.config_dir, f"config_{role}.json")
+                req.configs.append(
+                    ConfigSpec(role, f"config_{role}.json", os.path.join(dump_root, role), None, env_name)
+                )
+                req.env.append(
+                    EnvVar(
+                        f"inference.sglang_{role}_config",
+                        env_name,
+                        role_path,
+                        f"read by the sglang-dump patch in the {role} server (server_args.disaggregation_mode)",
+                        accept=os.path.isabs,
+                    )
+                )
+        else:
+            req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, None, ROLLOUT_ENV))
+            req.env.append(
+                EnvVar(
+                    "inference.sglang_patch_config",
+                    ROLLOUT_ENV,
+                    path,
+                    f"read by the sglang-dump patch (SGLang {version} < 0.5.11 has no msprobe_dump_config)",
+                    accept=os.path.isabs,
+                )
+            )
+    if pd:
+        req.env.append(
+            EnvVar(
+                "inference.sglang_pd_health",
+                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+                "0",
+                "health-check generations would be dumped as if they were rollout requests",
+            )
+        )
+        req.notes.append(
+            "PD + data parallel: the optional sglang-bootstrap-room patch pins bootstrap_room for reproducible routing."
+        )
+    dp = ctx.int_value("actor_rollout_ref.rollout.data_parallel_size")
+    if dp is not None and dp > 1 and not native:
+        req.notes.append(
+            "SGLang --dp-size > 1: the sglang-dump patch passes rank_id=gpu_id so ranks do not collide."
+        )
+
+
+def _no_native_key_below_0_5_11(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
+    found = ctx.overrides.get(SGLANG_KEY)
+    if found is None:
+        return [], []
+    return [
+        Violation(
+            "inference.sglang_version",
+            SGLANG_KEY,
+            str(found.value),
+            "not set",
+            f"SGLang {ctx.versions.get('sglang')} has no msprobe_dump_config (TypeError): remove it and use the "
+            f"sglang-dump patch with {ROLLOUT_ENV}",
+        )
+    ], []
+
+
+def _no_mixing(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
+    other = [SGLANG_KEY] if ctx.rollout == "vllm" else [VLLM_KEY, VLLM_KEY_0_12]
+    out = []
+    for key in other:
+        found = ctx.overrides.get(key)
+        if found is not None:
+            out.append(
+                Violation(
+                    "inference.no_mixing",
+                    key,
+                    str(found.value),
+                    "not set",
+                    f"the rollout engine is {ctx.rollout}: remove {key} (never mix vLLM and SGLang collection)",
+                )
+            )
+    return out, []
+
+
+def requirements(ctx: Context) -> Requirements:
+    req = Requirements()
+    rollout_requirements(ctx, req)
+    return req

@@ -1,0 +1,136 @@
+"""Training collection: verl's own `global_profiler` with tool `precision_debugger`.
+
+Rules (specification path A; DOMAIN §1, §3):
+- verl ≥ 0.8.0 (the precision_debugger tool does not exist before); Megatron dumps work from 0.9.0;
+- `global_profiler.tool=precision_debugger`, `global_profiler.steps` (required, else nothing
+  starts), `global_profiler.save_path` absolute (the default is relative to the Ray worker's
+  cwd), `++...precision_debugger.config_path`, `++...precision_debugger.stages` listing the
+  stages (all three unless `--stages`);
+- `actor_rollout_ref.actor.profiler.enable=True` (it also gates the ref in the fused worker),
+  `actor_rollout_ref.ref.profiler.enable=True` when the ref stage is collected;
+- the msprobe config must NOT set `dump_path` (verl replaces it); no source change.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rl_msprobe.launch.detect import STAGES
+from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, is_abs_path, too_old
+
+TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
+
+
+def _steps_ok(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    )
+
+
+def _stages_ok(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(v in STAGES for v in value)
+
+
+def _true(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def requirements(ctx: Context) -> Requirements:
+    req = Requirements()
+    verl = ctx.version("verl")
+    too_old_verl = too_old(
+        ctx,
+        "training.verl_version",
+        "verl",
+        "0.8.0",
+        "verl's precision_debugger profiler tool exists from 0.8.0: upgrade verl "
+        "(or use consistency mode, which patches the engine)",
+    )
+    if ctx.backend == "megatron" and too_old_verl is None:
+        too_old_verl = too_old(
+            ctx,
+            "training.megatron_version",
+            "verl",
+            "0.9.0",
+            "verl's precision_debugger dumps work on the Megatron engine from 0.9.0: upgrade verl",
+        )
+    if too_old_verl is not None:
+        req.violations.append(too_old_verl)
+    stages = list(ctx.options.stages or STAGES)
+    steps = list(ctx.options.steps or [1, 2])
+    config_path = os.path.join(ctx.config_dir, "config.json")
+    save_path = os.path.join(ctx.dump_dir, "training")
+    req.configs.append(ConfigSpec("training", "config.json", None, TOOL_CONFIG + "config_path"))
+    req.add(
+        Setting(
+            "training.tool", "global_profiler.tool", "precision_debugger", "", "verl's msprobe profiler tool"
+        ),
+        Setting(
+            "training.steps",
+            "global_profiler.steps",
+            steps,
+            "",
+            "required: without steps the profiler never starts",
+            accept=_steps_ok,
+            required="a non-empty list of training steps, e.g. [1,2]",
+        ),
+        Setting(
+            "training.save_path",
+            "global_profiler.save_path",
+            save_path,
+            "",
+            "the default outputs/profile is relative to each Ray worker's cwd",
+            accept=is_abs_path,
+            required="an absolute folder",
+        ),
+        Setting(
+            "training.config_path",
+            TOOL_CONFIG + "config_path",
+            config_path,
+            "++",
+            "the msprobe config (level mix, no dump_path)",
+            accept=is_abs_path,
+            required="an absolute path to the training config",
+        ),
+        Setting(
+            "training.stages",
+            TOOL_CONFIG + "stages",
+            stages,
+            "++",
+            "which of actor_compute_log_prob, ref_compute_log_prob, actor_update to dump",
+            accept=_stages_ok,
+            required=f"a non-empty list from {list(STAGES)}",
+        ),
+        Setting(
+            "training.actor_profiler",
+            "actor_rollout_ref.actor.profiler.enable",
+            True,
+            "",
+            "the actor role's profiler (also gates the ref in the fused worker)",
+            accept=_true,
+        ),
+    )
+    found_stages = ctx.overrides.get(TOOL_CONFIG + "stages")
+    chosen = (
+        found_stages.value if found_stages is not None and isinstance(found_stages.value, list) else stages
+    )
+    if "ref_compute_log_prob" in chosen:
+        req.add(
+            Setting(
+                "training.ref_profiler",
+                "actor_rollout_ref.ref.profiler.enable",
+                True,
+                "",
+                "the ref role's profiler, for ref_compute_log_prob",
+                accept=_true,
+            )
+        )
+    req.notes.append(
+        "Output: {save_path}/step_{global_step}/{stage}/step0/rank{R}/dump.json, one folder per stage and step."
+    )
+    if verl is None:
+        req.notes.append("verl version unknown: training mode needs verl >= 0.8.0 (Megatron: >= 0.9.0).")
+    return req

@@ -1,0 +1,333 @@
+"""The launch-script planner's pure core: detect, check and plan, all in memory.
+
+`check(text, ...)` evaluates a mode's rules on any script. `plan(text, ...)` builds the
+derived script and the msprobe configs, then checks the derived script with the same rules
+(a plan whose derived script fails its own check says so). Files are written by the command
+layer (`rl_msprobe/commands/planner.py`), never here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_msprobe import __version__, msprobe_config
+from rl_msprobe.errors import UserError
+from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
+from rl_msprobe.launch.overrides import Overrides
+from rl_msprobe.launch.render import Token, comment, render
+from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
+from rl_msprobe.modes import consistency, inference, training
+from rl_msprobe.modes.base import (
+    NEWEST,
+    CheckResult,
+    Context,
+    Options,
+    Requirements,
+    Violation,
+    check_requirements,
+)
+
+MODE_MODULES = {"training": training, "inference": inference, "consistency": consistency}
+DERIVED_PREFIX = {
+    "training": "run_profiler_",
+    "inference": "run_infer_dump_",
+    "consistency": "run_consistency_",
+}
+PATCH_TARGET = {
+    "verl-engine": "verl",
+    "verl-prompts-only": "verl",
+    "verl-request-id": "verl",
+    "verl-consistency": "verl",
+    "sglang-dump": "sglang",
+    "sglang-bootstrap-room": "sglang",
+    "vllm-ascend-dispatch-log": "vllm-ascend",
+    "vllm-dump": "vllm",
+}
+
+
+def read(text: str, path: str) -> LaunchScript:
+    """Parse a script; a syntax error or a missing verl command is a UserError naming the line."""
+    try:
+        script = parse_script(text, path)
+    except ShellSyntaxError as exc:
+        raise UserError(f"{path}: {exc}. Fix the shell syntax (bash -n {path} shows it too).") from None
+    if script.command is None:
+        raise UserError(
+            f"{path}: no verl command found (python3 -m verl.trainer.main_ppo, "
+            "verl.experimental.fully_async_policy.fully_async_main, or a main_*.py script). "
+            "Pass the script that launches the verl job."
+        )
+    return script
+
+
+def detect_text(text: str, path: str, hint: str | None = None) -> tuple[LaunchScript, Detection]:
+    script = read(text, path)
+    return script, detect(script, hint)
+
+
+def _mode(detection: Detection, mode: str | None, path: str) -> str:
+    if mode:
+        if mode not in MODES:
+            raise UserError(f"--mode {mode}: use one of {', '.join(MODES)}.")
+        return mode
+    if detection.mode == "unknown":
+        raise UserError(
+            f"{path}: the collection mode cannot be decided from the script. "
+            "Pass --mode training|inference|consistency, or --hint with what you want to collect."
+        )
+    return detection.mode
+
+
+def build_context(
+    script: LaunchScript,
+    detection: Detection,
+    versions: dict[str, str | None],
+    options: Options,
+    config_dir: str,
+    dump_dir: str,
+) -> Context:
+    assert script.command is not None
+    return Context(
+        script, Overrides(script.command.args), detection, dict(versions), options, config_dir, dump_dir
+    )
+
+
+def requirements(ctx: Context, mode: str) -> Requirements:
+    req = MODE_MODULES[mode].requirements(ctx)
+    if ctx.versions.get("verl") is None and mode != "training":
+        req.notes.append(
+            f"verl version unknown: assuming {NEWEST['verl']} (pass --tree or --python to detect it)."
+        )
+    return req
+
+
+@dataclass
+class CheckReport:
+    mode: str
+    detection: Detection
+    result: CheckResult
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.result.ok,
+            "mode": self.mode,
+            "violations": [v.to_json() for v in self.result.violations],
+            "unverifiable": self.result.unverifiable,
+            "warnings": self.result.warnings,
+            "detection": self.detection.to_json(),
+            "notes": self.notes,
+        }
+
+
+def check(
+    text: str,
+    path: str,
+    mode: str | None = None,
+    backend: str | None = None,
+    hint: str | None = None,
+    versions: dict[str, str | None] | None = None,
+) -> CheckReport:
+    script, detection = detect_text(text, path, hint)
+    chosen = _mode(detection, mode, path)
+    options = Options(backend=backend)
+    # settings that hold paths accept any absolute path: the folders here only name defaults
+    ctx = build_context(script, detection, versions or {}, options, "/path/to", "/path/to/dump")
+    req = requirements(ctx, chosen)
+    return CheckReport(chosen, detection, check_requirements(ctx, req), [*script.notes, *req.notes])
+
+
+@dataclass
+class Plan:
+    mode: str
+    original: str
+    derived_path: str
+    derived_text: str
+    configs: dict[str, tuple[str, dict[str, Any]]]  # role -> (path, document)
+    patch_sets: list[str]
+    patch_commands: list[str]
+    violations: list[Violation]
+    unverifiable: list[str]
+    warnings: list[str]
+    notes: list[str]
+    detection: Detection
+    versions: dict[str, str | None]
+    refused: bool = False
+    diff: str = ""
+    env: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "original": self.original,
+            "script": None if self.refused else self.derived_path,
+            "configs": {} if self.refused else {role: path for role, (path, _) in self.configs.items()},
+            "patch_sets": self.patch_sets,
+            "patch_commands": self.patch_commands,
+            "violations": [v.to_json() for v in self.violations],
+            "unverifiable": self.unverifiable,
+            "warnings": self.warnings,
+            "notes": self.notes,
+            "detection": self.detection.to_json(),
+            "versions": self.versions,
+            "written": not self.refused,
+        }
+
+
+def derived_name(path: str, mode: str) -> str:
+    stem = os.path.basename(path)
+    stem = re.sub(r"\.(sh|bash)$", "", stem)
+    stem = re.sub(r"^run_", "", stem) or "job"
+    return f"{DERIVED_PREFIX[mode]}{stem}.sh"
+
+
+def _dump_dir_ok(path: str) -> bool:
+    return bool(msprobe_config.DUMP_PATH_RE.match(path))
+
+
+def plan(
+    text: str,
+    path: str,
+    *,
+    mode: str | None = None,
+    hint: str | None = None,
+    out_dir: str | None = None,
+    dump_dir: str | None = None,
+    level: str = "mix",
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    stages: list[str] | None = None,
+    backend: str | None = None,
+    pd: bool | None = None,
+    versions: dict[str, str | None] | None = None,
+    patch_target: dict[str, str] | None = None,
+) -> Plan:
+    """Everything `prepare` writes, in memory. `path` must be absolute."""
+    versions = dict(versions or {})
+    script, detection = detect_text(text, path, hint)
+    chosen = _mode(detection, mode, path)
+    if level not in msprobe_config.LEVELS:
+        raise UserError(f"--level {level}: use mix (the default), L0 or L1.")
+    if stages:
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise UserError(
+                f"--stages {','.join(stages)}: unknown stage(s) {', '.join(unknown)}; use {', '.join(STAGES)}."
+            )
+        if chosen != "training":
+            raise UserError("--stages applies to training mode only (the stages of verl's global_profiler).")
+    out_dir = os.path.abspath(out_dir or os.path.dirname(path))
+    name = derived_name(path, chosen)
+    stem = name[len(DERIVED_PREFIX[chosen]) : -len(".sh")]
+    config_dir = os.path.join(out_dir, f"msprobe_{stem}")
+    dump_root = os.path.abspath(dump_dir) if dump_dir else os.path.join(config_dir, "dump")
+    if chosen != "training" and not _dump_dir_ok(dump_root):
+        raise UserError(
+            f"dump folder {dump_root!r} has characters msprobe refuses in dump_path (allowed: letters, digits, "
+            "_ . : / -). Pass --dump-dir with a plain absolute folder."
+        )
+    options = Options(out_dir, dump_root, level, steps, ranks, stages, backend, pd)
+    ctx = build_context(script, detection, versions, options, config_dir, dump_root)
+    req = requirements(ctx, chosen)
+    derived_path = os.path.join(out_dir, name)
+    if os.path.abspath(derived_path) == os.path.abspath(path):
+        raise UserError(
+            f"{path}: the derived script would overwrite the original. Pass --out with another folder."
+        )
+
+    configs: dict[str, tuple[str, dict[str, Any]]] = {}
+    msprobe_steps = None if chosen == "training" else (steps if steps is not None else [0])
+    for spec in req.configs:
+        doc = msprobe_config.build_config(
+            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks
+        )
+        configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
+
+    commands = patch_commands(req.patch_sets, patch_target or {})
+    notes = [*script.notes, *req.notes]
+    base = Plan(
+        chosen,
+        path,
+        derived_path,
+        "",
+        configs,
+        list(req.patch_sets),
+        commands,
+        [],
+        [],
+        [],
+        notes,
+        detection,
+        versions,
+    )
+    if req.violations:
+        base.violations = list(req.violations)
+        base.refused = True
+        return base
+
+    env = [(e.name, e.value, e.why) for e in req.env]
+    tokens = [Token(s.key, s.value, s.prefix) for s in req.settings]
+    # every environment variable also goes to the Ray workers through ray.init's runtime_env
+    # (verl merges ray_kwargs.ray_init.runtime_env into ray.init); values must be strings
+    tokens += [Token(e.ray_key, e.value, "++") for e in req.env if e.workers]
+    header = [
+        comment(
+            f"Derived by rl-msprobe {__version__} from {path} for {chosen} collection; the original is unchanged."
+        ),
+        comment(f"Regenerate with: rl-msprobe prepare {path} --mode {chosen}"),
+    ]
+    if env:
+        header.append(
+            comment(
+                "Exported here for this shell and a Ray cluster this script starts; the same values reach the Ray "
+                "workers through ++ray_kwargs.ray_init.runtime_env.env_vars.* on the verl command."
+            )
+        )
+    if any(n == "VLLM_USE_V2_MODEL_RUNNER" for n, _, _ in env):
+        header.append(
+            comment("VLLM_USE_V2_MODEL_RUNNER=0: the vllm-dump patch covers vLLM's V1 GPU model runner only.")
+        )
+    derived = render(script, ctx.overrides, tokens, env, header)
+    base.derived_text = derived
+    base.env = env
+    base.diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True), derived.splitlines(keepends=True), path, derived_path
+        )
+    )
+    # the derived script must pass the mode's own check
+    derived_script = read(derived, derived_path)
+    dctx = build_context(
+        derived_script, detect(derived_script, hint), versions, options, config_dir, dump_root
+    )
+    dctx.detection.mode = chosen
+    dreq = requirements(dctx, chosen)
+    result = check_requirements(dctx, dreq)
+    # the configs are not on disk yet: check them here
+    for spec in dreq.configs:
+        if spec.role in configs:
+            for problem in msprobe_config.validate(configs[spec.role][1], spec.role):
+                if problem.severity == "error":
+                    result.violations.append(
+                        Violation(f"msprobe_config.{spec.role}", problem.key, "", "", problem.message)
+                    )
+    base.violations = result.violations
+    base.unverifiable = [u for u in result.unverifiable if "does not exist (yet)" not in u]
+    base.warnings = result.warnings
+    return base
+
+
+def patch_commands(sets: list[str], targets: dict[str, str]) -> list[str]:
+    """The exact `rl-msprobe patch apply` command per target tree."""
+    by_target: dict[str, list[str]] = {}
+    for name in sets:
+        by_target.setdefault(PATCH_TARGET.get(name, "verl"), []).append(name)
+    out = []
+    for project, names in by_target.items():
+        where = targets.get(project) or f"--tree <the {project} tree that actually runs>"
+        out.append(f"rl-msprobe patch apply {' '.join(names)} {where}")
+    return out
