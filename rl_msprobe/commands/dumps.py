@@ -1,0 +1,163 @@
+"""`rl-msprobe dumps check | correlate | compare`: thin click layer over rl_msprobe.dumps.
+
+Exit codes: 0 fine (layout complete / pairs found / consistent), 1 problems found, 2 bad input.
+Library imports stay inside the functions so `rl-msprobe --help` stays light.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
+
+_dir = click.Path(exists=True, file_okay=False, path_type=Path)
+_dir_or_file = click.Path(exists=True, path_type=Path)
+
+
+@click.group()
+def dumps() -> None:
+    """Check, correlate and compare collected msprobe dumps (after the run)."""
+
+
+@dumps.command()
+@click.argument("dirs", nargs=-1, required=True, type=_dir)
+@click.option(
+    "--mode",
+    type=click.Choice(["training", "inference", "consistency"]),
+    help="Layout to check against (default: detected from what is there).",
+)
+@json_option
+@handles_user_errors
+def check(dirs: tuple[Path, ...], mode: str | None, as_json: bool) -> None:
+    """Check the dump layout under DIRS (consistency: the rollout and the training dump folders).
+
+    training: {save_path}/step_{G}/{stage}/step0/rank{R}/dump.json; inference:
+    [{pid}/]step{N}/rank{R}/dump.json; consistency: both sides plus dispatch_log.jsonl and
+    update_actor_log.jsonl. Reports missing steps, ranks and stages, and empty or unparsable
+    dump.json. Exit 0 complete, 1 problems found.
+    """
+    from rl_msprobe.dumps.layout import check_layout
+    from rl_msprobe.errors import UserError
+
+    if len(dirs) > 2:
+        raise UserError("dumps check takes one folder, or two for consistency (rollout and training).")
+    report = check_layout(list(dirs), mode)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(f"mode: {report.mode} ({report.dumps} dump.json)")
+        for group, c in report.counts.items():
+            click.echo(
+                f"  {group}: {c['dumps']} dumps, steps {c['step_range'][0]}..{c['step_range'][1]} "
+                f"({c['steps']}), {', '.join(c['ranks'])}"
+            )
+        for name, paths in report.logs.items():
+            click.echo(f"  {name}: {len(paths)} file(s)")
+        for p in report.problems:
+            click.echo(f"problem: {p['where']}: {p['what']}. Fix: {p['fix']}.")
+        click.echo("layout complete" if report.ok else f"{len(report.problems)} problem(s) found")
+    sys.exit(0 if report.ok else 1)
+
+
+@dumps.command()
+@click.argument("rollout_dir", type=_dir)
+@click.argument("train_dir", type=_dir)
+@json_option
+@handles_user_errors
+def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
+    """Pair one-request rollout prefill steps with the training micro-batches of the same request.
+
+    Reads every {pid}/dispatch_log.jsonl under ROLLOUT_DIR and {pid}/update_actor_log.jsonl under
+    TRAIN_DIR (streamed), strips vLLM's -<8 hex> id suffix, and explains every line it skips.
+    Exit 0 pairs found, 1 none found or a dump / log line is missing.
+    """
+    from rl_msprobe.dumps.correlate import correlate as run
+
+    result = run(rollout_dir, train_dir)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        for p in result.pairs:
+            click.echo(
+                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}"
+                f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
+            )
+        for u in result.unmatched:
+            click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
+        click.echo("lines: " + ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())))
+        click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
+    sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
+
+
+def _hard_problems(result) -> bool:
+    return any(u.why.startswith("missing dump") or ": not a JSON" in u.why for u in result.unmatched)
+
+
+@dumps.command()
+@click.argument("rollout", type=_dir_or_file)
+@click.argument("train", type=_dir_or_file)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder for msprobe output and the report.",
+)
+@click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Parallel msprobe processes (default: cores/2, at most 4).",
+)
+@json_option
+@handles_user_errors
+def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | None, as_json: bool) -> None:
+    """Run msprobe's consistency compare for every pair and write report.md / report.html.
+
+    With logs (ROLLOUT and TRAIN are the two dump_path folders) the pairs come from `correlate`;
+    without logs, two plain dump folders (or two dump.json files) are compared one to one.
+    Exit 0 consistent, 1 divergence found or a compare failed, 2 bad input.
+    """
+    from rl_msprobe.dumps.compare import CompareRun, check_out_dir, compare_pairs, default_jobs, plain_pairs
+    from rl_msprobe.dumps.correlate import correlate as run_correlate
+    from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
+    from rl_msprobe.dumps.report import verdict, write_report
+    from rl_msprobe.errors import UserError
+
+    out = check_out_dir(out)
+    has_logs = (
+        rollout.is_dir()
+        and train.is_dir()
+        and next(walk_files(rollout, {DISPATCH_LOG}, max_depth=2), None) is not None
+        and next(walk_files(train, {TRAIN_LOG}, max_depth=2), None) is not None
+    )
+    run = CompareRun(out=out, backend=backend)
+    if has_logs:
+        run.correlation = run_correlate(rollout, train)
+        pairs = run.correlation.pairs
+        if not pairs:
+            raise UserError(
+                f"{rollout} / {train}: the logs give no comparable pair "
+                "(see `rl-msprobe dumps correlate` for why each request was skipped)."
+            )
+    else:
+        pairs = plain_pairs(rollout, train)
+    jobs = jobs or default_jobs()
+    if as_json:
+        run.results = compare_pairs(pairs, out, backend, jobs)
+    else:
+        click.echo(f"{len(pairs)} pair(s), {jobs} parallel msprobe process(es) -> {out}", err=True)
+        with click.progressbar(length=len(pairs), label="msprobe compare", file=sys.stderr) as bar:
+            run.results = compare_pairs(pairs, out, backend, jobs, on_done=lambda _r: bar.update(1))
+    paths = write_report(run)
+    if as_json:
+        emit_json(run.to_json())
+    else:
+        click.echo(verdict(run))
+        click.echo(f"report: {paths['md']}\n        {paths['html']}")
+    sys.exit(0 if run.consistent else 1)

@@ -1,0 +1,261 @@
+"""The DOMAIN §6 join: which rollout prefill step and which training micro-batch saw one request.
+
+Rollout side: `{rollout}/{pid}/dispatch_log.jsonl`, one line per model step
+(`phase`, `step`, `rank`, `requests[{request_id, type, tokens}]`). Only a `prefill` step with
+exactly one request, of type `new`, dumps one prompt's prefill alone. Training side:
+`{train}/{pid}/update_actor_log.jsonl`, one line per micro-batch (`step` = msprobe's
+current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids; both
+sides are stripped before matching.
+
+The logs are streamed line by line. What stays in memory is one small entry per request id
+that can still pair (or needs explaining), never one per line: a million decode lines cost
+a counter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_files
+from rl_msprobe.errors import UserError
+
+_VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def strip_request_id(request_id: str) -> str:
+    """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given."""
+    return _VLLM_SUFFIX.sub("", request_id)
+
+
+@dataclass(frozen=True)
+class Side:
+    pid: int | str | None
+    rank: int | str | None
+    step: int | str | None
+    dump: str | None
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "rank": self.rank, "step": self.step, "dump": self.dump}
+
+
+@dataclass(frozen=True)
+class Pair:
+    request_id: str
+    rollout: Side
+    train: Side
+
+    def to_json(self) -> dict:
+        return {
+            "request_id": self.request_id,
+            "rollout": self.rollout.to_json(),
+            "train": self.train.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    request_id: str | None
+    side: str  # rollout | train
+    why: str
+
+    def to_json(self) -> dict:
+        return {"request_id": self.request_id, "side": self.side, "why": self.why}
+
+
+@dataclass
+class Correlation:
+    pairs: list[Pair] = field(default_factory=list)
+    unmatched: list[Unmatched] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)  # reason -> log lines not considered for a pair
+    logs: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "pairs": [p.to_json() for p in self.pairs],
+            "unmatched": [u.to_json() for u in self.unmatched],
+            "skipped_lines": dict(self.skipped),
+            "logs": self.logs,
+        }
+
+
+def find_logs(root: Path, name: str) -> list[Path]:
+    """`{root}/{pid}/{name}` (or `{root}/{name}`), sorted; UserError if there is none."""
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory. Pass the dump_path folder of that side.")
+    logs = sorted(walk_files(root, {name}, max_depth=2))
+    if not logs:
+        raise UserError(
+            f"{root}: no {name} in it or in its {{pid}} sub-folders. "
+            + (
+                "The rollout writes it when the dispatch-log patch is applied (vllm-ascend-dispatch-log / vllm-dump)."
+                if name == DISPATCH_LOG
+                else "The training helper writes it when verl is patched (verl-consistency) and DUMP_ON=1."
+            )
+        )
+    return logs
+
+
+def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'."""
+    loads = json.loads
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                obj = loads(line)
+            except ValueError:
+                if line.strip():
+                    bad.append(f"{path}:{n}: not a JSON line (cut short by a killed process?)")
+                continue
+            if type(obj) is dict:
+                yield n, obj
+            else:
+                bad.append(f"{path}:{n}: not a JSON object")
+
+
+def _continues_prefill(request: dict) -> bool:
+    """A `cached` entry scheduling more than one token: the rest of a chunked prompt (or speculative
+    tokens). One token is a plain decode riding along in a mixed step."""
+    if request.get("type") != "cached":
+        return False
+    try:
+        return int(request.get("tokens") or 0) > 1
+    except (TypeError, ValueError):
+        return False
+
+
+# A rollout candidate: (pid, rank, step, where) of the one-request prefill; `chunked` once a
+# later prefill of the same id shows the prompt was split over several steps.
+@dataclass
+class _Candidate:
+    pid: object
+    rank: object
+    step: object
+    where: str
+    matched: bool = False
+    chunked: bool = False
+
+
+def correlate(rollout_root: Path, train_root: Path) -> Correlation:
+    """Join the two sides' logs across every pid and rank (see the module doc)."""
+    rollout_logs, train_logs = find_logs(rollout_root, DISPATCH_LOG), find_logs(train_root, TRAIN_LOG)
+    result = Correlation(
+        logs={"rollout": [str(p) for p in rollout_logs], "train": [str(p) for p in train_logs]}
+    )
+    skipped = result.skipped
+    bad: list[str] = []
+    candidates: dict[str, _Candidate] = {}
+    batched: dict[str, str] = {}  # id -> where it was prefilled together with others
+    strip = strip_request_id
+
+    for log in rollout_logs:
+        for n, line in read_jsonl(log, bad):
+            phase = line.get("phase")
+            if phase != "prefill":
+                skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
+                continue
+            requests = line.get("requests") or ()
+            if len(requests) != 1:
+                skipped["rollout: prefill with several requests" if requests else "rollout: no requests"] += 1
+                for r in requests:
+                    rid = strip(str(r.get("request_id")))
+                    if r.get("type") == "new" and rid not in candidates:
+                        batched.setdefault(rid, f"{log.parent.name}/step{line.get('step')}")
+                    elif rid in candidates and _continues_prefill(r):
+                        candidates[rid].chunked = True
+                continue
+            req = requests[0]
+            rid = strip(str(req.get("request_id")))
+            if req.get("type") != "new":
+                skipped["rollout: prefill continuing a request (type cached)"] += 1
+                if rid in candidates and _continues_prefill(req):
+                    candidates[rid].chunked = True
+                continue
+            if rid in candidates:
+                skipped["rollout: repeated prefill of a request"] += 1
+                continue
+            skipped["rollout: one-request prefill"] += 1
+            pid = line.get("pid", log.parent.name)
+            candidates[rid] = _Candidate(pid, line.get("rank"), line.get("step"), f"{log}:{n}")
+
+    rollout_index, train_index = DumpIndex(rollout_root), DumpIndex(train_root)
+    for log in train_logs:
+        for n, line in read_jsonl(log, bad):
+            ids = line.get("request_ids")
+            if not isinstance(ids, list) or not ids:
+                skipped["train: no request_ids"] += 1
+                result.unmatched.append(
+                    Unmatched(
+                        None, "train", f"{log}:{n}: micro-batch without request ids (verl-request-id patch?)"
+                    )
+                )
+                continue
+            if len(ids) != 1:
+                skipped["train: micro-batch with several requests"] += 1
+                for rid in ids:
+                    result.unmatched.append(
+                        Unmatched(
+                            strip(str(rid)),
+                            "train",
+                            f"micro-batch {log.parent.name}/step{line.get('step')} held {len(ids)} requests "
+                            "(set micro batch sizes to 1)",
+                        )
+                    )
+                continue
+            rid = strip(str(ids[0]))
+            cand = candidates.get(rid)
+            if cand is None:
+                skipped["train: no rollout match"] += 1
+                where = batched.pop(rid, None)
+                why = (
+                    f"the rollout prefilled it together with other requests ({where})"
+                    if where
+                    else "no rollout prefill step with this id"
+                )
+                result.unmatched.append(Unmatched(rid, "train", why))
+                continue
+            skipped["train: matched"] += 1
+            cand.matched = True
+            if cand.chunked:
+                result.unmatched.append(
+                    Unmatched(
+                        rid,
+                        "rollout",
+                        "prefill continued in a later step (chunked prefill or speculative tokens): its dump covers part of the prompt",
+                    )
+                )
+                continue
+            pid, rank, step = line.get("pid", log.parent.name), line.get("rank"), line.get("step")
+            r_dump = rollout_index.find(cand.pid, cand.step, cand.rank)
+            t_dump = train_index.find(pid, step, rank)
+            if r_dump is None or t_dump is None:
+                side, idx, key = (
+                    ("rollout", rollout_index, (cand.pid, cand.step, cand.rank))
+                    if r_dump is None
+                    else ("train", train_index, (pid, step, rank))
+                )
+                result.unmatched.append(Unmatched(rid, side, f"missing dump: {idx.expected(*key)}"))
+                continue
+            result.pairs.append(
+                Pair(
+                    rid, Side(cand.pid, cand.rank, cand.step, str(r_dump)), Side(pid, rank, step, str(t_dump))
+                )
+            )
+
+    for rid, cand in candidates.items():
+        if not cand.matched:
+            result.unmatched.append(Unmatched(rid, "rollout", "no training micro-batch with this id"))
+    for rid, where in batched.items():
+        if rid not in candidates:
+            result.unmatched.append(
+                Unmatched(
+                    rid, "rollout", f"prefilled together with other requests ({where}); not comparable alone"
+                )
+            )
+    for b in bad:
+        result.unmatched.append(Unmatched(None, "rollout" if DISPATCH_LOG in b else "train", b))
+    return result

@@ -1,0 +1,314 @@
+"""Where `dump.json` files live, and a check of the layout each collection mode produces.
+
+msprobe writes `{dump_path}/step{N}/rank{R}/dump.json` (`proc{pid}` instead of `rank{R}` when
+torch.distributed is not initialised; a bare `rank` on some single-card runs). The rl-msprobe
+helpers move `dump_path` into a `{pid}` sub-folder, and verl's own training profiler adds
+`step_{G}/{stage}/` in front. This module knows those shapes and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DUMP_FILE = "dump.json"
+DISPATCH_LOG = "dispatch_log.jsonl"
+TRAIN_LOG = "update_actor_log.jsonl"
+TRAINING_STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
+MODES = ("training", "inference", "consistency")
+
+_STEP = re.compile(r"^step(\d+)$")
+_GLOBAL_STEP = re.compile(r"^step_(\d+)$")
+_RANK = re.compile(r"^(?:rank(\d*)|proc(\d+))$")
+_PID = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True, order=True)
+class DumpRef:
+    """One `dump.json` and what its path says about it (None where the level is absent)."""
+
+    path: Path
+    step: int
+    rank: int | None = None  # rank{R}; None for proc{pid} and a bare `rank`
+    proc: int | None = None  # proc{pid}
+    pid: int | None = None  # the {pid} level the rl-msprobe helpers add
+    global_step: int | None = None  # verl profiler step_{G}
+    stage: str | None = None  # verl profiler stage
+
+    @property
+    def rank_label(self) -> str:
+        if self.proc is not None:
+            return f"proc{self.proc}"
+        return "rank" if self.rank is None else f"rank{self.rank}"
+
+
+def parse_dump_path(root: Path, path: Path) -> DumpRef | None:
+    """Read step / rank / pid / stage from a dump.json path below `root`; None if it fits no layout."""
+    parts = path.relative_to(root).parts
+    if len(parts) < 3 or parts[-1] != DUMP_FILE:
+        return None
+    rank_m, step_m = _RANK.match(parts[-2]), _STEP.match(parts[-3])
+    if not rank_m or not step_m:
+        return None
+    rank = int(rank_m.group(1)) if rank_m.group(1) else None
+    proc = int(rank_m.group(2)) if rank_m.group(2) else None
+    prefix = parts[:-3]
+    pid = global_step = stage = None
+    if len(prefix) >= 2 and _GLOBAL_STEP.match(prefix[-2]):
+        global_step, stage = int(_GLOBAL_STEP.match(prefix[-2]).group(1)), prefix[-1]
+        prefix = prefix[:-2]
+    if prefix and _PID.match(prefix[-1]):
+        pid = int(prefix[-1])
+    return DumpRef(path, int(step_m.group(1)), rank, proc, pid, global_step, stage)
+
+
+def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path]:
+    """Files named one of `names` below root (depth-limited, sorted, symlinked dirs not followed)."""
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name, reverse=True)
+        except OSError:
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                if depth < max_depth and e.name != "dump_tensor_data":
+                    stack.append((Path(e.path), depth + 1))
+            elif e.name in names:
+                yield Path(e.path)
+
+
+def find_dumps(root: Path) -> list[DumpRef]:
+    refs = [parse_dump_path(root, p) for p in walk_files(root, {DUMP_FILE})]
+    return sorted(r for r in refs if r is not None)
+
+
+class DumpIndex:
+    """Finds the dump of (pid, step, rank) under one side's root, listing each folder once.
+
+    Accepts `{root}/{pid}/step{N}/rank{R}`, `{root}/step{N}/rank{R}` and `proc{pid}` for `rank{R}`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._listing: dict[Path, frozenset[str]] = {}
+
+    def _names(self, d: Path) -> frozenset[str]:
+        names = self._listing.get(d)
+        if names is None:
+            try:
+                names = frozenset(os.listdir(d))
+            except OSError:
+                names = frozenset()
+            self._listing[d] = names
+        return names
+
+    def find(self, pid: object, step: object, rank: object) -> Path | None:
+        step_dir = f"step{step}"
+        for base in (self.root / str(pid), self.root):
+            if step_dir not in self._names(base):
+                continue
+            sd = base / step_dir
+            names = self._names(sd)
+            for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
+                if rank_dir in names and DUMP_FILE in self._names(sd / rank_dir):
+                    return sd / rank_dir / DUMP_FILE
+        return None
+
+    def expected(self, pid: object, step: object, rank: object) -> Path:
+        """The path the helpers would have written (for messages about a missing dump)."""
+        return self.root / str(pid) / f"step{step}" / f"rank{rank}" / DUMP_FILE
+
+
+# ------------------------------------------------------------------------------------ check
+@dataclass
+class LayoutReport:
+    mode: str
+    roots: list[str]
+    dumps: int = 0
+    counts: dict[str, dict] = field(default_factory=dict)  # group -> dumps, steps, ranks
+    logs: dict[str, list[str]] = field(default_factory=dict)  # log name -> paths
+    problems: list[dict[str, str]] = field(default_factory=list)  # {"where", "what", "fix"}
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def check_dump_file(path: Path) -> str | None:
+    """Why a dump.json is unusable (empty, not JSON, no `data`), or None."""
+    try:
+        if path.stat().st_size == 0:
+            return "empty file"
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"unparsable: {exc}"
+    if not isinstance(doc, dict) or "data" not in doc:
+        return "no top-level `data` (not an msprobe dump.json)"
+    if not doc["data"]:
+        return "`data` is empty: nothing was dumped (was debugger.start() reached with the model?)"
+    return None
+
+
+def detect_mode(roots: list[Path]) -> str:
+    logs = {p.name for r in roots for p in walk_files(r, {DISPATCH_LOG, TRAIN_LOG}, max_depth=3)}
+    if logs:
+        return "consistency"
+    if any(ref.stage for r in roots for ref in find_dumps(r)[:50]):
+        return "training"
+    return "inference"
+
+
+def _group_key(ref: DumpRef, mode: str) -> str:
+    if mode == "training" and ref.stage is not None:
+        return f"step_{ref.global_step}/{ref.stage}"
+    return "" if ref.pid is None else f"pid {ref.pid}"
+
+
+def _check_side(root: Path, mode: str, report: LayoutReport, label: str) -> None:
+    refs = find_dumps(root)
+    if not refs:
+        report.problems.append(
+            {
+                "where": str(root),
+                "what": f"no {label}dump.json in the layout step{{N}}/rank{{R}}/dump.json",
+                "fix": "point at the msprobe dump_path (for training: global_profiler.save_path)",
+            }
+        )
+        return
+    report.dumps += len(refs)
+    by_group: dict[str, list[DumpRef]] = defaultdict(list)
+    for ref in refs:
+        by_group[_group_key(ref, mode)].append(ref)
+        why = check_dump_file(ref.path)
+        if why:
+            report.problems.append(
+                {"where": str(ref.path), "what": why, "fix": "re-run that step; the dump was cut short"}
+            )
+    if mode == "training":
+        _check_training(root, refs, report)
+    all_ranks = {r.rank_label for r in refs if r.proc is None}
+    for group, grefs in sorted(by_group.items()):
+        steps: dict[int, set[str]] = defaultdict(set)
+        for r in grefs:
+            steps[r.step].add(r.rank_label)
+        ranks_seen = sorted({x for s in steps.values() for x in s}, key=_rank_sort)
+        report.counts[f"{label}{group or root.name}"] = {
+            "dumps": len(grefs),
+            "steps": len(steps),
+            "step_range": [min(steps), max(steps)],
+            "ranks": ranks_seen,
+        }
+        where = str(root / group.replace("pid ", "")) if group else str(root)
+        if mode != "training":
+            gaps = sorted(set(range(min(steps), max(steps) + 1)) - set(steps))
+            if gaps:
+                report.problems.append(
+                    {
+                        "where": where,
+                        "what": f"missing steps {_ranges(gaps)} between step{min(steps)} and step{max(steps)}",
+                        "fix": "check the msprobe config `step` list and whether those steps ran",
+                    }
+                )
+        for step, ranks in sorted(steps.items()):
+            want = all_ranks if group == "" or mode == "training" else {x for s in steps.values() for x in s}
+            missing = sorted((want - ranks) - {"rank"}, key=_rank_sort)
+            if missing and not any(x.startswith("proc") for x in ranks):
+                report.problems.append(
+                    {
+                        "where": f"{where}/step{step}",
+                        "what": f"missing {', '.join(missing)} (other steps have them)",
+                        "fix": "check the msprobe config `rank` list and that every rank reached the dump",
+                    }
+                )
+
+
+def _check_training(root: Path, refs: list[DumpRef], report: LayoutReport) -> None:
+    stages_by_step: dict[int, set[str]] = defaultdict(set)
+    for r in refs:
+        if r.stage is None:
+            report.problems.append(
+                {
+                    "where": str(r.path),
+                    "what": "not under step_{G}/{stage}/ as verl's precision_debugger profiler writes it",
+                    "fix": "point at global_profiler.save_path, or use --mode inference for a plain dump",
+                }
+            )
+            continue
+        stages_by_step[r.global_step].add(r.stage)
+        if r.stage not in TRAINING_STAGES:
+            report.problems.append(
+                {
+                    "where": str(r.path),
+                    "what": f"unknown stage {r.stage!r}",
+                    "fix": f"verl only fires {', '.join(TRAINING_STAGES)}",
+                }
+            )
+    all_stages = set().union(*stages_by_step.values()) if stages_by_step else set()
+    for g, stages in sorted(stages_by_step.items()):
+        if all_stages - stages:
+            report.problems.append(
+                {
+                    "where": str(root / f"step_{g}"),
+                    "what": f"missing stage(s) {', '.join(sorted(all_stages - stages))} (other steps have them)",
+                    "fix": "check precision_debugger.stages and that the step finished",
+                }
+            )
+
+
+def _rank_sort(label: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", label)
+    return (int(digits) if digits else -1, label)
+
+
+def _ranges(nums: list[int]) -> str:
+    out, start = [], None
+    for i, n in enumerate(nums):
+        start = n if start is None else start
+        if i + 1 == len(nums) or nums[i + 1] != n + 1:
+            out.append(f"step{start}" if start == n else f"step{start}-{n}")
+            start = None
+    return ", ".join(out)
+
+
+def check_layout(roots: list[Path], mode: str | None = None) -> LayoutReport:
+    """Check one or two dump roots against the layout of `mode` (detected when None)."""
+    mode = mode or detect_mode(roots)
+    report = LayoutReport(mode=mode, roots=[str(r) for r in roots])
+    if mode != "consistency":
+        for root in roots:
+            _check_side(root, mode, report, "")
+        return report
+    found: dict[str, list[Path]] = {
+        DISPATCH_LOG: [p for r in roots for p in walk_files(r, {DISPATCH_LOG}, max_depth=3)],
+        TRAIN_LOG: [p for r in roots for p in walk_files(r, {TRAIN_LOG}, max_depth=3)],
+    }
+    report.logs = {k: [str(p) for p in v] for k, v in found.items()}
+    sides = {}
+    for name, side in ((DISPATCH_LOG, "rollout"), (TRAIN_LOG, "train")):
+        if not found[name]:
+            report.problems.append(
+                {
+                    "where": ", ".join(str(r) for r in roots),
+                    "what": f"no {name} ({side} side)",
+                    "fix": "apply the rl-msprobe consistency patches and run with DUMP_ON=1"
+                    if side == "train"
+                    else "apply vllm-ascend-dispatch-log / vllm-dump so the rollout writes its dispatch log",
+                }
+            )
+            continue
+        # the side root: the folder holding the {pid} folders with the log
+        sides[side] = found[name][0].parent.parent
+    for side, root in sides.items():
+        _check_side(root, "consistency", report, f"{side}: ")
+    return report

@@ -1,0 +1,245 @@
+"""Reading msprobe's compare result CSV: per-row verdicts, first divergence, per-layer curve.
+
+The metrics and the pass / warning / error verdicts are msprobe's own (`Cosine`, `MaxAbsErr`,
+`Result`, `Err_message` in tensor mode; `Max diff`, `NormRelativeErr` in statistics mode).
+This module only reads them, in msprobe's forward order, and decides which rows can be
+read as numbers at all:
+
+- rows msprobe could not pair or measure (`unsupported`, `shape unmatched`, `N/A`, one side
+  missing) are structural, not numeric divergence;
+- vLLM's `SiluAndMul` returns `silu(gate) * up` while a training model's `act_fn` returns
+  `silu(gate)`: msprobe pairs them by name, but they are different quantities.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+NPU, BENCH = "NPU Name", "Bench Name"  # msprobe: NPU = -tp = training, Bench = -gp = rollout
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_CALL = re.compile(r"\.(forward|backward)\.(\d+)\.")
+_FSDP = "_fsdp_wrapped_module."
+DIVERGENT = ("error", "warning")
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    t = text.strip().rstrip("%")
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def module_of(name: str) -> tuple[str, str]:
+    """`Module.model.layers.1.mlp.down_proj.RowParallelLinear.forward.0.output.0` ->
+    (`model.layers.1.mlp.down_proj`, `output.0`). API rows keep their API name."""
+    name = name.split(";", 1)[0].strip().replace(_FSDP, "")
+    m = _CALL.search(name)
+    if not m:
+        return name, ""
+    head, tail = name[: m.start()], name[m.end() :]
+    if head.startswith("Module."):
+        head = head[len("Module.") :].rsplit(".", 1)[0]  # drop the class name
+    elif re.search(r"\.\d+$", head):
+        head = head.rsplit(".", 1)[0]  # API rows: drop the call count
+    return head, tail
+
+
+@dataclass(frozen=True)
+class Row:
+    index: int  # msprobe's (forward) order
+    train_name: str
+    rollout_name: str
+    module: str
+    tensor: str  # input.0, output.0, parameters.weight, ...
+    layer: int | None
+    cosine: float | None  # Cosine (tensor mode); None in statistics mode
+    max_abs_err: float | None  # MaxAbsErr (tensor) / |Max diff| (statistics)
+    rel_err: float | None  # MaxRelativeErr (tensor) / NormRelativeErr (statistics)
+    result: str
+    message: str
+    comparable: bool
+    note: str = ""
+
+    @property
+    def divergent(self) -> bool:
+        return self.comparable and self.result in DIVERGENT
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in ("index", "comparable")}
+
+
+@dataclass(frozen=True)
+class LayerPoint:
+    layer: str  # "embed", "0", "1", ..., "head"
+    depth: int
+    cosine: float | None  # worst (lowest) cosine of the layer's outputs
+    max_abs_err: float | None  # worst (highest) error of the layer's outputs
+    divergent: int  # rows msprobe marked warning/error in this layer (comparable only)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PairSummary:
+    mode: str  # tensor | statistics
+    rows: list[Row]
+    counts: dict[str, int] = field(default_factory=dict)  # msprobe Result -> rows
+    not_comparable: int = 0
+    layers: list[LayerPoint] = field(default_factory=list)
+
+    @property
+    def divergent(self) -> list[Row]:
+        return [r for r in self.rows if r.divergent]
+
+    @property
+    def first_divergence(self) -> Row | None:
+        return next((r for r in self.rows if r.divergent), None)
+
+    @property
+    def consistent(self) -> bool:
+        return not self.divergent
+
+    def worst(self, n: int = 5) -> list[Row]:
+        measured = [
+            r for r in self.rows if r.comparable and (r.cosine is not None or r.max_abs_err is not None)
+        ]
+        key = (
+            (lambda r: (r.cosine if r.cosine is not None else 2.0, -(r.max_abs_err or 0.0)))
+            if self.mode == "tensor"
+            else (lambda r: -(r.max_abs_err or 0.0))
+        )
+        return sorted(measured, key=key)[:n]
+
+    def to_json(self, rows: bool = False) -> dict:
+        first = self.first_divergence
+        doc = {
+            "mode": self.mode,
+            "consistent": self.consistent,
+            "counts": self.counts,
+            "divergent_rows": len(self.divergent),
+            "not_comparable_rows": self.not_comparable,
+            "first_divergence": first.to_json() if first else None,
+            "worst": [r.to_json() for r in self.worst()],
+            "layers": [p.to_json() for p in self.layers],
+        }
+        if rows:
+            doc["rows"] = [r.to_json() for r in self.rows]
+        return doc
+
+
+def _structural_note(train_name: str, rollout_name: str, sim_text: str, tensor: str) -> str:
+    if not train_name or train_name == "N/A" or not rollout_name or rollout_name == "N/A":
+        return "only on one side"
+    if ".SiluAndMul." in rollout_name and ".SiluAndMul." not in train_name:
+        return "vLLM SiluAndMul returns silu(gate)*up, the training act_fn silu(gate): different quantities"
+    text = sim_text.strip()
+    if text == "shape unmatched" and not tensor.startswith(("input", "kwargs")):
+        # an output or weight of different shape is a finding (other tokens, other weights),
+        # unlike inputs, whose argument layout differs between engines (positions first in vLLM)
+        return ""
+    if _number(text) is None and text not in ("", "N/A"):
+        return text  # unsupported / shape unmatched input / ...
+    return ""
+
+
+def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
+    """Rows of one msprobe compare_result CSV, in its order, and the dump mode it was made in."""
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        fields = reader.fieldnames or []
+        mode = "tensor" if "Cosine" in fields else "statistics"
+        rows = []
+        for i, rec in enumerate(reader):
+            train, rollout = (rec.get(NPU) or "").strip(), (rec.get(BENCH) or "").strip()
+            if mode == "tensor":
+                sim_text = rec.get("Cosine") or ""
+                sim, err, rel = (
+                    _number(sim_text),
+                    _number(rec.get("MaxAbsErr")),
+                    _number(rec.get("MaxRelativeErr")),
+                )
+            else:
+                sim_text = rec.get("Max diff") or ""
+                sim = None
+                diff = _number(sim_text)
+                err = abs(diff) if diff is not None else None
+                rel = _number(rec.get("NormRelativeErr"))
+            name = rollout if rollout and rollout != "N/A" else train
+            module, tensor = module_of(name)
+            note = _structural_note(train, rollout, sim_text, tensor)
+            if not note and sim is None and err is None and sim_text.strip() != "shape unmatched":
+                note = "no metric"
+            m = _LAYER.search(module + ".")
+            rows.append(
+                Row(
+                    index=i,
+                    train_name=train,
+                    rollout_name=rollout,
+                    module=module,
+                    tensor=tensor,
+                    layer=int(m.group(1)) if m else None,
+                    cosine=sim,
+                    max_abs_err=err,
+                    rel_err=rel,
+                    result=(rec.get("Result") or "").strip(),
+                    message=(rec.get("Err_message") or "").strip(),
+                    comparable=not note,
+                    note=note,
+                )
+            )
+    return mode, rows
+
+
+def layer_curve(rows: list[Row]) -> list[LayerPoint]:
+    """Worst output metrics per decoder layer along depth, with `embed` before and `head` after."""
+    first = next((r.index for r in rows if r.layer is not None), None)
+    groups: dict[tuple[int, str], list[Row]] = {}
+    last_layer = max((r.layer for r in rows if r.layer is not None), default=-1)
+    for r in rows:
+        if r.layer is not None:
+            key = (r.layer, str(r.layer))
+        elif first is None or r.index < first:
+            key = (-1, "embed")
+        else:
+            key = (last_layer + 1, "head")
+        groups.setdefault(key, []).append(r)
+    points = []
+    for (depth, label), grp in sorted(groups.items()):
+        outs = [r for r in grp if r.comparable and r.tensor.startswith("output")]
+        sims = [r.cosine for r in outs if r.cosine is not None]
+        errs = [r.max_abs_err for r in outs if r.max_abs_err is not None]
+        points.append(
+            LayerPoint(
+                label,
+                depth,
+                min(sims) if sims else None,
+                max(errs) if errs else None,
+                sum(1 for r in grp if r.divergent),
+            )
+        )
+    return points
+
+
+def summarize(csv_path: Path) -> PairSummary:
+    mode, rows = parse_rows(csv_path)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.result or "none"] = counts.get(r.result or "none", 0) + 1
+    return PairSummary(
+        mode=mode,
+        rows=rows,
+        counts=counts,
+        not_comparable=sum(1 for r in rows if not r.comparable),
+        layers=layer_curve(rows),
+    )
