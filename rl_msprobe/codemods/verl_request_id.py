@@ -1,0 +1,234 @@
+"""verl rollout clients: the request id a rollout server received, kept in the output.
+
+The consistency join (DOMAIN §6) links a rollout dispatch to a training micro-batch by
+request id. The id is made inside the client's ``server.generate.remote(request_id=...)``
+call (``uuid4().hex`` from 0.7.0, ``self._vllm_request_id(request_id)`` from 0.9.0), so the
+existing line cannot name it; instead two marked lines surround that call::
+
+    server = rl_msprobe_consistency.record_request_id(server)          # sees the id the server gets
+    output = await server.generate.remote(request_id=..., ...)
+    rl_msprobe_consistency.keep_request_id(output, server)             # output.extra_fields["request_id"]
+
+Both are no-ops unless ``DUMP_ON``, ``PROMPTS_ONLY`` or ``RL_MSPROBE_REQUEST_ID`` is 1.
+verl then carries ``extra_fields`` into ``DataProto.non_tensor_batch["request_id"]``.
+
+Drift handled, one codemod class per upstream file:
+
+- ``verl/experimental/agent_loop/agent_loop.py`` (0.6.0 – 0.7.1): ``AsyncLLMServerManager.generate``.
+  Before 0.7.1 the server's ``TokenOutput`` has no ``extra_fields`` and the agent loops build
+  their output without them, so ``AgentLoopWorker._run_agent_loop`` also gets two lines
+  (``begin_request()`` before ``agent_loop.run(...)``, ``attach_request_id(output)`` after):
+  the id travels in a context variable of the sample's asyncio task. The same two lines are
+  inserted in 0.7.1 too (harmless there: the id is already in ``extra_fields``).
+- ``verl/workers/rollout/llm_server.py`` (0.8.0 →): ``LLMServerClient.generate``; from 0.9.0
+  the file also holds ``FullyAsyncLLMServerClient``, whose resume loop rebuilds its output:
+  after each ``output = await super().generate(...)`` the parent's ``extra_fields`` are kept
+  (first attempt wins, so the id is the prompt's prefill).
+- ``verl/experimental/fully_async_policy/fully_async_rollouter.py`` (0.8.0 only): the same
+  ``FullyAsyncLLMServerClient`` fix where 0.8.0 defines that class.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from rl_msprobe.codemods.base import (
+    Codemod,
+    ScopedTransformer,
+    TransformContext,
+    call_name,
+    insert_after_imports,
+    insert_before,
+    parse_version,
+)
+from rl_msprobe.codemods.verl_trainer import CONSISTENCY_IMPORT
+
+RECORD = "server = rl_msprobe_consistency.record_request_id(server)"
+KEEP = "rl_msprobe_consistency.keep_request_id(output, server)"
+BEGIN = "rl_msprobe_consistency.begin_request()"
+ATTACH = "rl_msprobe_consistency.attach_request_id(output)"
+KEEP_PARENT = "rl_msprobe_consistency.keep_parent_extra_fields(final_output, output)"
+
+
+def _awaited_call(stmt: cst.BaseStatement, target: str) -> str | None:
+    """`target = await f(...)` / `target: T = await f(...)`: the dotted name of f, else None."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        name, value = small.targets[0].target, small.value
+    elif isinstance(small, cst.AnnAssign):
+        name, value = small.target, small.value
+    else:
+        return None
+    if not (isinstance(name, cst.Name) and name.value == target and isinstance(value, cst.Await)):
+        return None
+    if isinstance(value.expression, cst.Call) and isinstance(value.expression.func, cst.Attribute):
+        func = value.expression.func
+        if isinstance(func.value, cst.Call) and call_name(func.value) == "super":
+            return f"super().{func.attr.value}"
+    return call_name(value.expression)
+
+
+class _Surround(ScopedTransformer):
+    """In each method of `rules`, put lines before / after the statement that matches.
+
+    rules: {qualname: (method anchor, statement anchor, target variable, awaited call, lines before,
+    lines after)}; several qualnames may share a method anchor (a method that moved between classes).
+    """
+
+    def __init__(
+        self, ctx: TransformContext, rules: dict[str, tuple[str, str, str, str, tuple, tuple]]
+    ) -> None:
+        super().__init__(ctx)
+        self.rules = rules
+        self.classes: set[str] = set()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.classes.add(node.name.value)
+        return super().visit_ClassDef(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        super().visit_FunctionDef(node)
+        if self.qualname in self.rules:
+            self.ctx.hit(self.rules[self.qualname][0])
+        return True
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+        rule = self.rules.get(self.qualname)
+        if rule is None:
+            return updated
+        _, anchor, target, call, before, after = rule
+        statements: list[cst.BaseStatement] = []
+        for stmt in updated.body:
+            if _awaited_call(stmt, target) == call:
+                self.ctx.hit(anchor)
+                statements.extend(insert_before(stmt, [self.ctx.statement(line) for line in before]))
+                statements.extend(self.ctx.statement(line) for line in after)
+            else:
+                statements.append(stmt)
+        return updated.with_changes(body=statements)
+
+
+_FULLY_ASYNC_RULE = (
+    "FullyAsyncLLMServerClient.generate",
+    "super().generate call",
+    "output",
+    "super().generate",
+    (),
+    (KEEP_PARENT,),
+)
+_SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or `output: TokenOutput = ...`)"
+
+
+class VerlAgentLoopRequestId(Codemod):
+    name = "verl-agent-loop-request-id"
+    project = "verl"
+    path = "verl/experimental/agent_loop/agent_loop.py"
+    min_version = "0.6.0"
+    max_version = "0.7.1"
+    description = (
+        "request id into the rollout output (AsyncLLMServerManager.generate, AgentLoopWorker._run_agent_loop)"
+    )
+    anchors = {
+        "AsyncLLMServerManager.generate": "a method generate in class AsyncLLMServerManager",
+        "server.generate.remote call": f"{_SERVER_CALL} in AsyncLLMServerManager.generate",
+        "AgentLoopWorker._run_agent_loop": "a method _run_agent_loop in class AgentLoopWorker "
+        "(AgentLoopWorkerBase in 0.6.1 - 0.7.0)",
+        "agent_loop.run call": "`output: AgentLoopOutput = await agent_loop.run(...)` in "
+        "AgentLoopWorker._run_agent_loop",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        rules = {
+            "AsyncLLMServerManager.generate": (
+                "AsyncLLMServerManager.generate",
+                "server.generate.remote call",
+                "output",
+                "server.generate.remote",
+                (RECORD,),
+                (KEEP,),
+            ),
+        }
+        # 0.6.1 - 0.7.0 define _run_agent_loop on AgentLoopWorkerBase, the others on AgentLoopWorker.
+        for owner in ("AgentLoopWorker", "AgentLoopWorkerBase"):
+            rules[f"{owner}._run_agent_loop"] = (
+                "AgentLoopWorker._run_agent_loop",
+                "agent_loop.run call",
+                "output",
+                "agent_loop.run",
+                (BEGIN,),
+                (ATTACH,),
+            )
+        updated = module.visit(_Surround(ctx, rules))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+
+class VerlLLMServerRequestId(Codemod):
+    name = "verl-llm-server-request-id"
+    project = "verl"
+    path = "verl/workers/rollout/llm_server.py"
+    min_version = "0.8.0"
+    max_version = "0.9.1"
+    fully_async_since = "0.9.0"  # FullyAsyncLLMServerClient moved into this file
+    description = (
+        "request id into the rollout output (LLMServerClient.generate; fully-async client from 0.9.0)"
+    )
+    anchors = {
+        "LLMServerClient.generate": "a method generate in class LLMServerClient",
+        "server.generate.remote call": f"{_SERVER_CALL} in LLMServerClient.generate",
+        "FullyAsyncLLMServerClient.generate": "a method generate in class FullyAsyncLLMServerClient (0.9.0+)",
+        "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        rules = {
+            "LLMServerClient.generate": (
+                "LLMServerClient.generate",
+                "server.generate.remote call",
+                "output",
+                "server.generate.remote",
+                (RECORD,),
+                (KEEP,),
+            ),
+            "FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE,
+        }
+        transformer = _Surround(ctx, rules)
+        updated = module.visit(transformer)
+        if "FullyAsyncLLMServerClient" not in transformer.classes and not self._expects_fully_async(
+            ctx.version
+        ):
+            # 0.8.0 defines the fully-async client in fully_async_rollouter.py (its own codemod).
+            ctx.hit("FullyAsyncLLMServerClient.generate")
+            ctx.hit("super().generate call")
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+    def _expects_fully_async(self, version: str | None) -> bool:
+        parsed = parse_version(version)
+        return parsed is None or parsed >= parse_version(self.fully_async_since)
+
+
+class VerlFullyAsyncRolloutRequestId(Codemod):
+    name = "verl-fully-async-rollouter-request-id"
+    project = "verl"
+    path = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
+    min_version = "0.8.0"
+    max_version = "0.8.0"
+    description = "fully-async client keeps the parent's extra_fields (request id) in its accumulated output"
+    anchors = {
+        "FullyAsyncLLMServerClient.generate": "a method generate in class FullyAsyncLLMServerClient",
+        "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        rules = {
+            "FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE,
+        }
+        updated = module.visit(_Surround(ctx, rules))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+
+REQUEST_ID_CODEMODS = (VerlAgentLoopRequestId, VerlLLMServerRequestId, VerlFullyAsyncRolloutRequestId)

@@ -1,0 +1,251 @@
+"""verl trainers: PROMPTS_ONLY trimming right before the old-log-prob recompute.
+
+One marked line, ``batch = rl_msprobe_consistency.trim_to_prompts(batch)``, in every trainer
+that recomputes old log-probs, so the training engine runs the prompt prefill only and its
+dump can be compared with the rollout's prefill. The helper
+(``verl/utils/rl_msprobe_consistency.py``, added by the same set) does nothing unless
+``PROMPTS_ONLY=1``.
+
+Where the line goes (verl 0.6.0 … 0.9.1), one codemod class per upstream file:
+
+=========================================  ==========================================  ===========
+trainer                                    anchor (the line goes before it)            versions
+=========================================  ==========================================  ===========
+``RayPPOTrainer.fit``                      ``bypass_recomputing_logprobs = ...``        0.6.1 →
+(``verl/trainer/ppo/ray_trainer.py``)      ``old_log_prob = ...compute_log_prob(batch)``  0.6.0
+``SeparateRayPPOTrainer                    ``bypass_recomputing_logprobs = ...``        0.7.1 →
+._fit_compute_log_prob`` (separation; one-step-off and fully-async inherit it)
+``PPOTrainer._compute_old_log_prob``       ``bypass_recomputing_logprobs = ...``        0.9.0 →
+(``trainer/ppo/v1/trainer_base.py``, the 0.9 default; the separate-async v1 trainer delegates to it)
+``PPOTrainer._compute_old_log_prob``       ``bypass_recomputing_logprobs = ...``        0.8.0
+(``verl/trainer/main_ppo_sync.py``, the 0.8.0 TransferQueue trainer)
+``FullyAsyncTrainer._fit_generate``        after the ``with`` block that takes the      0.8.0 →
+(``fully_async_policy/fully_async_trainer.py``) batch from the queue
+=========================================  ==========================================  ===========
+
+The second ``bypass_recomputing_logprobs`` line of the separation and v1 trainers (in the
+advantage step) is left alone: matching is scoped by class and method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from rl_msprobe.codemods.base import (
+    Codemod,
+    ScopedTransformer,
+    TransformContext,
+    call_name,
+    contains_call,
+    insert_after_imports,
+    insert_before,
+)
+
+CONSISTENCY_IMPORT = "from verl.utils import rl_msprobe_consistency"
+TRIM = "batch = rl_msprobe_consistency.trim_to_prompts(batch)"
+BYPASS = "bypass_recomputing_logprobs"
+
+
+def _assigns(stmt: cst.BaseStatement, target: str) -> cst.BaseExpression | None:
+    """The value of `target = value` / `target: T = value` when `stmt` is that one statement."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value == target
+    ):
+        return small.value
+    if (
+        isinstance(small, cst.AnnAssign)
+        and isinstance(small.target, cst.Name)
+        and small.target.value == target
+    ):
+        return small.value
+    return None
+
+
+def _is_bypass_line(stmt: cst.BaseStatement) -> bool:
+    return _assigns(stmt, BYPASS) is not None
+
+
+def _is_old_log_prob_recompute(stmt: cst.BaseStatement) -> bool:
+    value = _assigns(stmt, "old_log_prob")
+    return value is not None and call_name(value) == "self.actor_rollout_wg.compute_log_prob"
+
+
+class _BeforeAnchor(ScopedTransformer):
+    """Insert the trim line before the first statement of `method` that `matches`."""
+
+    def __init__(self, ctx: TransformContext, method: str, anchor: str, matchers: Sequence) -> None:
+        super().__init__(ctx)
+        self.method, self.anchor, self.matchers = method, anchor, matchers
+        self.done = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        super().visit_FunctionDef(node)
+        if self.qualname == self.method:
+            self.ctx.hit(self.method)
+        return True
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+        if self.qualname != self.method or self.done:
+            return updated
+        statements: list[cst.BaseStatement] = []
+        for stmt in updated.body:
+            if not self.done and any(match(stmt) for match in self.matchers):
+                self.done = True
+                self.ctx.hit(self.anchor)
+                statements.extend(insert_before(stmt, [self.ctx.statement(TRIM)]))
+            else:
+                statements.append(stmt)
+        return updated.with_changes(body=statements)
+
+
+class _TrainerCodemod(Codemod):
+    """A trainer file: the trim line before the anchor in one method."""
+
+    project = "verl"
+    method: str
+    anchor_name: str = "bypass_recomputing_logprobs line"
+
+    def matchers(self, ctx: TransformContext) -> Sequence:
+        return (_is_bypass_line,)
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        transformer = _BeforeAnchor(ctx, self.method, self.anchor_name, self.matchers(ctx))
+        updated = module.visit(transformer)
+        if not transformer.done:
+            ctx.require(self.method)
+            self._missing_anchor(ctx)
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+    def _missing_anchor(self, ctx: TransformContext) -> None:
+        ctx.fail(self.anchor_name)
+
+
+_BYPASS_EXPECTED = (
+    '`bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)`'
+)
+
+
+class VerlRayTrainer(_TrainerCodemod):
+    name = "verl-ray-trainer"
+    path = "verl/trainer/ppo/ray_trainer.py"
+    min_version = "0.6.0"
+    max_version = "0.9.1"
+    method = "RayPPOTrainer.fit"
+    anchor_name = "old-log-prob recompute"
+    description = "PROMPTS_ONLY trim before the old-log-prob recompute in RayPPOTrainer.fit"
+    anchors = {
+        "RayPPOTrainer.fit": "a method fit in class RayPPOTrainer",
+        "old-log-prob recompute": f"{_BYPASS_EXPECTED} (0.6.1+) or "
+        "`old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)` (0.6.0) in RayPPOTrainer.fit",
+    }
+
+    def matchers(self, ctx: TransformContext) -> Sequence:
+        # 0.6.1+: the bypass switch precedes the recompute; 0.6.0 has only the recompute.
+        source = ctx.module.code
+        if BYPASS in source:
+            return (_is_bypass_line,)
+        return (_is_old_log_prob_recompute,)
+
+
+class VerlSeparateTrainer(_TrainerCodemod):
+    name = "verl-separate-trainer"
+    path = "verl/experimental/separation/ray_trainer.py"
+    min_version = "0.7.1"
+    max_version = "0.9.1"
+    method = "SeparateRayPPOTrainer._fit_compute_log_prob"
+    description = (
+        "PROMPTS_ONLY trim in SeparateRayPPOTrainer._fit_compute_log_prob (one-step-off, fully-async)"
+    )
+    anchors = {
+        "SeparateRayPPOTrainer._fit_compute_log_prob": "a method _fit_compute_log_prob in class SeparateRayPPOTrainer",
+        "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in SeparateRayPPOTrainer._fit_compute_log_prob",
+    }
+
+
+class VerlV1Trainer(_TrainerCodemod):
+    name = "verl-v1-trainer"
+    path = "verl/trainer/ppo/v1/trainer_base.py"
+    min_version = "0.9.0"
+    max_version = "0.9.1"
+    method = "PPOTrainer._compute_old_log_prob"
+    description = "PROMPTS_ONLY trim (TransferQueue fields) in the v1 PPOTrainer._compute_old_log_prob"
+    anchors = {
+        "PPOTrainer._compute_old_log_prob": "a method _compute_old_log_prob in class PPOTrainer",
+        "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in PPOTrainer._compute_old_log_prob",
+    }
+
+
+class VerlSyncTrainer(_TrainerCodemod):
+    name = "verl-sync-trainer"
+    path = "verl/trainer/main_ppo_sync.py"
+    min_version = "0.8.0"
+    max_version = "0.8.0"
+    method = "PPOTrainer._compute_old_log_prob"
+    description = "PROMPTS_ONLY trim (TransferQueue fields) in main_ppo_sync PPOTrainer._compute_old_log_prob"
+    anchors = VerlV1Trainer.anchors
+
+
+def _takes_from_queue(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.With) and contains_call(stmt, "self._get_samples_from_queue")
+
+
+class _AfterQueue(ScopedTransformer):
+    def __init__(self, ctx: TransformContext, method: str) -> None:
+        super().__init__(ctx)
+        self.method = method
+        self.done = False
+
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
+        if qualname != self.method:
+            return updated
+        self.ctx.hit(self.method)
+        statements: list[cst.BaseStatement] = []
+        for stmt in updated.body.body:
+            statements.append(stmt)
+            if not self.done and _takes_from_queue(stmt):
+                self.done = True
+                self.ctx.hit("batch taken from the queue")
+                statements.append(self.ctx.statement(TRIM))
+        return updated.with_changes(body=updated.body.with_changes(body=statements))
+
+
+class VerlFullyAsyncTrainer(Codemod):
+    name = "verl-fully-async-trainer"
+    project = "verl"
+    path = "verl/experimental/fully_async_policy/fully_async_trainer.py"
+    min_version = "0.7.1"
+    max_version = "0.9.1"
+    method = "FullyAsyncTrainer._fit_generate"
+    description = (
+        "PROMPTS_ONLY trim in FullyAsyncTrainer._fit_generate, after the batch is taken from the queue"
+    )
+    anchors = {
+        "FullyAsyncTrainer._fit_generate": "a method _fit_generate in class FullyAsyncTrainer",
+        "batch taken from the queue": "a `with ...:` block calling self._get_samples_from_queue() "
+        "directly in FullyAsyncTrainer._fit_generate",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        updated = module.visit(_AfterQueue(ctx, self.method))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+
+TRAINER_CODEMODS = (
+    VerlRayTrainer,
+    VerlSeparateTrainer,
+    VerlV1Trainer,
+    VerlSyncTrainer,
+    VerlFullyAsyncTrainer,
+)
