@@ -1,0 +1,130 @@
+"""Upstream vLLM V1 model runner: one msprobe step per model step in `GPUModelRunner.execute_model`.
+
+Four kinds of marked lines in `vllm/v1/worker/gpu_model_runner.py`, all calling
+`vllm/v1/worker/rl_msprobe_dump.py` (added by the same set):
+
+- after the imports: `from vllm.v1.worker import rl_msprobe_dump`;
+- last line of `GPUModelRunner.__init__`: `rl_msprobe_dump.init_runner(self)` — with
+  MSPROBE_ROLLOUT_CONFIG set, refuses a non-eager engine and reads the config, before any
+  request is served;
+- a decorator line on `execute_model`, outermost: `@rl_msprobe_dump.dump_step`. Only whole
+  lines may be inserted, so no `try/finally` can be put *inside* the method; a decorator gives
+  the same guarantee from outside: its `finally` stops and steps the debugger on every way out
+  of `execute_model` — the five or so `return`s (no work, encoder-only, pipeline-parallel
+  intermediate tensors, pooling, the normal `return None`) and exceptions — without anchoring
+  on any of them, so new early returns in later releases are covered too;
+- just before the statement that calls `self._model_forward(...)`:
+  `rl_msprobe_dump.start_forward(self)`, so the dump window is the model forward plus the
+  logits, not the input preparation.
+
+The CPU runner subclasses `GPUModelRunner` without overriding `execute_model`, so it runs this
+code. Drift handled (vLLM 0.24.0 … 0.33.0): `__init__` gains a `@JitWarmupRegistry.capture`
+decorator in 0.30.0 (irrelevant to the last-line insertion); the forward is
+`model_output = self._model_forward(...)` inside a multi-context `with` throughout.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from rl_msprobe.codemods.base import (
+    Codemod,
+    ScopedTransformer,
+    TransformContext,
+    contains_call,
+    insert_after_imports,
+    insert_before,
+    with_body,
+)
+
+HELPER_IMPORT = "from vllm.v1.worker import rl_msprobe_dump"
+CLASS = "GPUModelRunner"
+FORWARD_CALL = "self._model_forward"
+
+
+def marked_decorator(ctx: TransformContext, expression: str) -> cst.Decorator:
+    """`@expression  # rl-msprobe:<name>` as a decorator node (a whole marked line)."""
+    newline = ctx.module.default_newline
+    code = f"@{expression}  {ctx.codemod.marker}{newline}def _f():{newline}    pass{newline}"
+    func = cst.parse_module(code, config=ctx.module.config_for_parsing).body[0]
+    assert isinstance(func, cst.FunctionDef)
+    return func.decorators[0]
+
+
+class _Transformer(ScopedTransformer):
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        if not self.scope and node.name.value == CLASS:
+            self.ctx.hit(f"class {CLASS}")
+        return super().visit_ClassDef(node)
+
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
+        if qualname == f"{CLASS}.__init__":
+            self.ctx.hit(f"{CLASS}.__init__")
+            body = list(updated.body.body)
+            return with_body(updated, [*body, self.ctx.statement("rl_msprobe_dump.init_runner(self)")])
+        if qualname == f"{CLASS}.execute_model":
+            self.ctx.hit(f"{CLASS}.execute_model")
+            updated = updated.with_changes(body=_ForwardStart(self.ctx).visit_block(updated.body))
+            decorator = marked_decorator(self.ctx, "rl_msprobe_dump.dump_step")
+            return updated.with_changes(decorators=[decorator, *updated.decorators])
+        return updated
+
+
+class _ForwardStart:
+    """Insert the start line before every simple statement (in any block) that calls the forward."""
+
+    def __init__(self, ctx: TransformContext) -> None:
+        self.ctx = ctx
+
+    def visit_block(self, block: cst.BaseSuite) -> cst.BaseSuite:
+        if not isinstance(block, cst.IndentedBlock):
+            return block
+        statements: list[cst.BaseStatement] = []
+        for stmt in block.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and contains_call(stmt, FORWARD_CALL):
+                self.ctx.hit("model forward in execute_model")
+                statements.extend(
+                    insert_before(stmt, [self.ctx.statement("rl_msprobe_dump.start_forward(self)")])
+                )
+            elif isinstance(stmt, cst.BaseCompoundStatement) and not isinstance(
+                stmt, (cst.FunctionDef, cst.ClassDef)
+            ):
+                statements.append(self._compound(stmt))
+            else:
+                statements.append(stmt)
+        return block.with_changes(body=tuple(statements))
+
+    def _compound(self, stmt: cst.BaseCompoundStatement) -> cst.BaseCompoundStatement:
+        changes: dict[str, object] = {"body": self.visit_block(stmt.body)}
+        orelse = getattr(stmt, "orelse", None)
+        if isinstance(orelse, cst.If):
+            changes["orelse"] = self._compound(orelse)
+        elif isinstance(orelse, cst.Else):
+            changes["orelse"] = orelse.with_changes(body=self.visit_block(orelse.body))
+        if isinstance(stmt, cst.Try):
+            changes["handlers"] = [h.with_changes(body=self.visit_block(h.body)) for h in stmt.handlers]
+            if stmt.finalbody is not None:
+                changes["finalbody"] = stmt.finalbody.with_changes(body=self.visit_block(stmt.finalbody.body))
+        return stmt.with_changes(**changes)
+
+
+class VllmModelRunner(Codemod):
+    name = "vllm-model-runner"
+    project = "vllm"
+    path = "vllm/v1/worker/gpu_model_runner.py"
+    min_version = "0.24.0"
+    max_version = "0.33.0"
+    description = "msprobe start before the model forward, stop/step when execute_model exits, dispatch log"
+    anchors = {
+        f"class {CLASS}": f"a top-level class {CLASS}",
+        f"{CLASS}.__init__": f"a method __init__ in class {CLASS}",
+        f"{CLASS}.execute_model": f"a method execute_model in class {CLASS}",
+        "model forward in execute_model": f"a statement in {CLASS}.execute_model calling {FORWARD_CALL}(...)",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        updated = module.visit(_Transformer(ctx))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])

@@ -1,0 +1,285 @@
+"""msprobe rollout dump for vLLM's V1 model runner. Added to this tree by rl-msprobe (patch set vllm-dump).
+
+`vllm/v1/worker/gpu_model_runner.py` calls this module from a few marked lines
+(`# rl-msprobe:vllm-model-runner`); `rl-msprobe patch revert vllm-dump --tree <this tree>`
+removes them and this file. The CPU runner (`CPUModelRunner`) inherits the patched
+`GPUModelRunner.execute_model`, so it dumps the same way.
+
+Environment:
+  MSPROBE_ROLLOUT_CONFIG=PATH  the msprobe config.json for the rollout (it must set dump_path).
+                               Unset or empty: every function here returns at once, msprobe is
+                               never imported and nothing is written.
+  VLLM_USE_V2_MODEL_RUNNER=0   required: only the V1 runner is patched. The V2 runner
+                               (vllm/v1/worker/gpu/model_runner.py, the default on newer vLLM)
+                               refuses to start while MSPROBE_ROLLOUT_CONFIG is set.
+Eager execution is required (`enforce_eager=True`; verl: actor_rollout_ref.rollout.enforce_eager=True):
+the runner refuses to start otherwise.
+
+How a model step is dumped (one msprobe step per `execute_model` call that runs the model):
+  - `dump_step` wraps `GPUModelRunner.execute_model` (a decorator line): it notes which requests
+    the step serves and, in a `finally`, stops and steps the debugger on every way out of
+    `execute_model` — each `return` and any exception.
+  - `start_forward` (a line just before the model forward) starts the debugger on
+    `runner.model`, so the dump covers the forward and the logits, not the input preparation;
+    sampling (`sample_tokens`) is not dumped. Calls that run no forward (nothing scheduled) dump
+    nothing and do not advance msprobe's step.
+
+Output, per process (`{pid}` keeps the engine processes of one job apart):
+  {dump_path}/{pid}/step{N}/rank{R}/dump.json ...   msprobe's files
+  {dump_path}/{pid}/dispatch_log.jsonl               one line per dumped step:
+    {"source": "vllm", "timestamp", "pid", "rank", "step", "phase": "prefill"|"decode",
+     "total_num_scheduled_tokens", "requests": [{"request_id", "type": "new"|"cached", "tokens"}]}
+  `phase` is prefill when the step computes prompt tokens for any request (a new request, a
+  chunked-prefill continuation, a request resumed after preemption); request ids are vLLM's
+  (vLLM >= 0.14 appends `-<8 hex>` to the caller's id).
+
+This file depends on nothing but the standard library, vLLM's objects (duck-typed) and,
+lazily, torch and msprobe.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+ENV_CONFIG = "MSPROBE_ROLLOUT_CONFIG"
+SOURCE = "vllm"
+LOG_NAME = "dispatch_log.jsonl"
+_ATTR = "_rl_msprobe_dump"
+
+
+class RlMsprobeDumpError(RuntimeError):
+    """MSPROBE_ROLLOUT_CONFIG is set but the dump cannot run as asked: one clear message."""
+
+
+def config_path() -> str | None:
+    return os.environ.get(ENV_CONFIG) or None
+
+
+def _read_dump_path(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG}={path} cannot be used ({exc}); fix the file or unset {ENV_CONFIG}."
+        ) from None
+    dump_path = config.get("dump_path") if isinstance(config, dict) else None
+    if not isinstance(dump_path, str) or not dump_path:
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG}={path}: the rollout msprobe config must set dump_path (an absolute folder)."
+        )
+    return dump_path
+
+
+def _check_eager(runner) -> None:
+    model_config = getattr(runner, "model_config", None)
+    if not getattr(model_config, "enforce_eager", False):
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG} is set but this vLLM engine does not run eagerly (enforce_eager=False): msprobe "
+            "cannot see the layers of a compiled / CUDA-graph forward. Start vLLM with enforce_eager=True "
+            f"(verl: actor_rollout_ref.rollout.enforce_eager=True), or unset {ENV_CONFIG}."
+        )
+
+
+def refuse_v2_runner() -> None:
+    """First line of the V2 runner's __init__: the dump is only wired into the V1 runner."""
+    if config_path() is None:
+        return
+    raise RlMsprobeDumpError(
+        f"{ENV_CONFIG} is set but vLLM chose its V2 model runner (vllm/v1/worker/gpu/model_runner.py), which "
+        "rl-msprobe's vllm-dump does not patch. Set VLLM_USE_V2_MODEL_RUNNER=0 (rl-msprobe prepare writes it "
+        f"into the derived launch script), or unset {ENV_CONFIG}."
+    )
+
+
+def _rank(service) -> int:
+    rank = getattr(service, "current_rank", None)
+    if isinstance(rank, int):
+        return rank
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+def _prompt_len(obj) -> int | None:
+    count = getattr(obj, "num_prompt_tokens", None)
+    if isinstance(count, int):
+        return count
+    ids = getattr(obj, "prompt_token_ids", None)
+    if ids is not None:
+        return len(ids)
+    embeds = getattr(obj, "prompt_embeds", None)
+    shape = getattr(embeds, "shape", None)
+    return int(shape[0]) if shape else None
+
+
+def dispatch(scheduler_output, requests=None) -> tuple[str, list[dict]]:
+    """(phase, requests) of one scheduler step. `requests` is the runner's request states
+    (`runner.requests`, read before the step updates them) for cached requests' prompt lengths."""
+    counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    requests = requests if requests is not None else {}
+    out: list[dict] = []
+    prefill = False
+    for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+        rid = new.req_id
+        computed = getattr(new, "num_computed_tokens", 0) or 0
+        prompt = _prompt_len(new)
+        prefill = prefill or prompt is None or computed < prompt
+        out.append({"request_id": str(rid), "type": "new", "tokens": int(counts.get(rid, 0))})
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    ids = list(getattr(cached, "req_ids", None) or ())
+    computed_list = list(getattr(cached, "num_computed_tokens", None) or ())
+    for index, rid in enumerate(ids):
+        state = requests.get(rid) if hasattr(requests, "get") else None
+        prompt = _prompt_len(state) if state is not None else None
+        computed = computed_list[index] if index < len(computed_list) else None
+        if prompt is not None and computed is not None and computed < prompt:
+            prefill = True
+        out.append({"request_id": str(rid), "type": "cached", "tokens": int(counts.get(rid, 0))})
+    return ("prefill" if prefill else "decode"), out
+
+
+class _Dump:
+    """One runner's dump state; the msprobe debugger itself is a per-process singleton."""
+
+    def __init__(self, config: str) -> None:
+        self.config = config
+        self.base = _read_dump_path(config)
+        self.pid = os.getpid()
+        self.folder = os.path.join(self.base, str(self.pid))
+        self.debugger = None
+        self.pending: tuple[str, list[dict], int] | None = None
+        self.started = False
+        self.step = 0
+
+    def _debugger(self):
+        if self.debugger is None:
+            try:
+                from msprobe.pytorch import PrecisionDebugger
+            except ImportError as exc:
+                raise RlMsprobeDumpError(
+                    f"{ENV_CONFIG} is set but msprobe is not importable here ({exc}): "
+                    "pip install mindstudio-probe in the rollout's Python, or unset it."
+                ) from None
+            debugger = PrecisionDebugger(config_path=self.config)
+            debugger.service.config.dump_path = self.folder
+            self.debugger = debugger
+        return self.debugger
+
+    def begin(self, runner, scheduler_output) -> None:
+        self.started = False
+        self.pending = None
+        if scheduler_output is None or not getattr(scheduler_output, "total_num_scheduled_tokens", 0):
+            return
+        phase, requests = dispatch(scheduler_output, getattr(runner, "requests", None))
+        self.pending = (phase, requests, int(scheduler_output.total_num_scheduled_tokens))
+
+    def start(self, runner) -> None:
+        if self.pending is None or self.started:
+            return
+        debugger = self._debugger()
+        if getattr(debugger.service, "should_stop_service", False):
+            self.pending = None  # every configured step is done: no more work per step
+            return
+        debugger.start(model=runner.model)
+        self.started = True
+        self.step = int(getattr(debugger.service, "current_iter", 0))
+
+    def _dumping(self) -> bool:
+        service = self.debugger.service
+        config = getattr(service, "config", None)
+        if getattr(service, "should_stop_service", False):
+            return False
+        steps = getattr(config, "step", None)
+        if steps and self.step not in steps:
+            return False
+        ranks = getattr(config, "rank", None)
+        return not (ranks and getattr(service, "current_rank", None) not in ranks)
+
+    def finish(self, failed: bool = False) -> None:
+        if not self.started:
+            return
+        self.started = False
+        pending, self.pending = self.pending, None
+        debugger = self.debugger
+        try:
+            if self._dumping() and pending is not None:
+                self._log(*pending)
+        except Exception as exc:
+            if not failed:
+                raise
+            print(f"rl-msprobe: dispatch log not written for step {self.step}: {exc}", file=sys.stderr)
+        finally:
+            debugger.stop()
+            debugger.step()
+
+    def _log(self, phase: str, requests: list[dict], total: int) -> None:
+        os.makedirs(self.folder, exist_ok=True)
+        line = {
+            "source": SOURCE,
+            "timestamp": time.time(),
+            "pid": self.pid,
+            "rank": _rank(self.debugger.service),
+            "step": self.step,
+            "phase": phase,
+            "total_num_scheduled_tokens": total,
+            "requests": requests,
+        }
+        with open(os.path.join(self.folder, LOG_NAME), "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+# ---------------------------------------------------------------- called from the marked lines
+
+
+def init_runner(runner) -> None:
+    """Last line of GPUModelRunner.__init__: check eager execution and the config, early."""
+    config = config_path()
+    if config is None:
+        return
+    _check_eager(runner)
+    setattr(runner, _ATTR, _Dump(config))
+
+
+def _state(runner) -> _Dump | None:
+    dump = getattr(runner, _ATTR, None)
+    if dump is None and config_path() is not None:
+        init_runner(runner)  # a subclass that skipped GPUModelRunner.__init__'s last line
+        dump = getattr(runner, _ATTR, None)
+    return dump
+
+
+def dump_step(execute_model):
+    """Decorator for GPUModelRunner.execute_model: one msprobe step per model step, stopped and
+    stepped on every way out (each return and any exception)."""
+
+    @functools.wraps(execute_model)
+    def execute_model_with_dump(self, *args, **kwargs):
+        dump = _state(self)
+        if dump is None:
+            return execute_model(self, *args, **kwargs)
+        scheduler_output = args[0] if args else kwargs.get("scheduler_output")
+        dump.begin(self, scheduler_output)
+        try:
+            result = execute_model(self, *args, **kwargs)
+        except BaseException:
+            dump.finish(failed=True)
+            raise
+        dump.finish()
+        return result
+
+    return execute_model_with_dump
+
+
+def start_forward(runner) -> None:
+    """Just before the model forward in execute_model: start the debugger on runner.model."""
+    dump = getattr(runner, _ATTR, None)
+    if dump is not None:
+        dump.start(runner)

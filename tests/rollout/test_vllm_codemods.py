@@ -1,0 +1,173 @@
+"""Before/after fixtures and properties of the upstream-vLLM codemods, and the vllm-dump set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_msprobe.codemods.base import AnchorError, Status
+from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
+from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
+from rl_msprobe.patches import get_set
+from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+from tests.support.trees import run_cli
+
+CASES = [
+    (VllmModelRunner(), "vllm_model_runner"),
+    (VllmModelRunnerV2(), "vllm_model_runner_v2"),
+]
+
+
+@pytest.mark.parametrize(
+    ("codemod", "before", "after"),
+    [(c, b, a) for c, folder in CASES for b, a in pairs(folder)],
+    ids=lambda v: getattr(v, "name", None) if not hasattr(v, "suffix") else v.name,
+)
+def test_fixture_pair(codemod, before, after):
+    check_pair(codemod, before, after)
+
+
+@pytest.mark.parametrize(
+    ("codemod", "path"),
+    [(c, p) for c, folder in CASES for p in invalid(folder)],
+    ids=lambda v: getattr(v, "name", ""),
+)
+def test_drifted_source_fails_loudly(codemod, path):
+    check_invalid(codemod, path)
+
+
+def test_every_variant_has_invalid_cases():
+    assert len(invalid("vllm_model_runner")) >= 2 and invalid("vllm_model_runner_v2")
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+@pytest.mark.parametrize("variant", ["v0240", "v0300"])
+def test_where_the_lines_go(variant):
+    """The decorator is outermost on execute_model; start is right before the forward statement,
+    inside the forward `with`; init is the last statement of __init__; _dummy_run is untouched."""
+    before = (FIXTURES / "vllm_model_runner" / f"{variant}.before.py").read_text()
+    lines = _lines(VllmModelRunner().apply(before))
+    deco = next(i for i, line in enumerate(lines) if "@rl_msprobe_dump.dump_step" in line)
+    assert lines[deco + 1].strip() == "@torch.inference_mode()"
+    assert lines[deco + 2].strip() == "def execute_model("
+    start = next(i for i, line in enumerate(lines) if "start_forward(self)" in line)
+    assert lines[start + 1].strip() == "model_output = self._model_forward("
+    assert lines[start - 1].strip() == "):", "inside the forward `with`, after its context managers"
+    assert lines[start].index("rl_msprobe_dump") == lines[start + 1].index("model_output")
+    init = next(i for i, line in enumerate(lines) if "init_runner(self)" in line)
+    assert lines[init - 1].strip() == "self.layerwise_nvtx_hooks_registered = False"
+    assert lines[init + 2].strip().startswith("def _model_forward")
+    dummy = "\n".join(lines).split("def _dummy_run")[-1] if "_dummy_run" in before else ""
+    assert "rl-msprobe" not in dummy
+
+
+def test_only_the_top_level_runner_class_is_patched():
+    source = (FIXTURES / "vllm_model_runner" / "v0240.before.py").read_text()
+    source += (
+        "\n\nclass XPUModelRunner(GPUModelRunner):\n"
+        "    def __init__(self, vllm_config):\n"
+        "        super().__init__(vllm_config)\n\n"
+        "    def execute_model(self, scheduler_output):\n"
+        "        return self._model_forward(scheduler_output)\n"
+    )
+    out = VllmModelRunner().apply(source)
+    assert "rl-msprobe" not in out.split("class XPUModelRunner")[1]
+    assert out.count("# rl-msprobe:vllm-model-runner") == 4
+
+
+def test_moved_forward_after_apply_is_a_conflict():
+    codemod = VllmModelRunner()
+    before = (FIXTURES / "vllm_model_runner" / "v0300.before.py").read_text()
+    applied = codemod.apply(before)
+    drifted = applied.replace("self._model_forward(\n", "self._run_the_model(\n")
+    assert codemod.status(drifted).status is Status.CONFLICT
+    with pytest.raises(AnchorError, match="model forward in execute_model"):
+        codemod.apply(codemod.revert(drifted), version="0.34.0")
+
+
+def test_set_says_v2_runner_must_be_off_and_how_to_enable():
+    patch_set = get_set("vllm-dump")
+    assert patch_set.project == "vllm" and (patch_set.min_version, patch_set.max_version) == (
+        "0.24.0",
+        "0.33.0",
+    )
+    text = " ".join(patch_set.notes) + patch_set.description
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in text and "MSPROBE_ROLLOUT_CONFIG" in text
+    assert "enforce_eager=True" in text
+    labels = {p.label: p for p in patch_set.all_pieces()}
+    assert set(labels) == {"vllm-dump-file", "vllm-model-runner", "vllm-v2-runner-guard"}
+    assert labels["vllm-model-runner"].essential and not labels["vllm-v2-runner-guard"].essential
+    helper = labels["vllm-dump-file"].item.content().decode()
+    assert "Added to this tree by rl-msprobe" in helper[:300]
+    assert "rl_msprobe" not in helper.replace("rl_msprobe_dump", ""), "the helper never imports rl-msprobe"
+
+
+def test_patch_list_names_the_set():
+    code, out, _ = run_cli("patch", "list", "--json")
+    assert code == 0
+    (entry,) = [s for s in json.loads(out) if s["name"] == "vllm-dump"]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in entry["description"]
+    assert {p["path"] for p in entry["pieces"]} == {
+        "vllm/v1/worker/rl_msprobe_dump.py",
+        "vllm/v1/worker/gpu_model_runner.py",
+        "vllm/v1/worker/gpu/model_runner.py",
+    }
+
+
+def _fixture_tree(tmp_path, version="0.30.0", v2=True):
+    root = tmp_path / "tree"
+    worker = root / "vllm" / "v1" / "worker"
+    (worker / "gpu").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "vllm" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    (worker / "gpu_model_runner.py").write_text(
+        (FIXTURES / "vllm_model_runner" / "v0300.before.py").read_text()
+    )
+    if v2:
+        (worker / "gpu" / "model_runner.py").write_text(
+            (FIXTURES / "vllm_model_runner_v2" / "v0240.before.py").read_text()
+        )
+    return root
+
+
+def test_apply_output_and_status_on_a_plain_tree(tmp_path):
+    """Outside git: apply prints the V2 requirement, status lists every piece, revert is exact."""
+    root = _fixture_tree(tmp_path)
+    original = {p: p.read_bytes() for p in root.rglob("*.py")}
+    code, out, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root))
+    assert code == 0, err
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out and "vllm 0.30.0" in out
+    code, out, _ = run_cli("patch", "status", "vllm-dump", "--tree", str(root))
+    assert code == 0
+    assert "vllm-v2-runner-guard" in out and "vllm-model-runner" in out and "vllm-dump: applied" in out
+    code, _, err = run_cli("patch", "revert", "vllm-dump", "--tree", str(root))
+    assert code == 0, err
+    assert {p: p.read_bytes() for p in root.rglob("*.py")} == original
+    assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
+
+
+def test_tree_without_v2_runner_skips_the_guard(tmp_path):
+    root = _fixture_tree(tmp_path, v2=False)
+    code, out, _ = run_cli("patch", "apply", "vllm-dump", "--tree", str(root), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [s["codemod"] for s in doc["skipped"]] == ["vllm-v2-runner-guard"]
+    code, out, _ = run_cli("patch", "status", "vllm-dump", "--tree", str(root), "--json")
+    assert code == 0
+    files = {f["codemod"]: f["status"] for f in json.loads(out)["sets"][0]["files"]}
+    assert files == {
+        "vllm-dump-file": "applied",
+        "vllm-model-runner": "applied",
+        "vllm-v2-runner-guard": "not-applicable",
+    }
+
+
+def test_versions_outside_the_range_are_refused(tmp_path):
+    root = _fixture_tree(tmp_path, version="0.23.0")
+    code, _, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root))
+    assert code == 2 and "0.24.0" in err
+    assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
