@@ -230,7 +230,9 @@ def plan(
             f"dump folder {dump_root!r} has characters msprobe refuses in dump_path (allowed: letters, digits, "
             "_ . : / -). Pass --dump-dir with a plain absolute folder."
         )
-    options = Options(out_dir, dump_root, level, steps, ranks, stages, backend, pd)
+    options = Options(
+        out_dir, dump_root, level, steps, ranks, stages, backend, pd, dump_dir_given=bool(dump_dir)
+    )
     ctx = build_context(script, detection, versions, options, config_dir, dump_root)
     req = requirements(ctx, chosen)
     derived_path = os.path.join(out_dir, name)
@@ -291,7 +293,7 @@ def plan(
         header.append(
             comment("VLLM_USE_V2_MODEL_RUNNER=0: the vllm-dump patch covers vLLM's V1 GPU model runner only.")
         )
-    derived = render(script, ctx.overrides, tokens, env, header)
+    derived = render(script, ctx.overrides, tokens, env, header, removals=[key for key, _ in req.removals])
     base.derived_text = derived
     base.env = env
     base.diff = "".join(

@@ -243,8 +243,14 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
     elif re.search(r"CUDA_VISIBLE_DEVICES|\bNCCL_\w+|nvidia-smi", code):
         det.device = "gpu"
         det.reasons.append("device gpu: the script mentions CUDA/NCCL settings")
-    if re.search(r"disaggregation", code) or (
-        hint and re.search(r"PD\s*分离|PD[\s-]+disagg|prefill[\s/-]+decode\s+disagg|disaggregat", hint, re.I)
+    pd_switch = overrides.get("actor_rollout_ref.rollout.disaggregation.enabled")
+    if (
+        (pd_switch is not None and str(pd_switch.value).lower() == "true")
+        or re.search(r"disaggregation[_-]mode", code)
+        or (
+            hint
+            and re.search(r"PD\s*分离|PD[\s-]+disagg|prefill[\s/-]+decode\s+disagg|disaggregat", hint, re.I)
+        )
     ):
         det.pd_disaggregation = True
         det.reasons.append("SGLang prefill/decode disaggregation (PD) is in use")

@@ -48,6 +48,19 @@ def apply_edits(text: str, edits: list[Edit]) -> str:
     return "".join(out)
 
 
+def _remove_word(text: str, start: int, end: int) -> Edit:
+    """Delete a word; when it is alone on a continued line, delete the whole line."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    before, after = text[line_start:start], text[end:line_end]
+    if not before.strip() and after.strip() == "\\":
+        return Edit(line_start, line_end + 1, "")
+    if end < len(text) and text[end] in " \t":
+        end += 1
+    return Edit(start, end, "")
+
+
 def _indent_of_line(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     match = re.match(r"[ \t]*", text[start:])
@@ -69,8 +82,9 @@ def render(
     tokens: list[Token],
     env: list[tuple[str, str, str]],
     header: list[str],
+    removals: list[str] = (),  # type: ignore[assignment]
 ) -> str:
-    """The derived script text. `env`: (name, value, why) triples."""
+    """The derived script text. `env`: (name, value, why) triples; `removals`: keys to take out."""
     command = script.command
     assert command is not None
     text = script.text
@@ -105,6 +119,13 @@ def render(
                 edits.append(Edit(item.arg.word.start, item.arg.word.end, shell_quote(new)))
             continue
         appended.append(shell_quote(rendered))
+    for key in removals:
+        for item in overrides.all_for(key):
+            if item.arg.editable:
+                edits.append(_remove_word(text, item.arg.word.start, item.arg.word.end))
+            else:
+                appended.append(shell_quote(f"~{key}"))
+                break
     # environment: later assignments of the same names get the same value
     names = {name: value for name, value, _ in env}
     for var in script.variables.values():

@@ -150,6 +150,7 @@ class Options:
     stages: list[str] | None = None
     backend: str | None = None  # rollout engine forced by the user
     pd: bool | None = None
+    dump_dir_given: bool = False
 
 
 @dataclass
@@ -210,6 +211,7 @@ class Requirements:
     )
     notes: list[str] = field(default_factory=list)
     unverifiable: list[str] = field(default_factory=list)
+    removals: list[tuple[str, str]] = field(default_factory=list)  # (key, why): keys prepare takes out
 
     def add(self, *settings: Setting) -> None:
         for setting in settings:

@@ -84,6 +84,9 @@ def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "gener
     else:
         _sglang(ctx, req, generate_path, dump_root)
     req.checks.append(_no_mixing)
+    for key in _other_engine_keys(ctx):
+        if ctx.overrides.get(key) is not None:
+            req.removals.append((key, f"a {ctx.rollout} rollout never uses the other engine's msprobe key"))
 
 
 def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
@@ -181,6 +184,8 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
     else:
         req.patch_sets.append("sglang-dump")
         req.checks.append(_no_native_key_below_0_5_11)
+        if ctx.overrides.get(SGLANG_KEY) is not None:
+            req.removals.append((SGLANG_KEY, f"SGLang {version} has no msprobe_dump_config"))
         if pd:
             for role, env_name in (
                 ("prefill", "MSPROBE_PREFILL_CONFIG"),
@@ -245,10 +250,13 @@ def _no_native_key_below_0_5_11(ctx: Context, req: Requirements) -> tuple[list[V
     ], []
 
 
+def _other_engine_keys(ctx: Context) -> list[str]:
+    return [SGLANG_KEY] if ctx.rollout == "vllm" else [VLLM_KEY, VLLM_KEY_0_12]
+
+
 def _no_mixing(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
-    other = [SGLANG_KEY] if ctx.rollout == "vllm" else [VLLM_KEY, VLLM_KEY_0_12]
     out = []
-    for key in other:
+    for key in _other_engine_keys(ctx):
         found = ctx.overrides.get(key)
         if found is not None:
             out.append(

@@ -14,6 +14,7 @@ Rules (specification path A; DOMAIN §1, §3):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
@@ -38,6 +39,11 @@ def _true(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
+def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
+    found = ctx.overrides.get(key)
+    return found.value if found is not None and accept(found.value) else None
+
+
 def requirements(ctx: Context) -> Requirements:
     req = Requirements()
     verl = ctx.version("verl")
@@ -59,10 +65,13 @@ def requirements(ctx: Context) -> Requirements:
         )
     if too_old_verl is not None:
         req.violations.append(too_old_verl)
-    stages = list(ctx.options.stages or STAGES)
-    steps = list(ctx.options.steps or [1, 2])
+    # keep what a script already sets correctly unless the user asked otherwise
+    stages = list(ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or STAGES)
+    steps = list(ctx.options.steps or _script_value(ctx, "global_profiler.steps", _steps_ok) or [1, 2])
     config_path = os.path.join(ctx.config_dir, "config.json")
     save_path = os.path.join(ctx.dump_dir, "training")
+    if not ctx.options.dump_dir_given:
+        save_path = _script_value(ctx, "global_profiler.save_path", is_abs_path) or save_path
     req.configs.append(ConfigSpec("training", "config.json", None, TOOL_CONFIG + "config_path"))
     req.add(
         Setting(
@@ -113,10 +122,8 @@ def requirements(ctx: Context) -> Requirements:
             accept=_true,
         ),
     )
-    found_stages = ctx.overrides.get(TOOL_CONFIG + "stages")
-    chosen = (
-        found_stages.value if found_stages is not None and isinstance(found_stages.value, list) else stages
-    )
+    found_stages = _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok)
+    chosen = found_stages if found_stages is not None and ctx.options.stages is None else stages
     if "ref_compute_log_prob" in chosen:
         req.add(
             Setting(
