@@ -117,7 +117,9 @@ def format_value(value: Any) -> str:
                 return text
         except OverrideError:
             pass
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # Hydra quoted strings: only backslashes before a quote (or the closing quote) are escapes
+    body = re.sub(r'(\\*)("|$)', lambda m: m.group(1) * 2 + ('\\"' if m.group(2) else ""), text)
+    return f'"{body}"'
 
 
 def render_override(key: str, value: Any, prefix: str = "") -> str:
