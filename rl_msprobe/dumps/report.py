@@ -176,7 +176,7 @@ def _pair_line(r: PairResult) -> list[str]:
         str(counts.get("warning", 0)),
         str(counts.get("error", 0)),
         str(s.not_comparable if s else "–"),
-        f"`{_row_where(first)}`" if first else ("–" if s else (r.max_abs_err or "").splitlines()[0]),
+        f"`{_row_where(first)}`" if first else ("–" if s else (r.error or "").splitlines()[0]),
     ]
 
 
@@ -268,7 +268,7 @@ def render_markdown(run: CompareRun, png_name: str | None) -> str:
     if failed:
         lines += ["", "## Failed compares", ""]
         for r in failed:
-            lines += [f"- pair {r.number} (`{r.pair.request_id}`):", "", "```", r.max_abs_err or "", "```"]
+            lines += [f"- pair {r.number} (`{r.pair.request_id}`):", "", "```", r.error or "", "```"]
     if run.correlation is not None:
         c = run.correlation
         lines += ["", "## Not paired", ""]
@@ -361,7 +361,7 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
     if failed:
         parts += ["<h2>Failed compares</h2>"]
         parts += [
-            f"<p>pair {r.number} <code>{_h(r.pair.request_id)}</code></p><pre>{_h(r.max_abs_err)}</pre>"
+            f"<p>pair {r.number} <code>{_h(r.pair.request_id)}</code></p><pre>{_h(r.error)}</pre>"
             for r in failed
         ]
     if run.correlation is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 NPU, BENCH = "NPU Name", "Bench Name"  # msprobe: NPU = -tp = training, Bench = -gp = rollout
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_CALL = re.compile(r"\.(forward|backward)\.(\d+)\.")
+_CALL = re.compile(r"\.(forward|backward)(?:\.\d+)?\.")
 _FSDP = "_fsdp_wrapped_module."
 DIVERGENT = ("error", "warning")
 

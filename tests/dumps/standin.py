@@ -209,7 +209,9 @@ def vllm_model_from(hf) -> VllmQwen2ForCausalLM:
         a.qkv_proj.weight.copy_(torch.cat([b.q_proj.weight, b.k_proj.weight, b.v_proj.weight]))
         a.qkv_proj.bias.copy_(torch.cat([b.q_proj.bias, b.k_proj.bias, b.v_proj.bias]))
         a.o_proj.weight.copy_(b.o_proj.weight)
-        ours.mlp.gate_up_proj.weight.copy_(torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight]))
+        ours.mlp.gate_up_proj.weight.copy_(
+            torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight])
+        )
         ours.mlp.down_proj.weight.copy_(theirs.mlp.down_proj.weight)
         ours.input_layernorm.weight.copy_(theirs.input_layernorm.weight)
         ours.post_attention_layernorm.weight.copy_(theirs.post_attention_layernorm.weight)
@@ -256,7 +258,8 @@ def debugger(out: str, dump_path: str):
 def perturb(hf, layer: int) -> None:
     if layer >= 0:
         with torch.no_grad():
-            hf.model.layers[layer].mlp.down_proj.weight.mul_(1.5)
+            w = hf.model.layers[layer].mlp.down_proj.weight
+            w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * w.std())
 
 
 def log_line(f, **fields) -> None:
@@ -283,7 +286,9 @@ def run_rollout(out: str, layer: int, pid_level: bool) -> None:
     with open(os.path.join(out, str(pid), "dispatch_log.jsonl"), "w") as log:
         for n, (phase, reqs) in enumerate(steps):
             tokens = [t for _, _, toks in reqs for t in toks]
-            positions = torch.arange(len(tokens)) if phase == "prefill" else torch.tensor([len(PROMPTS[ids[0]])])
+            positions = (
+                torch.arange(len(tokens)) if phase == "prefill" else torch.tensor([len(PROMPTS[ids[0]])])
+            )
             dbg.start(model=model)
             with torch.no_grad():
                 model(torch.tensor(tokens), positions)
@@ -314,8 +319,8 @@ def run_train(out: str, layer: int, pid_level: bool) -> None:
     os.makedirs(os.path.join(out, str(pid)), exist_ok=True)
     with open(os.path.join(out, str(pid), "update_actor_log.jsonl"), "w") as log:
         for rid in list(PROMPTS)[:2]:  # the batched request never reaches a one-request pair
-            step = dbg.service.current_iter
             dbg.start(model=model)
+            step = dbg.service.current_iter  # msprobe updates it in start()
             with torch.no_grad():
                 model(input_ids=torch.tensor([PROMPTS[rid]]))
             dbg.stop()
@@ -336,7 +341,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("side", choices=["rollout", "train"])
     p.add_argument("out")
-    p.add_argument("--perturb", type=int, default=-1, help="scale this layer's mlp.down_proj weight by 1.5")
+    p.add_argument(
+        "--perturb",
+        type=int,
+        default=-1,
+        help="add noise (one weight std) to this layer's mlp.down_proj weight",
+    )
     p.add_argument("--no-pid-level", action="store_true", help="dump straight into OUT (no {pid} folder)")
     a = p.parse_args()
     (run_rollout if a.side == "rollout" else run_train)(a.out, a.perturb, not a.no_pid_level)

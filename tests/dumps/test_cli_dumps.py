@@ -1,0 +1,91 @@
+"""`rl-msprobe dumps ...`: exit codes, --json documents, plain messages for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rl_msprobe.cli import main
+from tests.dumps.conftest import write_dump
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, ["dumps", *args])
+
+
+def test_check_exit_codes(tmp_path: Path) -> None:
+    write_dump(tmp_path / "step0" / "rank0")
+    write_dump(tmp_path / "step0" / "rank1")
+    ok = _run("check", str(tmp_path), "--json")
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.output)
+    assert doc["ok"] and doc["mode"] == "inference" and doc["dumps"] == 2
+    write_dump(tmp_path / "step1" / "rank0")
+    bad = _run("check", str(tmp_path))
+    assert bad.exit_code == 1
+    assert "step1: missing rank1" in bad.output and "1 problem(s) found" in bad.output
+    missing = _run("check", str(tmp_path / "nope"))
+    assert missing.exit_code == 2
+
+
+def test_correlate_json(consistency_tree: tuple[Path, Path]) -> None:
+    r, t = consistency_tree
+    res = _run("correlate", str(r), str(t), "--json")
+    doc = json.loads(res.output)
+    assert sorted(p["request_id"] for p in doc["pairs"]) == ["aaaa", "ffff"]
+    assert set(doc["pairs"][0]) == {"request_id", "rollout", "train"}
+    assert set(doc["pairs"][0]["rollout"]) == {"pid", "rank", "step", "dump"}
+    assert {"request_id": "zzzz", "side": "train", "why": "no rollout prefill step with this id"} in doc[
+        "unmatched"
+    ]
+    assert res.exit_code == 1  # a dump is missing and a log line is cut short: problems found
+
+
+def test_correlate_clean_exit_zero(tmp_path: Path) -> None:
+    from tests.dumps.conftest import dispatch, update, write_jsonl
+
+    write_jsonl(
+        tmp_path / "g" / "1" / "dispatch_log.jsonl", [dispatch(1, 0, 0, "prefill", ("a-0000beef", "new", 3))]
+    )
+    write_dump(tmp_path / "g" / "1" / "step0" / "rank0")
+    write_jsonl(tmp_path / "t" / "2" / "update_actor_log.jsonl", [update(2, 0, 0, "a")])
+    write_dump(tmp_path / "t" / "2" / "step0" / "rank0")
+    res = _run("correlate", str(tmp_path / "g"), str(tmp_path / "t"))
+    assert res.exit_code == 0, res.output
+    assert "pair a: rollout pid 1 step0 rank0  <->  train pid 2 step0 rank0" in res.output
+
+
+def test_compare_bad_input_exits_2(tmp_path: Path, consistency_tree: tuple[Path, Path]) -> None:
+    r, t = consistency_tree
+    res = _run("compare", str(r), str(t), "--out", str(tmp_path / "with space"))
+    assert res.exit_code == 2 and "without spaces" in res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = _run("compare", str(empty), str(t), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "no dump.json found" in res.output
+
+
+def test_compare_logs_without_pairs_exits_2(tmp_path: Path) -> None:
+    from tests.dumps.conftest import dispatch, update, write_jsonl
+
+    write_jsonl(
+        tmp_path / "g" / "1" / "dispatch_log.jsonl", [dispatch(1, 0, 0, "decode", ("a", "cached", 1))]
+    )
+    write_jsonl(tmp_path / "t" / "2" / "update_actor_log.jsonl", [update(2, 0, 0, "a")])
+    res = _run("compare", str(tmp_path / "g"), str(tmp_path / "t"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "dumps correlate" in res.output
+
+
+def test_dumps_help_stays_light() -> None:
+    code = (
+        "import sys; from click.testing import CliRunner; from rl_msprobe.cli import main;"
+        "r = CliRunner().invoke(main, ['dumps', 'compare', '--help']); assert r.exit_code == 0, r.output;"
+        "heavy = [m for m in ('matplotlib', 'msprobe', 'pandas', 'torch', 'rl_msprobe.dumps.report') if m in sys.modules];"
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,158 @@
+"""End to end with real msprobe: real dumps and logs, `correlate`, `compare`, the report.
+
+STAND-IN: until the vLLM CPU venv patched with `vllm-dump` and the verl training helper can
+run here, `standin.py` plays both sides with a tiny Qwen2 (same random weights): the rollout
+side is a module tree named like vLLM's Qwen2 (fused qkv_proj / gate_up_proj), the training
+side is transformers' Qwen2ForCausalLM named the way FSDP1 wraps it. Each side is its own
+process (PrecisionDebugger is a per-process singleton) and writes the DOMAIN §6 logs.
+The compare itself is msprobe's own `msprobe compare --consistent_check --backend fsdp`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rl_msprobe.cli import main
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+STANDIN = Path(__file__).with_name("standin.py")
+PERTURBED_LAYER = 1
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    pytest.importorskip("transformers", reason="transformers is in the `test` extra")
+    base = tmp_path_factory.mktemp("e2e")
+    runs = {
+        "rollout": ["rollout", str(base / "gen")],
+        "train": ["train", str(base / "actor"), "--no-pid-level"],  # dumps straight in dump_path
+        "train_perturbed": ["train", str(base / "actor_perturbed"), "--perturb", str(PERTURBED_LAYER)],
+    }
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, str(STANDIN), *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=base
+        )
+        for k, a in runs.items()
+    }
+    for k, p in procs.items():
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, f"{k} stand-in failed:\n{out.decode(errors='replace')[-3000:]}"
+    return {k: Path(a[1]) for k, a in runs.items()} | {"base": base}
+
+
+def _compare(sides: dict[str, Path], train: str, out: str):
+    res = CliRunner().invoke(
+        main,
+        [
+            "dumps",
+            "compare",
+            str(sides["rollout"]),
+            str(sides[train]),
+            "--out",
+            str(sides["base"] / out),
+            "-j",
+            "2",
+            "--json",
+        ],
+    )
+    return res, json.loads(res.stdout) if res.stdout.strip().startswith("{") else None
+
+
+def test_check_and_correlate(sides: dict[str, Path]) -> None:
+    runner = CliRunner()
+    check = runner.invoke(main, ["dumps", "check", str(sides["rollout"]), str(sides["train"]), "--json"])
+    doc = json.loads(check.stdout)
+    assert check.exit_code == 0 and doc["mode"] == "consistency", doc["problems"]
+    assert doc["dumps"] == 4 + 2  # rollout: 4 model steps; training: 2 micro-batches
+    res = runner.invoke(main, ["dumps", "correlate", str(sides["rollout"]), str(sides["train"]), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    got = {p["request_id"]: (p["rollout"]["step"], p["train"]["step"]) for p in doc["pairs"]}
+    # ids in the dispatch log carry vLLM's -<8 hex> suffix; the training log has them bare
+    assert got == {"3f2a9c1e7b6d4e5fa0b1c2d3e4f50617": (0, 0), "9a8b7c6d5e4f40312a1b2c3d4e5f6071": (2, 1)}
+    assert [u["request_id"] for u in doc["unmatched"]] == ["0c1d2e3f4a5b46c7d8e9f0a1b2c3d4e5"]
+    assert doc["skipped_lines"]["rollout: decode step"] == 1
+
+
+def test_identical_weights_are_consistent(sides: dict[str, Path]) -> None:
+    res, doc = _compare(sides, "train", "out_same")
+    assert doc is not None, res.output
+    assert res.exit_code == 0, json.dumps(doc, indent=1)[:4000]
+    assert doc["consistent"] and len(doc["pairs"]) == 2
+    for pair in doc["pairs"]:
+        s = pair["summary"]
+        assert s["mode"] == "tensor" and s["first_divergence"] is None
+        assert s["counts"]["pass"] > 50  # msprobe really matched and measured rows
+        assert all(p["cosine"] is None or p["cosine"] > 0.9999 for p in s["layers"])
+    md = (sides["base"] / "out_same" / "report.md").read_text()
+    assert md.splitlines()[2].startswith("**CONSISTENT: 2 pair(s)")
+
+
+def test_perturbed_layer_is_the_first_divergence(sides: dict[str, Path]) -> None:
+    res, doc = _compare(sides, "train_perturbed", "out_perturbed")
+    assert doc is not None, res.output
+    assert res.exit_code == 1 and not doc["consistent"]
+    for pair in doc["pairs"]:
+        first = pair["summary"]["first_divergence"]
+        assert first is not None, pair
+        assert first["layer"] == PERTURBED_LAYER and first["module"].startswith(
+            f"model.layers.{PERTURBED_LAYER}.mlp"
+        )
+        before = [p for p in pair["summary"]["layers"] if p["depth"] < PERTURBED_LAYER]
+        assert before and all(p["divergent"] == 0 and p["cosine"] > 0.9999 for p in before)
+        at = next(p for p in pair["summary"]["layers"] if p["depth"] == PERTURBED_LAYER)
+        assert at["cosine"] < 0.95
+    md = (sides["base"] / "out_perturbed" / "report.md").read_text()
+    assert f"first divergence model.layers.{PERTURBED_LAYER}.mlp" in md
+
+
+def _chromium() -> str | None:
+    return next(
+        (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))), None
+    )
+
+
+def test_html_screenshot_shows_the_plot(sides: dict[str, Path]) -> None:
+    """Optional: needs Chromium (`apt-get install chromium`)."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed; the HTML screenshot check is optional")
+    html = sides["base"] / "out_perturbed" / "report.html"
+    if not html.exists():
+        _compare(sides, "train_perturbed", "out_perturbed")
+    shot = sides["base"] / "report_screenshot.png"
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--window-size=1200,1400",
+            f"--screenshot={shot}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert shot.exists(), "Chromium wrote no screenshot"
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(shot)[..., :3]
+    # the plot's first line colour (matplotlib C0, #1f77b4) must be on screen: the PNG rendered
+    c0 = np.array([0x1F, 0x77, 0xB4]) / 255
+    assert (np.abs(img - c0).max(axis=-1) < 0.08).sum() > 200
+    # and the verdict banner (red on pink) above it
+    assert (np.abs(img - np.array([0xFC, 0xE8, 0xE6]) / 255).max(axis=-1) < 0.02).sum() > 2000

@@ -1,0 +1,181 @@
+"""Reading msprobe's compare CSV (hand-made rows in msprobe 26.2.0's column layout)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rl_msprobe.dumps.summary import module_of, summarize
+
+HEAD = ["NPU Name", "Bench Name", "Cosine", "MaxAbsErr", "MaxRelativeErr", "Result", "Err_message"]
+T = "Module._fsdp_wrapped_module.model.layers.{l}._fsdp_wrapped_module.{m}.forward.0.{x}"
+R = "Module.model.layers.{l}.{m}.forward.0.{x}"
+
+
+def _row(layer, train_mod, roll_mod, x, cos, err, result="pass", msg="[]"):
+    return [
+        T.format(l=layer, m=train_mod, x=x) if train_mod else "N/A",
+        R.format(l=layer, m=roll_mod, x=x) if roll_mod else "N/A",
+        cos,
+        err,
+        "0.1",
+        result,
+        msg,
+    ]
+
+
+def _csv(tmp_path: Path, rows: list[list[str]]) -> Path:
+    p = tmp_path / "compare_result_1.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEAD)
+        w.writerows(rows)
+    return p
+
+
+def test_module_of() -> None:
+    assert module_of("Module.model.layers.1.mlp.down_proj.RowParallelLinear.forward.0.output.0") == (
+        "model.layers.1.mlp.down_proj",
+        "output.0",
+    )
+    assert module_of(T.format(l=0, m="self_attn.q_proj.Linear", x="input.0") + ";  x") == (
+        "model.layers.0.self_attn.q_proj",
+        "input.0",
+    )
+    assert module_of("Functional.linear.3.forward.output.0") == ("Functional.linear", "output.0")
+
+
+def test_first_divergence_skips_structural_rows(tmp_path: Path) -> None:
+    rows = [
+        [
+            "Module._fsdp_wrapped_module.model.embed_tokens.Embedding.forward.0.output.0",
+            "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.output.0",
+            "1.0",
+            "0.0",
+            "0",
+            "pass",
+            "[]",
+        ],
+        _row(
+            0,
+            "mlp.act_fn.SiLUActivation",
+            "mlp.act_fn.SiluAndMul",
+            "output.0",
+            "-0.01",
+            "0.6",
+            "error",
+            '["error: x"]',
+        ),
+        _row(0, "", "self_attn.attn.Attention", "output.0", "unsupported", "unsupported"),
+        _row(
+            0,
+            "Qwen2DecoderLayer",
+            "Qwen2DecoderLayer",
+            "input.0",
+            "shape unmatched",
+            "shape unmatched",
+            "error",
+        ),
+        _row(0, "mlp.down_proj.Linear", "mlp.down_proj.RowParallelLinear", "output.0", "1.0", "1e-7"),
+        _row(
+            1, "mlp.down_proj.Linear", "mlp.down_proj.RowParallelLinear", "parameters.weight", "0.7", "0.08"
+        ),
+        _row(
+            1,
+            "mlp.Qwen2MLP",
+            "mlp.Qwen2MLP",
+            "output.0",
+            "0.72",
+            "0.03",
+            "error",
+            '["error: One Thousandth"]',
+        ),
+        _row(
+            1,
+            "Qwen2DecoderLayer",
+            "Qwen2DecoderLayer",
+            "output.0",
+            "0.98",
+            "0.03",
+            "warning",
+            '["warning: c"]',
+        ),
+        [
+            "Module._fsdp_wrapped_module.lm_head.Linear.forward.0.output.0",
+            "Module.lm_head.ParallelLMHead.forward.0.output.0",
+            "0.97",
+            "0.2",
+            "1",
+            "pass",
+            "[]",
+        ],
+    ]
+    s = summarize(_csv(tmp_path, rows))
+    assert s.mode == "tensor"
+    assert s.counts == {"pass": 5, "error": 3, "warning": 1}
+    assert s.not_comparable == 3
+    first = s.first_divergence
+    assert (first.module, first.tensor, first.layer, first.cosine) == (
+        "model.layers.1.mlp",
+        "output.0",
+        1,
+        0.72,
+    )
+    assert [r.module for r in s.divergent] == ["model.layers.1.mlp", "model.layers.1"]
+    assert not s.consistent
+    assert s.worst(1)[0].module == "model.layers.1.mlp.down_proj"  # lowest cosine: the weight
+    curve = {p.layer: (p.cosine, p.max_abs_err, p.divergent) for p in s.layers}
+    assert curve == {
+        "embed": (1.0, 0.0, 0),
+        "0": (1.0, 1e-7, 0),
+        "1": (0.72, 0.03, 2),
+        "head": (0.97, 0.2, 0),
+    }
+    assert [p.depth for p in s.layers] == [-1, 0, 1, 2]
+
+
+def test_shape_mismatch_of_an_output_is_a_divergence(tmp_path: Path) -> None:
+    rows = [
+        _row(
+            0,
+            "input_layernorm.Qwen2RMSNorm",
+            "input_layernorm.RMSNorm",
+            "output.0",
+            "shape unmatched",
+            "shape unmatched",
+            "error",
+            '["error: The shape of NPU and Bench are inconsistent."]',
+        ),
+    ]
+    s = summarize(_csv(tmp_path, rows))
+    assert s.first_divergence is not None and s.first_divergence.cosine is None
+    assert not s.consistent
+
+
+def test_all_pass_is_consistent(tmp_path: Path) -> None:
+    rows = [_row(i, "mlp.Qwen2MLP", "mlp.Qwen2MLP", "output.0", "0.99999", "1e-6") for i in range(3)]
+    s = summarize(_csv(tmp_path, rows))
+    assert s.consistent and s.first_divergence is None
+    assert s.to_json()["divergent_rows"] == 0
+
+
+def test_statistics_mode_uses_max_diff(tmp_path: Path) -> None:
+    p = tmp_path / "compare_result_2.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["NPU Name", "Bench Name", "Max diff", "NormRelativeErr", "Result", "Err_message"])
+        w.writerow(
+            [
+                T.format(l=0, m="mlp.Qwen2MLP", x="output.0"),
+                R.format(l=0, m="mlp.Qwen2MLP", x="output.0"),
+                "-0.5",
+                "12.5%",
+                "warning",
+                "[]",
+            ]
+        )
+    s = summarize(p)
+    assert s.mode == "statistics"
+    row = s.rows[0]
+    assert (row.cosine, row.max_abs_err, row.rel_err) == (None, 0.5, 12.5)
+    assert s.first_divergence is row
