@@ -199,7 +199,8 @@ class VerlLLMServerRequestId(Codemod):
         if "FullyAsyncLLMServerClient" not in transformer.classes and not self._expects_fully_async(
             ctx.version
         ):
-            # 0.8.0 defines the fully-async client in fully_async_rollouter.py (its own codemod).
+            # 0.8.0 defines the fully-async client in fully_async_rollouter.py (its own codemod);
+            # with an unknown version the file's content decides.
             ctx.hit("FullyAsyncLLMServerClient.generate")
             ctx.hit("super().generate call")
         ctx.check_all_found()
@@ -207,7 +208,7 @@ class VerlLLMServerRequestId(Codemod):
 
     def _expects_fully_async(self, version: str | None) -> bool:
         parsed = parse_version(version)
-        return parsed is None or parsed >= parse_version(self.fully_async_since)
+        return parsed is not None and parsed >= parse_version(self.fully_async_since)
 
 
 class VerlFullyAsyncRolloutRequestId(Codemod):

@@ -1,0 +1,149 @@
+"""Before/after fixtures and properties of the verl trainer and request-id codemods.
+
+Fixtures (`fixtures/codemods/verl_trainer/`, `fixtures/codemods/verl_request_id/`) are small
+files in the shape of upstream code, one per drift variant, named `<codemod prefix>_<variant>`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from rl_msprobe.codemods.base import AnchorError, Status
+from rl_msprobe.codemods.verl_request_id import (
+    VerlAgentLoopRequestId,
+    VerlFullyAsyncRolloutRequestId,
+    VerlLLMServerRequestId,
+)
+from rl_msprobe.codemods.verl_trainer import (
+    VerlFullyAsyncTrainer,
+    VerlRayTrainer,
+    VerlSeparateTrainer,
+    VerlSyncTrainer,
+    VerlV1Trainer,
+)
+from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+
+CODEMODS = {
+    "ray_fit": VerlRayTrainer(),
+    "separate": VerlSeparateTrainer(),
+    "v1_base": VerlV1Trainer(),
+    "sync": VerlSyncTrainer(),
+    "fully_async": VerlFullyAsyncTrainer(),
+    "agent_loop": VerlAgentLoopRequestId(),
+    "llm_server": VerlLLMServerRequestId(),
+    "fully_async_rollouter": VerlFullyAsyncRolloutRequestId(),
+}
+FOLDERS = ("verl_trainer", "verl_request_id")
+
+
+def codemod_for(path):
+    stem = path.name.split(".")[0]
+    prefix = stem.rsplit("_v", 1)[0] if "_v0" in stem else stem.rsplit("_", 1)[0]
+    return CODEMODS[prefix]
+
+
+PAIRS = [pair for folder in FOLDERS for pair in pairs(folder)]
+INVALID = [path for folder in FOLDERS for path in invalid(folder)]
+
+
+@pytest.mark.parametrize(("before", "after"), PAIRS, ids=lambda p: p.name)
+def test_fixture_pair(before, after):
+    check_pair(codemod_for(before), before, after)
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
+def test_drifted_source_fails_loudly(path):
+    check_invalid(codemod_for(path), path)
+
+
+def test_every_codemod_has_a_fixture_and_a_drift_case():
+    used = {codemod_for(b).name for b, _ in PAIRS}
+    assert used == {c.name for c in CODEMODS.values()}
+    assert {codemod_for(p).name for p in INVALID} >= {
+        "verl-ray-trainer",
+        "verl-separate-trainer",
+        "verl-fully-async-trainer",
+        "verl-agent-loop-request-id",
+        "verl-llm-server-request-id",
+    }
+
+
+def _read(folder, name):
+    return (FIXTURES / folder / name).read_text()
+
+
+def test_trim_scoped_to_the_recompute_method():
+    """The second bypass line (advantage step) and other compute_log_prob calls stay untouched."""
+    for name, method, other in (
+        ("separate_v071.before.py", "_fit_compute_log_prob", "_fit_compute_advantage"),
+        ("v1_base_v090.before.py", "_compute_old_log_prob", "_compute_advantage"),
+        ("ray_fit_v060.before.py", "fit", "_validate"),
+        ("ray_fit_v091.before.py", "fit", "_compute_old_log_prob"),
+    ):
+        out = codemod_for(FIXTURES / "verl_trainer" / name).apply(_read("verl_trainer", name))
+        assert out.count("trim_to_prompts(batch)") == 1, name
+        body = out.split(f"def {method}(")[1].split("\n    def ")[0]
+        other_body = out.split(f"def {other}(")[1].split("\n    def ")[0]
+        assert "trim_to_prompts" in body and "trim_to_prompts" not in other_body, name
+
+
+def test_ray_trainer_060_trims_right_before_the_recompute():
+    out = VerlRayTrainer().apply(_read("verl_trainer", "ray_fit_v060.before.py"))
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "trim_to_prompts" in line)
+    assert lines[at + 1].strip() == "old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)"
+    assert lines[at - 1].strip().startswith('with marked_timer("old_log_prob"')
+
+
+def test_fully_async_trims_after_the_queue_block():
+    out = VerlFullyAsyncTrainer().apply(_read("verl_trainer", "fully_async_v080.before.py"))
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "trim_to_prompts" in line)
+    assert lines[at - 1].strip() == "self._collect_metrics_from_samples(batch, metrics)"
+    assert lines[at].startswith("        batch = ")  # method level, after the with block
+
+
+def test_request_id_lines_surround_the_server_call():
+    for name in ("agent_loop_v060.before.py", "agent_loop_v071.before.py", "llm_server_v091.before.py"):
+        out = codemod_for(FIXTURES / "verl_request_id" / name).apply(_read("verl_request_id", name))
+        tree = cst.parse_module(out)
+        assert tree.code == out
+        lines = out.splitlines()
+        record = next(i for i, line in enumerate(lines) if "record_request_id(server)" in line)
+        assert "await server.generate.remote(" in lines[record + 1]
+        keep = next(i for i, line in enumerate(lines) if "keep_request_id(output, server)" in line)
+        assert lines[keep - 1].strip() == ")" and keep > record
+        indent = len(lines[record]) - len(lines[record].lstrip())
+        assert len(lines[keep]) - len(lines[keep].lstrip()) == indent  # same block
+
+
+def test_llm_server_version_decides_whether_the_fully_async_client_must_be_there():
+    codemod = VerlLLMServerRequestId()
+    source = _read("verl_request_id", "llm_server_v080.before.py")
+    assert codemod.apply(source, version="0.8.0").count("rl-msprobe:") == 3
+    assert codemod.apply(source).count("rl-msprobe:") == 3  # unknown version: the content decides
+    with pytest.raises(AnchorError) as info:
+        codemod.apply(source, version="0.9.1")
+    assert "FullyAsyncLLMServerClient.generate" in str(info.value) and "0.9.1" in str(info.value)
+
+
+def test_anchor_changed_after_apply_is_a_conflict():
+    codemod = VerlSeparateTrainer()
+    applied = codemod.apply(_read("verl_trainer", "separate_v071.before.py"))
+    drifted = applied.replace(
+        'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)\n        if',
+        "use_rollout = rollout_corr_config is not None\n        if",
+        1,
+    )
+    assert drifted != applied
+    report = codemod.status(drifted)
+    assert report.status is Status.CONFLICT and "bypass_recomputing_logprobs line" in report.detail
+
+
+def test_request_id_call_moved_after_apply_is_a_conflict():
+    codemod = VerlLLMServerRequestId()
+    applied = codemod.apply(_read("verl_request_id", "llm_server_v080.before.py"))
+    drifted = applied.replace("await server.generate.remote(", "await server.generate_tokens.remote(")
+    report = codemod.status(drifted)
+    assert report.status is Status.CONFLICT and "server.generate.remote call" in report.detail
