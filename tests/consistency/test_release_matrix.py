@@ -69,9 +69,16 @@ def test_consistency_full_cycle_and_files(tmp_path, version):
             assert f["detail"], f  # says why
 
 
-@pytest.mark.parametrize("version", ["0.6.0", "0.7.1", "0.8.0", "0.9.1"])
-@pytest.mark.parametrize("name", ["verl-prompts-only", "verl-request-id"])
-def test_part_sets_full_cycle(tmp_path, version, name):
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("verl-prompts-only", "0.6.0"),  # the recompute-call anchor
+        ("verl-prompts-only", "0.8.0"),  # ray + separation + main_ppo_sync + fully-async trainers
+        ("verl-request-id", "0.7.0"),  # agent loop, TokenOutput without extra_fields
+        ("verl-request-id", "0.9.1"),  # llm_server with the fully-async client
+    ],
+)
+def test_part_sets_full_cycle(tmp_path, name, version):
     trainers, rollout = EXPECTED[version]
     tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
     touched = {f["path"] for f in _diff_json(tree, name)["summary"]["files"]}
