@@ -65,7 +65,9 @@ def test_status_through_a_lifecycle(tree):
     # an anchor changed after apply: conflict, naming the anchor
     path = tree / SEPARATE
     patched = path.read_text()
-    bypass = 'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)'
+    bypass = (
+        'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)'
+    )
     marked = VerlSeparateTrainer().marker
     lines = patched.splitlines(keepends=True)
     at = next(i for i, line in enumerate(lines) if marked in line and "trim_to_prompts" in line)
