@@ -61,7 +61,10 @@ def cache_dir() -> Path:
 # ---------------------------------------------------------------- version detection
 
 
-_VERSION_ASSIGN = re.compile(r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M)
+# `__version__ = "1.2"`, `version: str = "1.2"`, and setuptools-scm's `__version__ = version = '1.2'`
+_VERSION_ASSIGN = re.compile(
+    r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M
+)
 
 
 def _dist_info_version(root: Path, project: str) -> str | None:
@@ -165,13 +168,17 @@ def locate_with_python(python: str, packages: list[str]) -> dict[str, str | None
     """Ask an interpreter (maybe `docker exec -i NAME python3`) where packages live, without importing them."""
     argv = shlex.split(python)
     if not argv:
-        raise UserError("--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`.")
+        raise UserError(
+            "--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`."
+        )
     try:
         proc = subprocess.run(
             [*argv, "-c", _FIND_SPEC, *packages], capture_output=True, text=True, timeout=120, check=False
         )
     except FileNotFoundError as exc:
-        raise UserError(f"--python {python}: {exc.filename} was not found. Pass a working interpreter.") from exc
+        raise UserError(
+            f"--python {python}: {exc.filename} was not found. Pass a working interpreter."
+        ) from exc
     except subprocess.TimeoutExpired as exc:
         raise UserError(f"--python {python}: no answer within 120 s.") from exc
     if proc.returncode != 0:
@@ -187,7 +194,9 @@ def resolve_python(python: str, project: str) -> Target:
     package = PACKAGES[project]
     location = locate_with_python(python, [package])[package]
     if location is None:
-        raise UserError(f"--python {python}: that interpreter cannot find the {package} package. Install it there.")
+        raise UserError(
+            f"--python {python}: that interpreter cannot find the {package} package. Install it there."
+        )
     package_dir = Path(location)
     if not package_dir.is_dir():
         raise UserError(
@@ -198,7 +207,9 @@ def resolve_python(python: str, project: str) -> Target:
     return Target(project, detect_version(root, project), root, origin=f"--python {python}")
 
 
-def resolve_target(tree: str | None, python: str | None, project: str, default_version: str | None = None) -> Target:
+def resolve_target(
+    tree: str | None, python: str | None, project: str, default_version: str | None = None
+) -> Target:
     """Turn --tree / --python (or neither: the newest supported release) into a Target."""
     if tree and python:
         raise UserError("Pass either --tree or --python, not both.")
@@ -225,14 +236,34 @@ def parse_release_spec(spec: str) -> tuple[str, str]:
     return name, match.group(2)
 
 
-def _pip_download(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _pip_download(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *argv],
         capture_output=True,
         text=True,
         cwd=cwd,
         check=False,
+        env={**os.environ, **env} if env else None,
     )
+
+
+def _sdist_source_tree(spec: str, package: str, downloads: Path, work: Path) -> tuple[Path | None, str]:
+    """The unpacked source of an sdist whose build cannot run here (vLLM-Ascend needs CANN).
+
+    pip unpacks the sdist into TMPDIR/pip-download-*/ before it prepares the metadata; that
+    step fails without the build toolchain, but with --no-clean the unpacked tree stays. Nothing
+    is built. Returns (folder holding the package, pip's stderr).
+    """
+    proc = _pip_download(
+        ["--no-binary", ":all:", "--no-build-isolation", "--no-clean", "-d", str(downloads), spec],
+        downloads,
+        env={"TMPDIR": str(work)},
+    )
+    for init in sorted(work.glob(f"pip-download-*/*/{package}/__init__.py")):
+        return init.parent.parent, proc.stderr
+    return None, proc.stderr
 
 
 def _extract_wheel(wheel: Path, dest: Path, package: str) -> None:
@@ -271,32 +302,46 @@ def fetch_release(project: str, version: str) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     spec = f"{project}=={version}"
     archive = _find_download(downloads, project, version)
-    if archive is None:
-        proc = _pip_download(["--only-binary", ":all:", "--python-version", "3.11", "-d", str(downloads), spec], downloads)
-        archive = _find_download(downloads, project, version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=dest.parent))
+    try:
+        source = None
         if archive is None:
-            proc = _pip_download(["--no-binary", ":all:", "--no-build-isolation", "-d", str(downloads), spec], downloads)
+            _pip_download(
+                ["--only-binary", ":all:", "--python-version", "3.11", "-d", str(downloads), spec], downloads
+            )
             archive = _find_download(downloads, project, version)
         if archive is None:
-            raise UserError(
-                f"could not fetch {spec} from the package index: {proc.stderr.strip()[-400:]}"
-            )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-", dir=dest.parent))
+            source, stderr = _sdist_source_tree(spec, package, downloads, work)
+            archive = _find_download(downloads, project, version)
+            if archive is None and source is None:
+                raise UserError(f"could not fetch {spec} from the package index: {stderr.strip()[-400:]}")
+        _unpack_release(archive, source, dest, package)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def _unpack_release(archive: Path | None, source: Path | None, dest: Path, package: str) -> None:
+    """Put the package folder (and the version metadata) of a download into `dest`, atomically."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        if archive.suffix == ".whl":
+        if archive is not None and archive.suffix == ".whl":
             _extract_wheel(archive, tmp, package)
-        else:
+        elif archive is not None:
             _extract_sdist(archive, tmp, package)
+        elif source is not None:
+            shutil.copytree(source / package, tmp / package, symlinks=True)
+            if (source / "PKG-INFO").is_file():
+                shutil.copy2(source / "PKG-INFO", tmp / "PKG-INFO")
         if not (tmp / package / "__init__.py").is_file():
-            raise UserError(f"{archive.name}: holds no {package}/__init__.py.")
+            raise UserError(f"{archive.name if archive else source}: holds no {package}/__init__.py.")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def _find_download(folder: Path, project: str, version: str) -> Path | None:

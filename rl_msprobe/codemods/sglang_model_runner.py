@@ -1,0 +1,137 @@
+"""SGLang ModelRunner: one msprobe step per forward pass (SGLang below 0.5.11).
+
+In `sglang/srt/model_executor/model_runner.py`, class `ModelRunner`:
+
+- `__init__`: after `self.forward_pass_id = 0`, `rl_msprobe_dump.create(self)` — the debugger
+  from `MSPROBE_ROLLOUT_CONFIG` (PD disaggregation: `MSPROBE_PREFILL_CONFIG` /
+  `MSPROBE_DECODE_CONFIG` by `server_args.disaggregation_mode`), or nothing when unset;
+- `forward`: `rl_msprobe_dump.start(self)` right after `self.forward_pass_id += 1`
+  (`rank_id=self.gpu_id` when data parallel size > 1), and `rl_msprobe_dump.finish(self)`
+  (stop + step) just before `return output`.
+
+Drift handled (0.4.6.post5 … 0.5.10.post1, DOMAIN §4): the `__init__` parameter lists of
+0.4.6 / 0.4.10 (moe_ep) / 0.5.1 (dp_rank) / 0.5.10 (attn_cp_rank, memory_pool_config); the
+first "Parse args" assignment (`self.model_config` in 0.4.6.post5, `self.mem_fraction_static`
+after); `forward`'s `with ...:` vs `with ... as recorder_outputs:` and the later statements
+before `return output` (elastic EP, experts capturer, dumper). The logic lives in
+`sglang/srt/model_executor/rl_msprobe_dump.py`, added by the same patch set.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from rl_msprobe.codemods.base import (
+    Codemod,
+    ScopedTransformer,
+    TransformContext,
+    dotted,
+    insert_after_imports,
+    insert_before,
+    with_body,
+)
+
+IMPORT = "from sglang.srt.model_executor import rl_msprobe_dump"
+
+
+def _single(stmt: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return stmt.body[0]
+    return None
+
+
+def _is_counter_init(stmt: cst.BaseStatement) -> bool:
+    small = _single(stmt)
+    return (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and dotted(small.targets[0].target) == "self.forward_pass_id"
+        and isinstance(small.value, cst.Integer)
+    )
+
+
+def _is_counter_step(stmt: cst.BaseStatement) -> bool:
+    small = _single(stmt)
+    return (
+        isinstance(small, cst.AugAssign)
+        and isinstance(small.operator, cst.AddAssign)
+        and dotted(small.target) == "self.forward_pass_id"
+    )
+
+
+def _is_return_output(stmt: cst.BaseStatement) -> bool:
+    small = _single(stmt)
+    return (
+        isinstance(small, cst.Return) and isinstance(small.value, cst.Name) and small.value.value == "output"
+    )
+
+
+class _Transformer(ScopedTransformer):
+    # Only ModelRunner.__init__ and ModelRunner.forward are walked: the rest of the file (3,000
+    # lines and more) is left unvisited, which keeps a run well under a second.
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        super().visit_ClassDef(node)
+        return self.qualname == "ModelRunner"
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        super().visit_FunctionDef(node)
+        return False  # the methods are edited whole in leave_function
+
+    def leave_function(
+        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
+    ) -> cst.CSTNode:
+        if qualname == "ModelRunner.__init__":
+            return self._init(updated)
+        if qualname == "ModelRunner.forward":
+            return self._forward(updated)
+        return updated
+
+    def _init(self, func: cst.FunctionDef) -> cst.FunctionDef:
+        body: list[cst.BaseStatement] = []
+        for stmt in func.body.body:
+            body.append(stmt)
+            if _is_counter_init(stmt) and "__init__: self.forward_pass_id = 0" not in self.ctx.found:
+                self.ctx.hit("__init__: self.forward_pass_id = 0")
+                body.append(self.ctx.statement("rl_msprobe_dump.create(self)"))
+        return with_body(func, body)
+
+    def _forward(self, func: cst.FunctionDef) -> cst.FunctionDef:
+        statements = list(func.body.body)
+        returns = [i for i, stmt in enumerate(statements) if _is_return_output(stmt)]
+        counters = [i for i, stmt in enumerate(statements) if _is_counter_step(stmt)]
+        if len(returns) != 1:
+            self.ctx.fail("forward: return output")
+        if not counters or counters[0] > returns[0]:
+            self.ctx.fail("forward: self.forward_pass_id += 1")
+        self.ctx.hit("forward: return output")
+        self.ctx.hit("forward: self.forward_pass_id += 1")
+        (at_return,), at_counter = returns, counters[0]
+        body: list[cst.BaseStatement] = []
+        for index, stmt in enumerate(statements):
+            if index == at_return:
+                body.extend(insert_before(stmt, [self.ctx.statement("rl_msprobe_dump.finish(self)")]))
+                continue
+            body.append(stmt)
+            if index == at_counter:
+                body.append(self.ctx.statement("rl_msprobe_dump.start(self)"))
+        return with_body(func, body)
+
+
+class SGLangModelRunner(Codemod):
+    name = "sglang-model-runner"
+    project = "sglang"
+    path = "sglang/srt/model_executor/model_runner.py"
+    min_version = "0.4.6.post5"
+    max_version = "0.5.10.post1"
+    description = "msprobe debugger in ModelRunner: created in __init__, start/stop/step around forward"
+    anchors = {
+        "__init__: self.forward_pass_id = 0": "`self.forward_pass_id = 0` in the body of ModelRunner.__init__",
+        "forward: self.forward_pass_id += 1": "`self.forward_pass_id += 1` in the body of ModelRunner.forward, "
+        "before its return",
+        "forward: return output": "exactly one `return output` in the body of ModelRunner.forward",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        updated = module.visit(_Transformer(ctx))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(IMPORT)])

@@ -1,0 +1,49 @@
+"""Patch sets for SGLang: the ModelRunner dump below 0.5.11, and the optional fixed bootstrap room."""
+
+from __future__ import annotations
+
+from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
+from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
+from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+
+OLDEST = "0.4.6.post5"
+NEWEST = "0.5.10.post1"  # the last release without native msprobe support
+NATIVE_SINCE = "0.5.11"
+NATIVE_OVERRIDE = "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=/abs/path/config.json"
+
+DUMP_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_dump.py", name="sglang-dump-file")
+ROOM_FILE = NewFile(
+    "sglang", "sglang/srt/managers/rl_msprobe_bootstrap_room.py", name="sglang-bootstrap-room-file"
+)
+
+SGLANG_DUMP = register(
+    PatchSet(
+        name="sglang-dump",
+        project="sglang",
+        description="msprobe debugger in ModelRunner (MSPROBE_ROLLOUT_CONFIG; PD: MSPROBE_PREFILL/DECODE_CONFIG)",
+        pieces=(Piece(DUMP_FILE), Piece(SGLangModelRunner())),
+        min_version=OLDEST,
+        max_version=NEWEST,
+        native_since=NATIVE_SINCE,
+        native_hint=(
+            f"SGLang >= {NATIVE_SINCE} dumps with msprobe itself (server argument msprobe_dump_config): "
+            f"pass {NATIVE_OVERRIDE} to verl instead of patching."
+        ),
+        notes=(
+            "Set MSPROBE_ROLLOUT_CONFIG (PD disaggregation: MSPROBE_PREFILL_CONFIG / MSPROBE_DECODE_CONFIG) in the "
+            "rollout's environment; the config must set dump_path. CUDA graphs are turned off while it is set.",
+        ),
+    )
+)
+
+SGLANG_BOOTSTRAP_ROOM = register(
+    PatchSet(
+        name="sglang-bootstrap-room",
+        project="sglang",
+        description="optional: MSPROBE_BOOTSTRAP_ROOM pins the bootstrap room, so PD + DP routing repeats",
+        pieces=(Piece(ROOM_FILE), Piece(SGLangIoStruct())),
+        min_version="0.5.2",
+        optional=True,
+        notes=("Only useful with PD disaggregation and data parallel size > 1.",),
+    )
+)

@@ -1,0 +1,28 @@
+"""Patch set for vLLM-Ascend: the dispatch log beside its own msprobe dump."""
+
+from __future__ import annotations
+
+from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
+from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+
+OLDEST = "0.12.0rc1"  # first release with msprobe support (additional_config.dump_config)
+NEWEST_TESTED = "0.30.0rc2"  # newest release the codemod is tested on; newer ones: the anchors decide
+
+DISPATCH_LOGGER_FILE = NewFile(
+    "vllm_ascend", "vllm_ascend/worker/dispatch_logger.py", name="vllm-ascend-dispatch-logger-file"
+)
+
+VLLM_ASCEND_DISPATCH_LOG = register(
+    PatchSet(
+        name="vllm-ascend-dispatch-log",
+        project="vllm-ascend",
+        description="dispatch_log.jsonl (which requests each dumped step served) and dumps under {pid}",
+        pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(VllmAscendModelRunner())),
+        min_version=OLDEST,
+        notes=(
+            "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
+            "this set only adds the dispatch log and the {pid} sub-folder.",
+            f"Tested on vLLM-Ascend {OLDEST} … {NEWEST_TESTED}.",
+        ),
+    )
+)

@@ -1,0 +1,93 @@
+"""sglang-dump (and sglang-bootstrap-room) on every real SGLang release below 0.5.11 from 0.4.6.post5,
+fetched from the package index (cached); the refusal on 0.5.11, where SGLang dumps natively."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from packaging.version import Version
+
+from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
+from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
+
+pytestmark = pytest.mark.release
+
+# Every release on the index from 0.4.6.post5 below 0.5.11 (none was yanked or skipped).
+VERSIONS = [
+    *("0.4.6.post5", "0.4.7", "0.4.7.post1", "0.4.8", "0.4.8.post1"),
+    *(f"0.4.9{p}" for p in ("", ".post1", ".post2", ".post3", ".post4", ".post5", ".post6")),
+    *("0.4.10", "0.4.10.post1", "0.4.10.post2"),
+    *("0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2"),
+    *("0.5.3", "0.5.3.post1", "0.5.3.post2", "0.5.3.post3"),
+    *("0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3"),
+    *("0.5.5", "0.5.5.post1", "0.5.5.post2", "0.5.5.post3"),
+    *("0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1"),
+    *("0.5.9", "0.5.10", "0.5.10.post1"),
+]
+BOOTSTRAP_ROOM_SINCE = Version("0.5.2")
+DUMP_FILES = {"sglang/srt/model_executor/model_runner.py", "sglang/srt/model_executor/rl_msprobe_dump.py"}
+ROOM_FILES = {"sglang/srt/managers/io_struct.py", "sglang/srt/managers/rl_msprobe_bootstrap_room.py"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_full_cycle(version, tmp_path):
+    tree = scratch_copy("sglang", version, tmp_path / f"sglang-{version}")
+    with_room = Version(version) >= BOOTSTRAP_ROOM_SINCE
+    sets = ["sglang-dump", "sglang-bootstrap-room"] if with_room else ["sglang-dump"]
+    status = full_cycle(tree, sets)
+    assert status["version"] == version
+    assert [s["status"] for s in status["sets"]] == ["applied"] * len(sets)
+    touched = {f["path"] for s in status["sets"] for f in s["files"]}
+    assert touched == (DUMP_FILES | ROOM_FILES if with_room else DUMP_FILES)
+
+
+def test_marked_lines_on_the_newest_patched_release():
+    """What lands where on 0.5.10.post1: the import, create after the counter, start, finish."""
+    code, out, err = run_cli(
+        "patch", "diff", "sglang-dump", "--tree", "release:sglang==0.5.10.post1", "--json"
+    )
+    assert code == 1, err
+    diff = json.loads(out)["diff"]
+    marker = SGLangModelRunner().marker
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and line.endswith(marker)]
+    assert added == [
+        f"from sglang.srt.model_executor import rl_msprobe_dump  {marker}",
+        f"rl_msprobe_dump.create(self)  {marker}",
+        f"rl_msprobe_dump.start(self)  {marker}",
+        f"rl_msprobe_dump.finish(self)  {marker}",
+    ]
+    assert "+        self.forward_pass_id += 1" not in diff  # context, never rewritten
+
+
+def test_bootstrap_room_refused_before_0_5_2(tmp_path):
+    tree = scratch_copy("sglang", "0.5.1", tmp_path / "sglang", with_git=False)
+    before = snapshot(tree)
+    code, _, err = run_cli("patch", "apply", "sglang-bootstrap-room", "--tree", str(tree))
+    assert code == 2
+    assert "0.5.1" in err and "0.5.2" in err
+    assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12"])
+def test_native_release_refused_names_the_override(version, tmp_path):
+    tree = scratch_copy("sglang", version, tmp_path / "sglang")
+    before = snapshot(tree)
+    for command in ("apply", "diff"):
+        code, out, err = run_cli("patch", command, "sglang-dump", "--tree", str(tree))
+        assert code == 2, (command, out, err)
+        assert "msprobe_dump_config" in err
+        assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=" in err
+    assert snapshot(tree) == before
+    code, out, _ = run_cli("patch", "status", "sglang-dump", "--tree", str(tree), "--json")
+    doc = json.loads(out)
+    assert doc["sets"][0]["status"] == "native"
+    assert all(f["status"] == "native" for f in doc["sets"][0]["files"])
+    assert "msprobe_dump_config" in doc["sets"][0]["files"][0]["detail"]
+    assert code == 0  # native counts as done: nothing to apply
+
+
+def test_status_tells_native_from_absent(tmp_path):
+    old = scratch_copy("sglang", "0.5.10.post1", tmp_path / "old", with_git=False)
+    code, out, _ = run_cli("patch", "status", "sglang-dump", "--tree", str(old), "--json")
+    assert code == 1 and json.loads(out)["sets"][0]["status"] == "absent"
