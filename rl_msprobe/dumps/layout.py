@@ -90,7 +90,7 @@ def find_dumps(root: Path) -> list[DumpRef]:
 
 
 class DumpIndex:
-    """Finds the dump of (pid, step, rank) under one side's root, listing each folder once.
+    """Finds the dump of (pid, step, rank) under one side's root, listing each base folder once.
 
     Accepts `{root}/{pid}/step{N}/rank{R}`, `{root}/step{N}/rank{R}` and `proc{pid}` for `rank{R}`.
     """
@@ -112,13 +112,12 @@ class DumpIndex:
     def find(self, pid: object, step: object, rank: object) -> Path | None:
         step_dir = f"step{step}"
         for base in (self.root / str(pid), self.root):
-            if step_dir not in self._names(base):
+            if step_dir not in self._names(base):  # listed once per base folder
                 continue
-            sd = base / step_dir
-            names = self._names(sd)
             for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
-                if rank_dir in names and DUMP_FILE in self._names(sd / rank_dir):
-                    return sd / rank_dir / DUMP_FILE
+                path = base / step_dir / rank_dir / DUMP_FILE
+                if path.is_file():
+                    return path
         return None
 
     def expected(self, pid: object, step: object, rank: object) -> Path:
