@@ -66,6 +66,28 @@ def _is_return_output(stmt: cst.BaseStatement) -> bool:
     )
 
 
+def _count_returns(node: cst.CSTNode) -> int:
+    """`return` statements in a function body, nested functions and classes excluded."""
+    count = 0
+
+    class _Returns(cst.CSTVisitor):
+        def visit_Return(self, _: cst.Return) -> None:
+            nonlocal count
+            count += 1
+
+        def visit_FunctionDef(self, _: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Lambda(self, _: cst.Lambda) -> bool:
+            return False
+
+        def visit_ClassDef(self, _: cst.ClassDef) -> bool:
+            return False
+
+    node.visit(_Returns())
+    return count
+
+
 class _Transformer(ScopedTransformer):
     # Only ModelRunner.__init__ and ModelRunner.forward are walked: the rest of the file (3,000
     # lines and more) is left unvisited, which keeps a run well under a second.
@@ -99,7 +121,7 @@ class _Transformer(ScopedTransformer):
         statements = list(func.body.body)
         returns = [i for i, stmt in enumerate(statements) if _is_return_output(stmt)]
         counters = [i for i, stmt in enumerate(statements) if _is_counter_step(stmt)]
-        if len(returns) != 1:
+        if len(returns) != 1 or _count_returns(func.body) != 1:  # a second way out would skip stop + step
             self.ctx.fail("forward: return output")
         if not counters or counters[0] > returns[0]:
             self.ctx.fail("forward: self.forward_pass_id += 1")
@@ -128,7 +150,7 @@ class SGLangModelRunner(Codemod):
         "__init__: self.forward_pass_id = 0": "`self.forward_pass_id = 0` in the body of ModelRunner.__init__",
         "forward: self.forward_pass_id += 1": "`self.forward_pass_id += 1` in the body of ModelRunner.forward, "
         "before its return",
-        "forward: return output": "exactly one `return output` in the body of ModelRunner.forward",
+        "forward: return output": "exactly one return in ModelRunner.forward: `return output` at the end of its body",
     }
 
     def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
