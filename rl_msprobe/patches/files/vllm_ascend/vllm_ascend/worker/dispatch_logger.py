@@ -160,6 +160,8 @@ def is_dumping(debugger) -> bool:
     if getattr(service, "should_stop_service", False):
         return False
     config = getattr(service, "config", None)
+    if getattr(config, "dump_enable", None) is False:  # msprobe's run-time switch in the config file
+        return False
     steps = getattr(config, "step", None)
     if steps and getattr(service, "current_iter", None) not in steps:
         return False
