@@ -223,14 +223,20 @@ class Overrides:
             name = name[: -len(".yaml")]
         return name
 
+    def unreadable_for(self, key: str) -> list[Item]:
+        """Arguments for `key` that are not readable overrides (`key=$(...)`, `key=$X`, bad syntax)."""
+        out = []
+        for item in self.items:
+            if item.override is None and item.problem:
+                text = item.arg.value.text if item.arg.value.known else item.arg.word.raw
+                if "=" in text and text.split("=", 1)[0].strip("'\"").lstrip("+~") == key:
+                    out.append(item)
+        return out
+
     def runtime_key(self, key: str) -> Item | None:
-        """A runtime-valued argument whose key part reads as `key` (`key=$(...)`, `key=$X`)."""
-        for item in reversed(self.items):
-            if item.override is None and item.problem and "=" in item.arg.word.raw:
-                raw_key = item.arg.word.raw.split("=", 1)[0].strip("'\"").lstrip("+~")
-                if raw_key == key:
-                    return item
-        return None
+        """The last runtime-valued (or unreadable) argument whose key part reads as `key`."""
+        items = self.unreadable_for(key)
+        return items[-1] if items else None
 
     def get(self, key: str) -> Found | None:
         """The value key ends up with after all overrides (None: not set by the script)."""

@@ -93,6 +93,11 @@ def render(
     for token in tokens:
         rendered = render_override(token.key, token.value, token.prefix)
         items = overrides.all_for(token.key)
+        replaced = False
+        for item in overrides.unreadable_for(token.key):
+            if item.arg.editable:  # `key=$(cmd)`, `key=$RUNTIME`, bad syntax: give it the value
+                edits.append(Edit(item.arg.word.start, item.arg.word.end, shell_quote(rendered)))
+                replaced = True
         last = None
         for item in reversed(overrides.items):
             ov = item.override
@@ -117,6 +122,8 @@ def render(
                     prefix = "++"  # `+` fails once the key exists; `++` always works
                 new = render_override(token.key, token.value, prefix)
                 edits.append(Edit(item.arg.word.start, item.arg.word.end, shell_quote(new)))
+            continue
+        if replaced and last is None:
             continue
         appended.append(shell_quote(rendered))
     for key in removals:
