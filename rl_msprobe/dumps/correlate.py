@@ -225,7 +225,7 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                     Unmatched(
                         rid,
                         "rollout",
-                        "prefill continued in a later step (chunked prefill or speculative tokens): its dump covers part of the prompt",
+                        "prefill continued in a later step (chunked prefill, or re-prefilled after preemption): its first dump covers part of the prompt",
                     )
                 )
                 continue

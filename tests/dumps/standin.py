@@ -9,19 +9,24 @@ here, this script plays both sides with a tiny Qwen2 (vocab 512, hidden 128, int
   flattened to ``[T, H]``) fed with the same weights; one msprobe step per model step,
   ``{out}/{pid}/dispatch_log.jsonl`` in the DOMAIN §6 format, vLLM ≥ 0.14 id suffixes.
 - ``train``: transformers' own ``Qwen2ForCausalLM`` wrapped the way FSDP1 names modules
-  (``_fsdp_wrapped_module``), one msprobe step per micro-batch (one request each, prompt only),
+  (``_fsdp_wrapped_module``), run one request per micro-batch (prompt only) through
+  rl-msprobe's real training helper (``verl/utils/rl_msprobe_hooks.py``, the calls the patched
+  FSDPEngine makes): one msprobe step per micro-batch in ``{out}/step{N}/...`` and
   ``{out}/{pid}/update_actor_log.jsonl``.
 
 Each side is its own process because msprobe's PrecisionDebugger is a per-process singleton.
-Usage: python standin.py rollout|train OUT [--perturb LAYER] [--no-pid-level]
+Usage: python standin.py rollout|train OUT [--perturb LAYER] [--no-pid-level] [--model DIR --prompts JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -310,31 +315,56 @@ def run_rollout(out: str, layer: int, pid_level: bool) -> None:
             dbg.step()
 
 
-def run_train(out: str, layer: int, pid_level: bool) -> None:
-    hf = hf_model()
+def training_helper():
+    """rl-msprobe's own training-side helper (verl/utils/rl_msprobe_hooks.py as the verl-engine
+    patch set adds it), loaded from this checkout: it needs neither verl nor rl-msprobe."""
+    path = (
+        Path(__file__).resolve().parents[2] / "rl_msprobe/patches/files/verl/verl/utils/rl_msprobe_hooks.py"
+    )
+    spec = importlib.util.spec_from_file_location("rl_msprobe_hooks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_train(out: str, layer: int, model_dir: str | None, prompts_file: str | None) -> None:
+    """One micro-batch per request (prompt only, as PROMPTS_ONLY leaves it) through the helper's
+    micro_batch_start / micro_batch_end, the calls the patched FSDPEngine makes."""
+    if model_dir:
+        from transformers import Qwen2ForCausalLM
+
+        hf = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    else:
+        hf = hf_model()
     perturb(hf, layer)
     model = fsdp_like(hf)
-    pid = os.getpid()
-    dbg = debugger(out, os.path.join(out, str(pid)) if pid_level else out)
-    os.makedirs(os.path.join(out, str(pid)), exist_ok=True)
-    with open(os.path.join(out, str(pid), "update_actor_log.jsonl"), "w") as log:
-        for rid in list(PROMPTS)[:2]:  # the batched request never reaches a one-request pair
-            dbg.start(model=model)
-            step = dbg.service.current_iter  # msprobe updates it in start()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([PROMPTS[rid]]))
-            dbg.stop()
-            log_line(
-                log,
-                source="update_actor",
-                timestamp=time.time(),
-                pid=pid,
-                rank=0,
-                step=step,
-                request_ids=[rid],
-                num_requests=1,
-            )
-            dbg.step()
+    if prompts_file:
+        with open(prompts_file) as f:
+            prompts = [(rid, ids) for rid, ids in json.load(f)]
+    else:
+        prompts = [(rid, PROMPTS[rid]) for rid in list(PROMPTS)[:2]]  # the batched request never pairs
+    config = os.path.join(out, "msprobe_config_actor.json")
+    os.makedirs(out, exist_ok=True)
+    with open(config, "w") as f:
+        json.dump(
+            {
+                "task": "tensor",
+                "dump_path": out,
+                "rank": [],
+                "step": [],
+                "level": "L0",
+                "tensor": {"scope": [], "list": [], "data_mode": ["forward"]},
+            },
+            f,
+        )
+    os.environ.update(DUMP_ON="1", DUMP_PHASE="log_prob", MSPROBE_ACTOR_CONFIG=config)
+    hooks = training_helper()
+    engine = SimpleNamespace(module=model, engine_config=SimpleNamespace(forward_only=False), rank=0)
+    for rid, ids in prompts:
+        token = hooks.micro_batch_start(engine, {"request_id": [rid]}, True)
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+        hooks.micro_batch_end(token)
 
 
 def main() -> None:
@@ -342,14 +372,20 @@ def main() -> None:
     p.add_argument("side", choices=["rollout", "train"])
     p.add_argument("out")
     p.add_argument(
-        "--perturb",
-        type=int,
-        default=-1,
-        help="add noise (one weight std) to this layer's mlp.down_proj weight",
+        "--perturb", type=int, default=-1, help="add noise (one weight std) to this layer's mlp.down_proj"
     )
-    p.add_argument("--no-pid-level", action="store_true", help="dump straight into OUT (no {pid} folder)")
+    p.add_argument(
+        "--no-pid-level", action="store_true", help="rollout: dump straight into OUT (no {pid} folder)"
+    )
+    p.add_argument("--model", help="train: a saved Qwen2 folder instead of the random tiny one")
+    p.add_argument(
+        "--prompts", help="train: JSON [[request_id, [token ids]], ...] instead of the built-in prompts"
+    )
     a = p.parse_args()
-    (run_rollout if a.side == "rollout" else run_train)(a.out, a.perturb, not a.no_pid_level)
+    if a.side == "rollout":
+        run_rollout(a.out, a.perturb, not a.no_pid_level)
+    else:
+        run_train(a.out, a.perturb, a.model, a.prompts)
 
 
 if __name__ == "__main__":

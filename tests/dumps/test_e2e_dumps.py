@@ -3,8 +3,9 @@
 STAND-IN: until the vLLM CPU venv patched with `vllm-dump` and the verl training helper can
 run here, `standin.py` plays both sides with a tiny Qwen2 (same random weights): the rollout
 side is a module tree named like vLLM's Qwen2 (fused qkv_proj / gate_up_proj), the training
-side is transformers' Qwen2ForCausalLM named the way FSDP1 wraps it. Each side is its own
-process (PrecisionDebugger is a per-process singleton) and writes the DOMAIN §6 logs.
+side is transformers' Qwen2ForCausalLM named the way FSDP1 wraps it, run through rl-msprobe's
+real training helper (verl/utils/rl_msprobe_hooks.py). Each side is its own process
+(PrecisionDebugger is a per-process singleton) and writes the DOMAIN §6 logs.
 The compare itself is msprobe's own `msprobe compare --consistent_check --backend fsdp`.
 """
 
@@ -32,8 +33,8 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers", reason="transformers is in the `test` extra")
     base = tmp_path_factory.mktemp("e2e")
     runs = {
-        "rollout": ["rollout", str(base / "gen")],
-        "train": ["train", str(base / "actor"), "--no-pid-level"],  # dumps straight in dump_path
+        "rollout": ["rollout", str(base / "gen")],  # dumps in {gen}/{pid}/step{N}/...
+        "train": ["train", str(base / "actor")],  # the helper: {actor}/step{N}/..., log in {actor}/{pid}/
         "train_perturbed": ["train", str(base / "actor_perturbed"), "--perturb", str(PERTURBED_LAYER)],
     }
     procs = {
