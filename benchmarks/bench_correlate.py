@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 ROLLOUT_PID, TRAIN_PID = 4101, 5202
@@ -105,12 +106,7 @@ def ours(gen: Path, actor: Path) -> int:
 
 
 def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 _PEAK = """
