@@ -288,6 +288,11 @@ def _extract_sdist(archive: Path, dest: Path, package: str) -> None:
             tf.extract(member, dest, filter="data")
 
 
+# Projects whose wheels are large platform builds (vLLM: hundreds of MB of compiled kernels)
+# while rl-msprobe reads only their Python sources: take the sdist's unpacked tree instead.
+SOURCE_FROM_SDIST = frozenset({"vllm"})
+
+
 def fetch_release(project: str, version: str) -> Path:
     """Download `project==version` once into the cache and return the folder holding the package.
 
@@ -306,7 +311,7 @@ def fetch_release(project: str, version: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=dest.parent))
     try:
         source = None
-        if archive is None:
+        if archive is None and project not in SOURCE_FROM_SDIST:
             _pip_download(
                 ["--only-binary", ":all:", "--python-version", "3.11", "-d", str(downloads), spec], downloads
             )
