@@ -15,7 +15,7 @@ from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
 from rl_msprobe.targets import detect_version, fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
-pytestmark = pytest.mark.release
+release = pytest.mark.release
 
 NEWEST_PRE_RELEASE = (
     "0.30.0rc2"  # newest on the index when this was written (`pip index versions vllm-ascend --pre`)
@@ -31,6 +31,7 @@ FULL_CYCLE = [
 FILES = {"vllm_ascend/worker/model_runner_v1.py", "vllm_ascend/worker/dispatch_logger.py"}
 
 
+@release
 @pytest.mark.parametrize(("version", "logs", "attaches"), FULL_CYCLE)
 def test_full_cycle(version, logs, attaches, tmp_path):
     tree = scratch_copy("vllm-ascend", version, tmp_path / f"vllm-ascend-{version}")
@@ -44,6 +45,7 @@ def test_full_cycle(version, logs, attaches, tmp_path):
     assert patched.count("dispatch_logger.attach(self)") == attaches
 
 
+@release
 def test_no_msprobe_support_before_0_12_is_refused(tmp_path):
     tree = scratch_copy("vllm-ascend", "0.11.0", tmp_path / "vllm-ascend", with_git=False)
     before = snapshot(tree)
@@ -52,6 +54,7 @@ def test_no_msprobe_support_before_0_12_is_refused(tmp_path):
     assert snapshot(tree) == before
 
 
+@release
 def test_sdist_only_release_is_unpacked_not_built():
     root = fetch_release("vllm-ascend", "0.23.0.post1")
     assert (root / "vllm_ascend" / "worker" / "model_runner_v1.py").is_file()
@@ -59,6 +62,7 @@ def test_sdist_only_release_is_unpacked_not_built():
     assert not list(root.rglob("*.so")), "nothing may be compiled"
 
 
+@release
 def test_diff_on_fetched_newest_pre_release():
     spec = f"release:vllm-ascend=={NEWEST_PRE_RELEASE}"
     code, out, err = run_cli("patch", "diff", "vllm-ascend-dispatch-log", "--tree", spec, "--json")
@@ -67,3 +71,29 @@ def test_diff_on_fetched_newest_pre_release():
     assert doc["version"] == NEWEST_PRE_RELEASE
     assert {f["path"] for f in doc["summary"]["files"]} == FILES
     assert doc["summary"]["removed"] == 0
+
+
+@release
+def test_fresh_fetch_of_an_sdist_only_release(tmp_path, monkeypatch):
+    """No wheel for 0.23.0.post1: pip's metadata step fails (CANN), the unpacked tree is kept."""
+    monkeypatch.setenv("RL_MSPROBE_CACHE", str(tmp_path / "cache"))
+    root = fetch_release("vllm-ascend", "0.23.0.post1")
+    assert root.parent == tmp_path / "cache" / "releases"
+    assert sorted(p.name for p in root.iterdir()) == ["PKG-INFO", "vllm_ascend"]
+    assert detect_version(root, "vllm-ascend") == "0.23.0.post1"
+    assert not list((tmp_path / "cache" / "releases").glob(".*")), "no temporary folder may be left behind"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__version__ = version = '0.13.0rc2'\n__version_tuple__ = version_tuple = (0, 13, 0)\n",  # setuptools-scm
+        "version: str\n__version__: str\n__version__ = version = '0.13.0rc2'\n",
+        '__version__ = "0.13.0rc2"\n',
+    ],
+)
+def test_version_from_a_checkout_version_file(tmp_path, text):
+    (tmp_path / "vllm_ascend").mkdir()
+    (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
+    (tmp_path / "vllm_ascend" / "_version.py").write_text(text)
+    assert detect_version(tmp_path, "vllm-ascend") == "0.13.0rc2"
