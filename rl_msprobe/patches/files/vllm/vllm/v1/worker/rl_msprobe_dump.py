@@ -217,8 +217,15 @@ class _Dump:
                 raise
             print(f"rl-msprobe: dispatch log not written for step {self.step}: {exc}", file=sys.stderr)
         finally:
-            debugger.stop()
-            debugger.step()
+            if not failed:
+                debugger.stop()
+                debugger.step()
+            else:  # execute_model is raising: keep its exception the one that propagates
+                try:
+                    debugger.stop()
+                    debugger.step()
+                except Exception as exc:
+                    print(f"rl-msprobe: msprobe stop/step failed after an error: {exc}", file=sys.stderr)
 
     def _log(self, phase: str, requests: list[dict], total: int) -> None:
         os.makedirs(self.folder, exist_ok=True)
