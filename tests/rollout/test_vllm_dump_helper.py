@@ -391,3 +391,27 @@ def test_real_msprobe_dumps_through_the_helper(tmp_path):
     assert [(x["step"], x["phase"]) for x in lines] == [(0, "prefill"), (1, "decode"), (2, "decode")]
     assert lines[0]["requests"] == [{"request_id": "0-1234abcd", "type": "new", "tokens": 3}]
     assert lines[0]["pid"] == int(pid_dir.name)
+
+
+def test_the_engine_error_wins_over_a_failing_stop(config, fake_msprobe, monkeypatch, capsys):
+    helper = load_helper()
+    runner = make_runner_class(helper)()
+
+    def broken_stop(self):
+        raise RuntimeError("msprobe could not flush")
+
+    monkeypatch.setattr(FakeDebugger, "stop", broken_stop)
+    with pytest.raises(ValueError, match="after the forward"):
+        runner.execute_model(sched(new=[new_req("a", 4)], counts={"a": 4}), mode="fail-after")
+    assert "msprobe could not flush" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="msprobe could not flush"):  # without an engine error: loud
+        runner.execute_model(sched(new=[new_req("b", 4)], counts={"b": 4}))
+
+
+def test_missing_msprobe_is_a_clear_error(config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "msprobe", None)
+    monkeypatch.setitem(sys.modules, "msprobe.pytorch", None)
+    helper = load_helper()
+    runner = make_runner_class(helper)()
+    with pytest.raises(helper.RlMsprobeDumpError, match="pip install mindstudio-probe"):
+        runner.execute_model(sched(new=[new_req("a", 4)], counts={"a": 4}))
