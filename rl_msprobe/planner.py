@@ -98,6 +98,9 @@ def build_context(
 
 def requirements(ctx: Context, mode: str) -> Requirements:
     req = MODE_MODULES[mode].requirements(ctx)
+    assert ctx.script.command is not None
+    assumed = [a for arg in ctx.script.command.args for a in arg.value.assumed]
+    req.notes.extend(f"assumed: {a}" for a in dict.fromkeys(assumed))
     if ctx.versions.get("verl") is None and mode != "training":
         req.notes.append(
             f"verl version unknown: assuming {NEWEST['verl']} (pass --tree or --python to detect it)."

@@ -1,0 +1,233 @@
+"""Each mode's rules as they depend on versions, backends and options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rl_msprobe import planner
+from rl_msprobe.cli import main
+from rl_msprobe.launch.overrides import Overrides
+from rl_msprobe.launch.script import parse_script
+
+from .conftest import CORPUS
+
+
+def plan(name: str, mode: str, tmp_path: Path, **kw: object) -> planner.Plan:
+    text = (CORPUS / name).read_text()
+    return planner.plan(text, str(tmp_path / name), mode=mode, out_dir=str(tmp_path), **kw)  # type: ignore[arg-type]
+
+
+def derived_overrides(p: planner.Plan) -> Overrides:
+    script = parse_script(p.derived_text)
+    assert script.command is not None
+    return Overrides(script.command.args)
+
+
+def value(p: planner.Plan, key: str) -> object:
+    found = derived_overrides(p).get(key)
+    return None if found is None else found.value
+
+
+def test_training_refuses_verl_before_0_8(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "training", tmp_path, versions={"verl": "0.7.1"})
+    assert p.refused and [v.rule for v in p.violations] == ["training.verl_version"]
+    assert "0.8.0" in p.violations[0].fix
+
+
+def test_training_megatron_needs_0_9(tmp_path: Path) -> None:
+    p = plan("run_deepseek_megatron_vllm.sh", "training", tmp_path, versions={"verl": "0.8.0"})
+    assert p.refused and [v.rule for v in p.violations] == ["training.megatron_version"]
+    assert not plan("run_deepseek_megatron_vllm.sh", "training", tmp_path, versions={"verl": "0.9.0"}).refused
+
+
+def test_training_settings_and_stage_subset(tmp_path: Path) -> None:
+    p = plan(
+        "run_qwen2_7b_grpo_fsdp_vllm.sh",
+        "training",
+        tmp_path,
+        stages=["actor_compute_log_prob", "actor_update"],
+    )
+    assert value(p, "global_profiler.tool") == "precision_debugger"
+    assert value(p, "global_profiler.steps") == [1, 2]
+    assert value(p, "global_profiler.global_tool_config.precision_debugger.stages") == [
+        "actor_compute_log_prob",
+        "actor_update",
+    ]
+    assert value(p, "actor_rollout_ref.actor.profiler.enable") is True
+    assert value(p, "actor_rollout_ref.ref.profiler.enable") is None  # ref stage not collected
+    assert str(value(p, "global_profiler.save_path")).startswith(str(tmp_path))
+    assert "dump_path" not in p.configs["training"][1]
+    full = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "training", tmp_path)
+    assert value(full, "actor_rollout_ref.ref.profiler.enable") is True
+
+
+def test_consistency_on_verl_0_7_enables_the_engine_workers(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, versions={"verl": "0.7.1"})
+    assert value(p, "trainer.use_legacy_worker_impl") == "disable"
+    assert (
+        value(
+            plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path), "trainer.use_legacy_worker_impl"
+        )
+        is None
+    )
+    assert plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, versions={"verl": "0.5.0"}).refused
+
+
+def test_consistency_fsdp_alignment_and_batches(tmp_path: Path) -> None:
+    p = plan("run_qwen3_8b_arrays_fsdp_sglang.sh", "consistency", tmp_path)
+    # NGPUS_PER_NODE=${NGPUS_PER_NODE:-4} x NNODES=${NNODES:-1}: 4 devices, SP forced to 1
+    assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4
+    assert value(p, "actor_rollout_ref.rollout.data_parallel_size") == 1
+    assert value(p, "actor_rollout_ref.rollout.n") == 4
+    for key in (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    ):
+        assert value(p, key) == 1
+    for key in (
+        "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    ):
+        assert value(p, key) == 1
+    assert value(p, "actor_rollout_ref.actor.use_dynamic_bsz") is False
+    assert value(p, "trainer.val_before_train") is False
+    assert any("NNODES" in n for n in p.notes), "defaults taken from ${X:-d} are reported"
+
+
+def test_consistency_megatron_alignment(tmp_path: Path) -> None:
+    p = plan("run_deepseek_megatron_vllm.sh", "consistency", tmp_path)
+    assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4
+    assert value(p, "actor_rollout_ref.rollout.pipeline_model_parallel_size") == 2
+    assert value(p, "actor_rollout_ref.rollout.expert_parallel_size") == 4
+    assert value(p, "actor_rollout_ref.rollout.n") == 2  # 16 devices / (TP 4 x PP 2)
+
+
+def test_consistency_fully_async(tmp_path: Path) -> None:
+    p = plan("run_fully_async_qwen2_5_vllm.sh", "consistency", tmp_path)
+    assert value(p, "data.train_batch_size") == 0
+    assert value(p, "async_training.require_batches") == 1
+    assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4  # rollout.n_gpus_per_node
+    assert value(p, "actor_rollout_ref.rollout.n") == 4  # trainer devices
+
+
+def test_consistency_env_reaches_workers_as_strings(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path)
+    env = dict((n, v) for n, v, _ in p.env)
+    assert env["DUMP_ON"] == "1" and env["PROMPTS_ONLY"] == "1" and env["DUMP_PHASE"] == "log_prob"
+    assert env["MSPROBE_ACTOR_CONFIG"] == p.configs["actor"][0]
+    for name, val in env.items():
+        assert f"export {name}=" in p.derived_text
+        assert value(p, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}") == val
+    assert p.patch_sets[0] == "verl-consistency"
+
+
+def test_vllm_gpu_gets_the_patch_and_v1_runner(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "inference", tmp_path)
+    assert p.patch_sets == ["vllm-dump"]
+    assert "export VLLM_USE_V2_MODEL_RUNNER=0" in p.derived_text
+    assert "V1" in p.derived_text  # the note says why
+    assert value(p, "actor_rollout_ref.rollout.enforce_eager") is True
+    assert (
+        value(p, "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path")
+        == p.configs["generate"][0]
+    )
+
+
+def test_vllm_ascend_needs_no_patch(tmp_path: Path) -> None:
+    p = plan("run_infer_dump_vllm_ascend.sh", "inference", tmp_path)
+    assert p.patch_sets == [] and not p.violations
+    assert plan(
+        "run_infer_dump_vllm_ascend.sh", "inference", tmp_path, versions={"vllm-ascend": "0.11.0"}
+    ).refused
+    old = plan("run_infer_dump_vllm_ascend.sh", "inference", tmp_path, versions={"vllm-ascend": "0.12.0rc1"})
+    assert (
+        value(old, "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config")
+        == old.configs["generate"][0]
+    )
+
+
+def test_sglang_native_and_patched(tmp_path: Path) -> None:
+    key = "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config"
+    new = plan("run_qwen3_8b_arrays_fsdp_sglang.sh", "inference", tmp_path)
+    assert value(new, key) == new.configs["generate"][0] and new.patch_sets == []
+    assert any("assuming the newest" in n for n in new.notes)
+    old = plan("run_infer_dump_sglang_eager_off.sh", "inference", tmp_path, versions={"sglang": "0.5.9"})
+    assert old.patch_sets == ["sglang-dump"]
+    assert value(old, key) is None  # the native key would be a TypeError there: removed
+    assert ("MSPROBE_ROLLOUT_CONFIG", old.configs["generate"][0]) in [(n, v) for n, v, _ in old.env]
+
+
+def test_sglang_pd_disaggregation(tmp_path: Path) -> None:
+    native = plan("run_sglang_pd_disagg.sh", "inference", tmp_path)
+    assert ("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0") in [(n, v) for n, v, _ in native.env]
+    old = plan("run_sglang_pd_disagg.sh", "inference", tmp_path, versions={"sglang": "0.5.3"})
+    assert sorted(old.configs) == ["decode", "prefill"]
+    env = {n: v for n, v, _ in old.env}
+    assert env["MSPROBE_PREFILL_CONFIG"] == old.configs["prefill"][0]
+    assert env["MSPROBE_DECODE_CONFIG"] == old.configs["decode"][0]
+    assert old.configs["prefill"][1]["dump_path"] != old.configs["decode"][1]["dump_path"]
+
+
+def test_unknown_rollout_is_refused_for_inference(tmp_path: Path) -> None:
+    p = plan("run_no_rollout_name.sh", "inference", tmp_path)
+    assert p.refused and p.violations[0].key == "actor_rollout_ref.rollout.name"
+    assert not plan("run_no_rollout_name.sh", "inference", tmp_path, backend="sglang").refused
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_prepare_with_trees_names_them_in_the_patch_command(tmp_path: Path) -> None:
+    tree = tmp_path / "sgl"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang" / "__init__.py").write_text("")
+    (tree / "sglang" / "version.py").write_text('__version__ = "0.5.9"\n')
+    script = tmp_path / "run_x.sh"
+    script.write_bytes((CORPUS / "run_qwen3_8b_arrays_fsdp_sglang.sh").read_bytes())
+    code, out, _ = cli("prepare", str(script), "--mode", "inference", "--tree", str(tree), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["versions"] == {"sglang": "0.5.9"}
+    assert doc["patch_commands"] == [f"rl-msprobe patch apply sglang-dump --tree {tree}"]
+
+
+def test_prepare_options_and_bad_input(tmp_path: Path) -> None:
+    script = tmp_path / "run_x.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    code, out, _ = cli(
+        "prepare", str(script), "--mode", "consistency", "--level", "L0", "--steps", "0,1", "--json"
+    )
+    doc = json.loads(out)
+    assert code == 0
+    for path in doc["configs"].values():
+        cfg = json.loads(Path(path).read_text())
+        assert cfg["level"] == "L0" and cfg["step"] == [0, 1]
+    assert cli("prepare", str(script), "--mode", "training", "--stages", "actor_update,bogus")[0] == 2
+    assert cli("prepare", str(script), "--mode", "inference", "--stages", "actor_update")[0] == 2
+    assert cli("prepare", str(script), "--mode", "inference", "--dump-dir", "/tmp/has space")[0] == 2
+    assert cli("prepare", str(script), "--mode", "inference", "--steps", "a,b")[0] == 2
+    assert cli("prepare", str(script))[0] == 2  # mode undecidable: ask
+    assert cli("prepare", str(tmp_path / "missing.sh"), "--mode", "training")[0] == 2
+    code, _, err = cli("prepare", str(script), "--hint", "推理采集")
+    assert code == 0
+
+
+def test_prepare_never_overwrites_the_original(tmp_path: Path) -> None:
+    script = tmp_path / "run_profiler_x.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    before = script.read_bytes()
+    code, _, err = cli("prepare", str(script), "--mode", "training")
+    # run_profiler_x.sh -> run_profiler_profiler_x.sh: a different file
+    assert code == 0 and script.read_bytes() == before
+
+
+def test_syntax_error_names_the_line(tmp_path: Path) -> None:
+    script = tmp_path / "bad.sh"
+    script.write_text('python3 -m verl.trainer.main_ppo \\\n  a="open\n')
+    code, _, err = cli("check", str(script), "--mode", "training")
+    assert code == 2 and "line 2" in err
