@@ -7,17 +7,23 @@ read as numbers at all:
 
 - rows msprobe could not pair or measure (`unsupported`, `shape unmatched`, `N/A`, one side
   missing) are structural, not numeric divergence;
-- vLLM's `SiluAndMul` returns `silu(gate) * up` while a training model's `act_fn` returns
-  `silu(gate)`: msprobe pairs them by name, but they are different quantities.
+- vLLM's calling conventions that msprobe pairs by name although the tensors differ (seen
+  on a real vLLM CPU engine against transformers' Qwen2 with identical weights):
+  `SiluAndMul` returns `silu(gate) * up` where the training `act_fn` returns `silu(gate)`;
+  a decoder layer returns `(hidden, residual)` and leaves the residual add to the next
+  layer's fused add-RMSNorm, which takes `(hidden, residual)` as two inputs; token ids are
+  int32 where training has int64, and `positions` come first. Such rows are *not
+  comparable*; the modules inside (projections, attention, MLP, norm outputs) still are.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 NPU, BENCH = "NPU Name", "Bench Name"  # msprobe: NPU = -tp = training, Bench = -gp = rollout
@@ -152,6 +158,59 @@ def _structural_note(train_name: str, rollout_name: str, sim_text: str, tensor: 
     return ""
 
 
+_LAYOUT_MESSAGES = (
+    "The dtype of NPU and Bench are inconsistent",
+    "The shape of NPU and Bench are inconsistent",
+)
+
+
+def _only_layout_complaints(message: str) -> bool:
+    try:
+        items = json.loads(message) if message else []
+    except ValueError:
+        return False
+    return bool(items) and all(any(m in str(i) for m in _LAYOUT_MESSAGES) for i in items)
+
+
+def _rollout_class(name: str) -> str:
+    head = name.split(";", 1)[0].strip()
+    m = _CALL.search(head)
+    return head[: m.start()].rsplit(".", 1)[-1] if m and head.startswith("Module.") else ""
+
+
+def apply_engine_conventions(rows: list[Row]) -> list[Row]:
+    """Mark rows whose two sides are different quantities by engine convention (module doc)."""
+    rollout_only = {
+        (r.module, r.tensor)
+        for r in rows
+        if r.note == "only on one side" and r.rollout_name not in ("", "N/A")
+    }
+    out = []
+    for r in rows:
+        note = ""
+        if r.comparable:
+            cls = _rollout_class(r.rollout_name)
+            if (
+                cls.endswith("DecoderLayer")
+                and r.tensor == "output.0"
+                and (r.module, "output.1") in rollout_only
+            ):
+                note = (
+                    "vLLM's decoder layer returns (hidden, residual); the residual is added in the next norm"
+                )
+            elif "Norm" in cls and r.tensor == "input.0" and (r.module, "input.1") in rollout_only:
+                note = "vLLM's fused add-RMSNorm takes hidden and residual as two inputs"
+            elif (
+                r.tensor.startswith(("input", "kwargs"))
+                and r.result in DIVERGENT
+                and _only_layout_complaints(r.message)
+                and (r.cosine is None or r.cosine >= 0.99999)
+            ):
+                note = "input dtype/shape differs between engines (e.g. int32 token ids), values agree"
+        out.append(replace(r, note=note, comparable=False) if note else r)
+    return out
+
+
 def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
     """Rows of one msprobe compare_result CSV, in its order, and the dump mode it was made in."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -198,7 +257,7 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
                     note=note,
                 )
             )
-    return mode, rows
+    return mode, apply_engine_conventions(rows)
 
 
 def layer_curve(rows: list[Row]) -> list[LayerPoint]:

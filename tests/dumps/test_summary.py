@@ -179,3 +179,74 @@ def test_statistics_mode_uses_max_diff(tmp_path: Path) -> None:
     row = s.rows[0]
     assert (row.cosine, row.max_abs_err, row.rel_err) == (None, 0.5, 12.5)
     assert s.first_divergence is row
+
+
+def test_vllm_conventions_are_not_divergences(tmp_path: Path) -> None:
+    """What a real vLLM CPU engine against transformers' Qwen2 with identical weights gives."""
+    layout = '["error: The dtype of NPU and Bench are inconsistent."]'
+    rows = [
+        [
+            "Module._fsdp_wrapped_module.model.embed_tokens.Embedding.forward.0.input.0",
+            "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0",
+            "1.0",
+            "0.0",
+            "0",
+            "error",
+            layout,
+        ],
+        _row(
+            0,
+            "post_attention_layernorm.Qwen2RMSNorm",
+            "post_attention_layernorm.RMSNorm",
+            "input.0",
+            "0.91",
+            "0.05",
+        ),
+        _row(0, "", "post_attention_layernorm.RMSNorm", "input.1", "N/A", "N/A"),
+        _row(
+            0,
+            "post_attention_layernorm.Qwen2RMSNorm",
+            "post_attention_layernorm.RMSNorm",
+            "output.0",
+            "1.0",
+            "1e-6",
+        ),
+        _row(
+            0,
+            "Qwen2DecoderLayer",
+            "Qwen2DecoderLayer",
+            "output.0",
+            "0.22",
+            "0.12",
+            "error",
+            '["error: One Thousandth"]',
+        ),
+        _row(0, "", "Qwen2DecoderLayer", "output.1", "N/A", "N/A"),
+        _row(1, "mlp.down_proj.Linear", "mlp.down_proj.RowParallelLinear", "output.0", "1.0", "1e-8"),
+    ]
+    s = summarize(_csv(tmp_path, rows))
+    assert s.consistent, [(r.module, r.tensor, r.note) for r in s.divergent]
+    notes = {(r.module, r.tensor): r.note for r in s.rows}
+    assert "int32" in notes[("model.embed_tokens", "input.0")]
+    assert "residual" in notes[("model.layers.0.post_attention_layernorm", "input.0")]
+    assert "residual" in notes[("model.layers.0", "output.0")]
+    assert (
+        notes[("model.layers.0.post_attention_layernorm", "output.0")] == ""
+    )  # the norm's output is compared
+    assert {p.layer: p.cosine for p in s.layers}["0"] == 1.0
+
+
+def test_token_ids_that_differ_are_a_divergence(tmp_path: Path) -> None:
+    rows = [
+        [
+            "Module._fsdp_wrapped_module.model.embed_tokens.Embedding.forward.0.input.0",
+            "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0",
+            "0.93",
+            "17",
+            "1",
+            "error",
+            '["error: The dtype of NPU and Bench are inconsistent."]',
+        ],
+    ]
+    s = summarize(_csv(tmp_path, rows))
+    assert s.first_divergence is not None and s.first_divergence.module == "model.embed_tokens"
