@@ -22,6 +22,9 @@ VLLM_ASCEND_DISPATCH_LOG = register(
         notes=(
             "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
             "this set only adds the dispatch log and the {pid} sub-folder.",
+            "Only the V1 runner (vllm_ascend/worker/model_runner_v1.py) dumps: vLLM-Ascend's V2 runner "
+            "(worker/v2/model_runner.py, chosen when vLLM's use_v2_model_runner is on) has no msprobe support up to "
+            f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment.",
             f"Tested on vLLM-Ascend {OLDEST} … {NEWEST_TESTED}.",
         ),
     )
