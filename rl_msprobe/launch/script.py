@@ -715,10 +715,6 @@ class Arg:
     editable: bool  # the word holds exactly this one argument, so it can be replaced in place
     origin: str  # "command", "array NAME" or "variable NAME"
 
-    @property
-    def line(self) -> int:
-        return -1
-
 
 @dataclass(frozen=True)
 class EnvSetting:

@@ -11,6 +11,7 @@ any script, so a prepared script always passes its own check.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Callable
@@ -333,6 +334,12 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
     violations.extend(more)
     unverifiable.extend(unknown)
     warnings.extend(warned)
+    command = ctx.script.command
+    if command is not None and req.env and any(w.literal() == "submit" for w in command.prefix_words):
+        unverifiable.append(
+            "the job goes through `ray job submit`: also put the environment variables into its --runtime-env / "
+            "--runtime-env-json, since Ray may give the submission's runtime_env precedence over ray.init's"
+        )
     if ctx.script.command is not None and ctx.script.command.extra_args:
         unverifiable.append(
             'the command passes the script\'s own arguments ("$@"): overrides given at run time are not checked'
@@ -376,7 +383,13 @@ def _config_file_checks(ctx: Context, req: Requirements) -> tuple[list[Violation
                 warnings.append(f"{path}: {item.key}: {item.message}")
             else:
                 violations.append(
-                    Violation(f"msprobe_config.{spec.role}", f"{path}:{item.key}", "", "", f"{item.message}")
+                    Violation(
+                        f"msprobe_config.{spec.role}",
+                        f"{path}:{item.key}",
+                        json.dumps(doc.get(item.key)) if isinstance(doc, dict) and item.key in doc else "not set",
+                        f"a valid {spec.role} config",
+                        f"edit {path}: {item.message}",
+                    )
                 )
     return violations, unverifiable, warnings
 

@@ -61,11 +61,18 @@ REPRESENTATIVE = {
     "run_sglang_pd_disagg.sh",
 }
 CASES = [
-    pytest.param(version, name, mode, id=f"{version}-{name}-{mode}")
-    for version in VERSIONS
-    for name, exp in EXPECTED.items()
-    for mode in exp["prepare"]
-    if version == VERSIONS[-1] or name in REPRESENTATIVE
+    # verl 0.7.1: consistency only (it adds trainer.use_legacy_worker_impl=disable)
+    *(
+        pytest.param("0.7.1", name, "consistency", id=f"0.7.1-{name}-consistency")
+        for name in ("run_qwen2_7b_grpo_fsdp_vllm.sh", "run_qwen2_5_megatron_config_name_sglang.sh")
+    ),
+    *(
+        pytest.param(version, name, mode, id=f"{version}-{name}-{mode}")
+        for version in VERSIONS
+        for name, exp in EXPECTED.items()
+        for mode in exp["prepare"]
+        if version == VERSIONS[-1] or name in REPRESENTATIVE
+    ),
 ]
 
 

@@ -79,6 +79,13 @@ def test_prepare_then_check(corpus_script: tuple[str, Path, dict], mode: str, tm
         assert proc.returncode == 0, proc.stderr
     code2, doc2 = run("check", str(derived), "--mode", mode)
     assert code2 == 0 and doc2["ok"], doc2["violations"]
+    # the derived script carries its mode's signals: detect finds the mode without a hint
+    # (unless the original already carried another mode's signals)
+    found = run("detect", str(derived))[1]["mode"]
+    if expected["detect"]["mode"] == "unknown":
+        assert found == mode
+    else:
+        assert found in (mode, expected["detect"]["mode"], "unknown")
     # preparing the derived script again changes nothing of substance: it already passes
     code3, doc3 = run("prepare", str(derived), "--mode", mode, "--out", str(tmp_path / "again"))
     assert code3 == 0, doc3["violations"]

@@ -231,3 +231,33 @@ def test_syntax_error_names_the_line(tmp_path: Path) -> None:
     script.write_text('python3 -m verl.trainer.main_ppo \\\n  a="open\n')
     code, _, err = cli("check", str(script), "--mode", "training")
     assert code == 2 and "line 2" in err
+
+
+def test_check_reads_the_msprobe_configs_the_script_points_at(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({"task": "statistics", "dump_path": "/x", "level": "mix", "rank": [], "step": []})
+    )
+    script = tmp_path / "run_t.sh"
+    script.write_text(
+        (CORPUS / "run_training_dump_handwritten.sh")
+        .read_text()
+        .replace("/work/msprobe/config.json", str(config))
+    )
+    code, out, _ = cli("check", str(script), "--mode", "training", "--json")
+    doc = json.loads(out)
+    assert code == 1 and [v["rule"] for v in doc["violations"]] == ["msprobe_config.training"]
+    assert "must not set dump_path" in doc["violations"][0]["fix"]
+    config.write_text(json.dumps({"task": "statistics", "level": "mix", "rank": [], "step": []}))
+    assert cli("check", str(script), "--mode", "training")[0] == 0
+
+
+def test_ray_job_submission_is_flagged(tmp_path: Path) -> None:
+    report = planner.check(
+        (CORPUS / "run_ray_job_submit_runtime.sh").read_text(),
+        str(tmp_path / "x.sh"),
+        mode="consistency",
+        backend="vllm",
+    )
+    assert any("ray job submit" in u for u in report.result.unverifiable)
+    assert any("actor_rollout_ref.rollout.name" not in u for u in report.result.unverifiable)
