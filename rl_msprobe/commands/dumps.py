@@ -126,7 +126,7 @@ def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | Non
     from rl_msprobe.dumps.compare import CompareRun, check_out_dir, compare_pairs, default_jobs, plain_pairs
     from rl_msprobe.dumps.correlate import correlate as run_correlate
     from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
-    from rl_msprobe.dumps.report import verdict, write_report
+    from rl_msprobe.dumps.report import pair_lines, verdict, write_report
     from rl_msprobe.errors import UserError
 
     out = check_out_dir(out)
@@ -158,6 +158,8 @@ def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | Non
     if as_json:
         emit_json(run.to_json())
     else:
+        for line in pair_lines(run):
+            click.echo(line)
         click.echo(verdict(run))
         click.echo(f"report: {paths['md']}\n        {paths['html']}")
     sys.exit(0 if run.consistent else 1)

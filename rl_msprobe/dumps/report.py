@@ -339,6 +339,13 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
         parts += ["<h2>First divergence</h2><ul>"]
         parts += [f"<li><code>{_h(m)}</code>: first in {n} pair(s)</li>" for m, n in firsts.items()]
         parts += ["</ul>"]
+        r = next(r for r in run.results if r.summary and r.summary.first_divergence)
+        f = r.summary.first_divergence  # type: ignore[union-attr]
+        parts += [
+            f"<p>Pair {r.number} (<code>{_h(r.pair.request_id)}</code>): <code>{_h(f.rollout_name or f.train_name)}</code>"
+            f" — cosine {_h(_fmt(f.cosine))}, max abs err {_h(_fmt(f.max_abs_err))}; msprobe: "
+            f"{_h(_msg(f.message) or f.result)}</p>"
+        ]
     parts += [
         "<h2>Pairs</h2>",
         _html_table(
@@ -384,6 +391,24 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
     ]
     parts += ["</body></html>"]
     return "\n".join(parts)
+
+
+def pair_lines(run: CompareRun, limit: int = 12) -> list[str]:
+    """One line per pair for the terminal (the first `limit`)."""
+    out = []
+    for r in run.results[:limit]:
+        first = r.summary.first_divergence if r.summary else None
+        detail = (
+            f"first divergence {_row_where(first)} (cosine {_fmt(first.cosine, 4)}, max abs err {_fmt(first.max_abs_err, 3)})"
+            if first
+            else (r.error or "").splitlines()[0]
+            if r.summary is None
+            else "no row beyond msprobe's thresholds"
+        )
+        out.append(f"  #{r.number} {r.pair.request_id}: {r.status}; {detail}")
+    if len(run.results) > limit:
+        out.append(f"  ... {len(run.results) - limit} more in the report")
+    return out
 
 
 def write_report(run: CompareRun) -> dict[str, Path]:
