@@ -49,12 +49,17 @@ class TinyLM(nn.Module):
 def _tensordict(call_index: int, sequences: list, **fields):
     """verl's TensorDict for the call, and each micro-batch's token ids (samples in order, MICRO
     per micro-batch) as the test expects to find them in the dumps."""
+    import numpy as np
+    from verl import DataProto
     from verl.utils import tensordict_utils as tu
 
-    td = tu.get_tensordict(
-        {**fields, "request_id": [f"req-{call_index}-{i}" for i in range(SAMPLES)]},
-        non_tensor_dict={"use_dynamic_bsz": False, "micro_batch_size_per_gpu": MICRO},
-    )
+    request_ids = np.array([f"req-{call_index}-{i}" for i in range(SAMPLES)], dtype=object)
+    meta = {"use_dynamic_bsz": False, "micro_batch_size_per_gpu": MICRO}
+    if any(t.is_nested for t in fields.values()):  # DataProto holds no jagged tensors; 0.7.1 takes no arrays
+        td = tu.get_tensordict({**fields, "request_id": request_ids.tolist()}, non_tensor_dict=meta)
+    else:  # the trainer's way: DataProto.non_tensor_batch["request_id"] -> TensorDict
+        td = DataProto.from_dict(tensors=fields, non_tensors={"request_id": request_ids}, meta_info=meta)
+        td = td.to_tensordict()
     micro_ids = [torch.cat(sequences[i : i + MICRO]).tolist() for i in range(0, SAMPLES, MICRO)]
     return td, micro_ids
 
