@@ -104,12 +104,11 @@ def trim_padded(tensors: Any) -> Any:
 
 
 def trim_ragged(fields: Any) -> Any:
-    """Trim an unpadded batch (one variable-length row per sample, e.g. jagged nested tensors).
+    """Trim an unpadded batch (one variable-length row per sample: jagged nested tensors or lists).
 
     ``prompts`` gives each sample's prompt length; sequences keep that many tokens (last
     dim), response-aligned fields become empty rows. Used for the v1 trainer's TransferQueue.
     """
-    import torch
 
     keys = _keys(fields)
     if "prompts" not in keys or "responses" not in keys:
@@ -122,7 +121,7 @@ def trim_ragged(fields: Any) -> Any:
             rows = [row[..., :n] for row, n in zip(_rows(fields[key]), prompt_lens)]
             fields[key] = _like(fields[key], rows)
     for key in RESPONSE_KEYS:
-        if key in keys and isinstance(fields[key], torch.Tensor):
+        if key in keys and fields[key] is not None:
             rows = [row[..., :0] for row in _rows(fields[key])]
             fields[key] = _like(fields[key], rows)
     return fields
@@ -139,7 +138,9 @@ def _like(original: Any, rows: list) -> Any:
 
     if getattr(original, "is_nested", False):
         return torch.nested.as_nested_tensor(rows, layout=original.layout)
-    return torch.stack(rows) if rows and len({tuple(r.shape) for r in rows}) == 1 else rows
+    if isinstance(original, torch.Tensor) and rows and len({tuple(r.shape) for r in rows}) == 1:
+        return torch.stack(rows)
+    return list(rows)
 
 
 def _is_kv_batch_meta(batch: Any) -> bool:

@@ -1,0 +1,398 @@
+"""What the verl-consistency patches DO, not just where they go.
+
+Part 1 (any machine, main interpreter): the helper file the sets add
+(`verl/utils/rl_msprobe_consistency.py`) on plain torch tensors, jagged nested tensors, a
+stand-in TransferQueue and a stand-in rollout server.
+
+Part 2 (e2e, the cached verl CPU test venv of tests/support/verl_venv.py): verl releases patched
+by `rl-msprobe patch apply`, imported first on PYTHONPATH in a fresh process
+(tests/consistency/consistency_scenario.py): trimming on verl's own DataProto, the patched
+rollout clients against a stand-in server (a Ray rollout server cannot run here), and the
+whole chain from the id the server received to the engine's update_actor_log.jsonl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.support import verl_venv
+from tests.support.trees import run_cli, scratch_copy
+
+HELPER = (
+    Path(__file__).resolve().parents[2]
+    / "rl_msprobe"
+    / "patches"
+    / "files"
+    / "verl"
+    / "verl"
+    / "utils"
+    / "rl_msprobe_consistency.py"
+)
+SCENARIO = Path(__file__).resolve().with_name("consistency_scenario.py")
+ENGINE_SCENARIO = Path(__file__).resolve().parents[1] / "support" / "verl_engine_scenario.py"
+FLAGS = ("PROMPTS_ONLY", "DUMP_ON", "RL_MSPROBE_REQUEST_ID", "DUMP_PHASE")
+
+
+@pytest.fixture
+def helper(monkeypatch):
+    for flag in FLAGS:
+        monkeypatch.delenv(flag, raising=False)
+    spec = importlib.util.spec_from_file_location("rl_msprobe_consistency_under_test", HELPER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def padded(mrope: bool = False, logprobs: bool = True) -> dict:
+    prompts = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    responses = torch.tensor([[11, 12, 0], [13, 14, 15]])
+    attention = torch.cat(
+        [torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), torch.tensor([[1, 1, 0], [1, 1, 1]])], 1
+    )
+    position = (attention.cumsum(1) - 1).clamp(min=0)
+    batch = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention,
+        "position_ids": torch.stack([position, position + 10, position + 20], 1) if mrope else position,
+        "response_mask": attention[:, 4:],
+    }
+    if logprobs:
+        batch["rollout_log_probs"] = torch.full((2, 3), -0.5)
+    return batch
+
+
+# ---------------------------------------------------------------- part 1: the helper itself
+
+
+def test_helper_is_standalone():
+    text = HELPER.read_text()
+    assert "Added to this tree by rl-msprobe" in text[:300]
+    assert "rl_msprobe." not in text.replace("rl_msprobe_consistency", "")  # never imports rl-msprobe
+    assert "import msprobe" not in text
+
+
+def test_without_prompts_only_nothing_changes(helper):
+    batch = padded()
+    before = {k: v.clone() for k, v in batch.items()}
+    assert helper.trim_to_prompts(batch) is batch
+    assert all(torch.equal(batch[k], before[k]) for k in before)
+
+
+@pytest.mark.parametrize("mrope", [False, True], ids=["2d-position-ids", "3d-position-ids"])
+def test_trim_cuts_the_responses(helper, monkeypatch, mrope):
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+    batch = padded(mrope=mrope)
+    position_before = batch["position_ids"].clone()
+    helper.trim_to_prompts(batch)
+    assert torch.equal(batch["input_ids"], batch["prompts"])
+    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert torch.equal(batch["position_ids"], position_before[..., :4])
+    assert batch["position_ids"].dim() == (3 if mrope else 2)
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        assert tuple(batch[key].shape) == (2, 0), key
+    assert torch.equal(batch["prompts"], torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]]))
+
+
+def test_trim_absent_optional_keys_and_twice(helper, monkeypatch):
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+    batch = padded(logprobs=False)
+    del batch["response_mask"]
+    helper.trim_to_prompts(batch)
+    assert "rollout_log_probs" not in batch and "response_mask" not in batch
+    snapshot = {k: v.clone() for k, v in batch.items()}
+    helper.trim_to_prompts(batch)  # nothing left to cut
+    assert all(torch.equal(batch[k], snapshot[k]) for k in snapshot)
+    assert helper.trim_to_prompts({"input_ids": torch.ones(2, 3)})["input_ids"].shape == (
+        2,
+        3,
+    )  # no responses
+
+
+def test_trim_ragged_jagged_rows(helper):
+    """The v1 trainer keeps one unpadded row per sample (jagged nested tensors in TransferQueue)."""
+    nested = lambda rows: torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)  # noqa: E731
+    fields = {
+        "prompts": nested([[5, 6], [7, 8, 9]]),
+        "responses": nested([[11, 12, 13], [14]]),
+        "input_ids": nested([[5, 6, 11, 12, 13], [7, 8, 9, 14]]),
+        "position_ids": nested([[0, 1, 2, 3, 4], [0, 1, 2, 3]]),
+        "response_mask": nested([[1, 1, 1], [1]]),
+    }
+    helper.trim_ragged(fields)
+    assert [r.tolist() for r in fields["input_ids"].unbind()] == [[5, 6], [7, 8, 9]]
+    assert [r.tolist() for r in fields["position_ids"].unbind()] == [[0, 1], [0, 1, 2]]
+    assert [r.numel() for r in fields["responses"].unbind()] == [0, 0]
+
+
+def test_trim_kv_batch_meta_through_a_stand_in_transfer_queue(helper, monkeypatch):
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+    store = {
+        "prompts": [torch.tensor([5, 6])],
+        "responses": [torch.tensor([11, 12, 13])],
+        "input_ids": [torch.tensor([5, 6, 11, 12, 13])],
+        "attention_mask": [torch.ones(5, dtype=torch.long)],
+        "response_mask": [torch.ones(3, dtype=torch.long)],
+    }
+    calls = []
+
+    class StandInTQ:  # transfer_queue's kv_batch_get / kv_batch_put, in memory
+        @staticmethod
+        def kv_batch_get(keys, partition_id, select_fields):
+            calls.append(("get", tuple(keys), partition_id, tuple(select_fields)))
+            return {f: list(store[f]) for f in select_fields if f in store}
+
+        @staticmethod
+        def kv_batch_put(keys, partition_id, fields):
+            calls.append(("put", tuple(keys), partition_id, tuple(fields)))
+            store.update(fields)
+
+    meta = SimpleNamespace(keys=["uid_0_0"], partition_id="train", fields=None)
+    assert helper._trim_kv_batch_meta(meta, tq=StandInTQ) is meta
+    assert store["input_ids"][0].tolist() == [5, 6] and store["attention_mask"][0].tolist() == [1, 1]
+    assert store["responses"][0].numel() == 0 and store["response_mask"][0].numel() == 0
+    assert [c[0] for c in calls] == ["get", "put"] and calls[0][2] == "train"
+
+
+class StandInServer:
+    """A rollout server's Ray actor handle: `generate.remote(...)` is awaitable."""
+
+    def __init__(self):
+        self.received = []
+        outer = self
+
+        class _Generate:
+            def remote(self, request_id, **kwargs):
+                outer.received.append(request_id)
+                return outer._reply()
+
+        self.generate = _Generate()
+
+    async def _reply(self):
+        return SimpleNamespace(token_ids=[1, 2], extra_fields={})
+
+
+def _client(helper, server):
+    """The patched client lines around the server call, as they stand in verl."""
+
+    async def generate():
+        server_ = helper.record_request_id(server)
+        output = await server_.generate.remote(request_id="0f" * 16, prompt_ids=[1])
+        helper.keep_request_id(output, server_)
+        return output
+
+    return asyncio.run(generate())
+
+
+def test_request_id_is_what_the_server_received(helper, monkeypatch):
+    monkeypatch.setenv("DUMP_ON", "1")
+    server = StandInServer()
+    output = _client(helper, server)
+    assert server.received == ["0f" * 16] and output.extra_fields["request_id"] == server.received[0]
+
+
+def test_request_id_is_inert_without_the_flags(helper):
+    server = StandInServer()
+    assert helper.record_request_id(server) is server
+    output = _client(helper, server)
+    assert output.extra_fields == {} and server.received == ["0f" * 16]
+
+
+def test_agent_loop_output_gets_the_first_id_of_its_task(helper, monkeypatch):
+    """verl <= 0.7.0: the server's TokenOutput has no extra_fields; the id travels in the task."""
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+
+    class NoExtra:
+        def __init__(self):
+            self.token_ids = [1]
+
+    async def sample(name):
+        helper.begin_request()
+        for turn in range(2):  # two turns, two ids: the prompt's prefill is the first
+            server = helper.record_request_id(SimpleNamespace(generate=SimpleNamespace(remote=_echo)))
+            output = await server.generate.remote(request_id=f"{name}-turn{turn}")
+            helper.keep_request_id(output, server)
+        return helper.attach_request_id(SimpleNamespace(extra_fields={}))
+
+    async def _echo_impl():
+        return NoExtra()
+
+    def _echo(request_id, **kwargs):
+        return _echo_impl()
+
+    async def run():
+        return await asyncio.gather(asyncio.create_task(sample("a")), asyncio.create_task(sample("b")))
+
+    first, second = asyncio.run(run())
+    assert first.extra_fields == {"request_id": "a-turn0"} and second.extra_fields == {
+        "request_id": "b-turn0"
+    }
+
+
+def test_request_ids_of_a_micro_batch(helper):
+    import numpy as np
+
+    assert helper.request_ids({"request_id": np.array(["a", "b"], dtype=object)}) == ["a", "b"]
+    assert helper.request_ids({"extra_fields": [{"request_id": "x"}, {"request_id": "y"}]}) == ["x", "y"]
+    proto = SimpleNamespace(non_tensor_batch={"request_id": np.array(["p"], dtype=object)})
+    assert helper.request_ids(proto) == ["p"]
+    assert helper.request_ids({"input_ids": torch.ones(1, 2)}) == []
+
+
+# ---------------------------------------------------------------- part 2: real verl in the venv
+
+
+@pytest.fixture(scope="module")
+def venv_python() -> Path:
+    return verl_venv.venv_python_or_skip()
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    trees: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in trees:
+            tree = scratch_copy(
+                "verl", version, tmp_path_factory.mktemp("cons") / f"verl-{version}", with_git=False
+            )
+            code, out, err = run_cli("patch", "apply", "verl-consistency", "--tree", str(tree))
+            assert code == 0, err
+            trees[version] = tree
+        return trees[version]
+
+    return get
+
+
+def run_scenario(
+    python: Path, tree: Path, cases: str, workdir: Path, **env: str
+) -> subprocess.CompletedProcess:
+    """One fresh process of the venv's python with the patched tree first on PYTHONPATH."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DUMP_", "MSPROBE_", "PROMPTS_ONLY", "RL_MSPROBE_")) and k not in ("PYTHONPATH",)
+    }
+    base.update(PYTHONPATH=str(tree), OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", **env)
+    command = [str(python), str(SCENARIO), cases, str(workdir)]
+    return subprocess.run(command, env=base, capture_output=True, text=True, timeout=600)
+
+
+def scenario(python: Path, tree: Path, cases: str, workdir: Path, **env: str) -> dict:
+    proc = run_scenario(python, tree, cases, workdir, **env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT:")]
+    assert proc.returncode == 0 and lines, (
+        f"scenario {cases} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    result = json.loads(lines[-1][len("RESULT:") :])
+    assert result["verl_file"].startswith(str(tree)), "the patched copy must be the verl that runs"
+    return result
+
+
+@pytest.fixture(scope="module")
+def newest(venv_python, patched, tmp_path_factory) -> dict:
+    """verl 0.9.1, patched: trimming, the rollout client and the whole chain, in one process."""
+    workdir = tmp_path_factory.mktemp("newest")
+    dump = workdir / "dump"
+    config = workdir / "config_actor.json"
+    config.write_text(json.dumps({"task": "statistics", "level": "mix", "dump_path": str(dump)}))
+    return scenario(
+        venv_python,
+        patched("0.9.1"),
+        "trim,llm_server,chain",
+        workdir,
+        MSPROBE_ACTOR_CONFIG=str(config),
+        RL_MSPROBE_DUMP=str(dump),
+        RL_MSPROBE_ENGINE_SCENARIO=str(ENGINE_SCENARIO),
+    )
+
+
+@pytest.mark.e2e
+def test_trim_on_verls_own_dataproto(newest):
+    result = newest["trim"]
+    assert result["without_flag"] == {"same_object": True, "unchanged": True}
+    for name, mrope, logprobs in (("2d", False, True), ("3d_no_logprobs", True, False)):
+        case = result[name]
+        before, after = case["before"], case["after"]
+        assert after["input_ids"]["value"] == before["prompts"]["value"]
+        assert after["attention_mask"]["value"] == [row[:4] for row in before["attention_mask"]["value"]]
+        if mrope:
+            assert after["position_ids"]["shape"] == [2, 3, 4]
+            assert after["position_ids"]["value"] == [
+                [r[:4] for r in s] for s in before["position_ids"]["value"]
+            ]
+        else:
+            assert after["position_ids"]["value"] == [row[:4] for row in before["position_ids"]["value"]]
+        assert after["responses"]["shape"] == [2, 0] and after["response_mask"]["shape"] == [2, 0]
+        assert ("rollout_log_probs" in after) == logprobs
+        if logprobs:
+            assert after["rollout_log_probs"]["shape"] == [2, 0]
+        assert after["non_tensor"] == before["non_tensor"] and after["len"] == 2
+        assert case["idempotent"] and case["same_object"] and case["meta_info"]["rl_msprobe_prompts_only"]
+        # verl's own next steps accept it: DataProto -> TensorDict -> no padding = the prompts only
+        assert case.get("no_padding", {}).get("input_ids") == [[5, 6], [7, 8, 9, 10]], case.get(
+            "no_padding_error"
+        )
+        assert case["no_padding"]["request_id"] == ["rid-a", "rid-b"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("version", ["0.8.0", "0.9.1"])
+def test_llm_server_client_keeps_the_id_the_server_received(request, patched, tmp_path, version):
+    if version == "0.9.1":
+        result = request.getfixturevalue("newest")["llm_server"]
+    else:
+        python = request.getfixturevalue("venv_python")
+        result = scenario(python, patched(version), "llm_server", tmp_path)["llm_server"]
+    client = result["client"]
+    assert len(client["received"]) == 1 and client["extra_fields"]["request_id"] == client["received"][0]
+    assert client["extra_fields"]["global_steps"] == 7  # the server's own fields stay
+    fully_async = result["fully_async"]
+    assert len(fully_async["received"]) == 2  # aborted once, resumed
+    assert fully_async["extra_fields"]["request_id"] == fully_async["received"][0]
+    assert fully_async["token_ids"] == [201, 202, 203, 204, 205]
+
+
+@pytest.mark.e2e
+def test_agent_loop_manager_keeps_the_id_the_server_received(venv_python, patched, tmp_path):
+    result = scenario(venv_python, patched("0.7.1"), "agent_loop", tmp_path)["agent_loop"]
+    assert len(result["received"]) == 1
+    assert result["token_output_extra_fields"]["request_id"] == result["received"][0]
+    assert result["agent_loop_output_extra_fields"]["request_id"] == result["received"][0]
+
+
+@pytest.mark.e2e
+def test_agent_loop_070_cannot_be_imported_in_the_venv(venv_python, patched, tmp_path):
+    """0.7.0 (TokenOutput without extra_fields) is covered by part 1 and the fixtures only."""
+    proc = run_scenario(venv_python, patched("0.7.0"), "agent_loop", tmp_path)
+    if proc.returncode == 0:  # the venv learned to import it: then the id must be there
+        result = json.loads(proc.stdout.split("RESULT:")[-1])["agent_loop"]
+        assert result["agent_loop_output_extra_fields"]["request_id"] == result["received"][0]
+        return
+    assert "AutoModelForVision2Seq" in proc.stderr, proc.stderr[-4000:]
+    pytest.xfail(
+        "verl 0.7.0 imports transformers.AutoModelForVision2Seq at module level, which the venv's "
+        "transformers 5.10.4 no longer has: its agent loop cannot be imported here"
+    )
+
+
+@pytest.mark.e2e
+def test_the_id_reaches_update_actor_log_through_the_real_engine(newest):
+    """Stand-in server -> patched client -> DataProto -> PROMPTS_ONLY -> real FSDPEngine -> jsonl."""
+    result = newest["chain"]
+    assert "engine_skipped" not in result, result.get("engine_skipped")
+    assert result["input_ids"] == [[11, 12, 13, 14], [21, 22, 23, 24]]  # prompts only reached the engine
+    lines = result["log_lines"]
+    assert [line["request_ids"] for line in lines] == [[rid] for rid in result["received"]]
+    assert all(line["phase"] == "log_prob" and line["num_requests"] == 1 for line in lines)
