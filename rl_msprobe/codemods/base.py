@@ -61,7 +61,7 @@ def parse_version(text: str | None) -> Version | None:
 
 
 def version_in_range(version: str | None, low: str | None, high: str | None) -> bool:
-    """Inclusive range check on release numbers; pre-releases of `high`'s series count as inside.
+    """Inclusive range check on release numbers; post-releases of `high` count as inside.
 
     An unknown version is treated as inside: the anchors decide then.
     """
@@ -70,7 +70,10 @@ def version_in_range(version: str | None, low: str | None, high: str | None) -> 
         return True
     if low is not None and parsed < Version(low):
         return False
-    return not (high is not None and Version(parsed.base_version) > Version(high))
+    if high is None or parsed <= Version(high):
+        return True
+    # a post-release of the newest supported release (0.9.1.post1) is the same code
+    return parsed.is_postrelease and Version(parsed.base_version) == Version(Version(high).base_version)
 
 
 class Codemod:
