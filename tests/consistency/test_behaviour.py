@@ -143,6 +143,7 @@ def test_trim_kv_batch_meta_through_a_stand_in_transfer_queue(helper, monkeypatc
         "input_ids": [torch.tensor([5, 6, 11, 12, 13])],
         "attention_mask": [torch.ones(5, dtype=torch.long)],
         "response_mask": [torch.ones(3, dtype=torch.long)],
+        "routed_experts": [torch.arange(10).reshape(5, 2)],  # one row per token: cut to the prompt
     }
     calls = []
 
@@ -150,6 +151,9 @@ def test_trim_kv_batch_meta_through_a_stand_in_transfer_queue(helper, monkeypatc
         @staticmethod
         def kv_batch_get(keys, partition_id, select_fields):
             calls.append(("get", tuple(keys), partition_id, tuple(select_fields)))
+            missing = [f for f in select_fields if f not in store and f not in ("position_ids", "loss_mask")]
+            if missing:
+                raise KeyError(f"fields not in TransferQueue: {missing}")
             return {f: list(store[f]) for f in select_fields if f in store}
 
         @staticmethod
@@ -161,7 +165,9 @@ def test_trim_kv_batch_meta_through_a_stand_in_transfer_queue(helper, monkeypatc
     assert helper._trim_kv_batch_meta(meta, tq=StandInTQ) is meta
     assert store["input_ids"][0].tolist() == [5, 6] and store["attention_mask"][0].tolist() == [1, 1]
     assert store["responses"][0].numel() == 0 and store["response_mask"][0].numel() == 0
-    assert [c[0] for c in calls] == ["get", "put"] and calls[0][2] == "train"
+    assert store["routed_experts"][0].tolist() == [[0, 1], [2, 3]]
+    assert [c[0] for c in calls if c[0] == "put"] == ["put"] and calls[-1][0] == "put"
+    assert calls[0][2] == "train" and "routed_experts" in {c[3][0] for c in calls[1:-1]}
 
 
 class StandInServer:

@@ -120,6 +120,10 @@ def trim_ragged(fields: Any) -> Any:
         if key in keys:
             rows = [row[..., :n] for row, n in zip(_rows(fields[key]), prompt_lens)]
             fields[key] = _like(fields[key], rows)
+    for key in SEQUENCE_DIM1_KEYS:  # one row per token: [P + R, ...] per sample
+        if key in keys and fields[key] is not None:
+            rows = [row[:n] for row, n in zip(_rows(fields[key]), prompt_lens)]
+            fields[key] = _like(fields[key], rows)
     for key in RESPONSE_KEYS:
         if key in keys and fields[key] is not None:
             rows = [row[..., :0] for row in _rows(fields[key])]
@@ -149,17 +153,29 @@ def _is_kv_batch_meta(batch: Any) -> bool:
     )
 
 
-_KV_FIELDS = ("prompts", *SEQUENCE_KEYS, *RESPONSE_KEYS)
+# Fields the v1 agent loop always writes to TransferQueue (AgentLoopWorkerTQ._agent_loop_postprocess),
+# and those it writes only sometimes (asked for one by one: a missing field is skipped).
+_KV_FIELDS = ("prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask")
+_KV_OPTIONAL = ("attention_mask", "rollout_log_probs", "rm_scores", "routed_experts")
 
 
 def _trim_kv_batch_meta(batch: Any, tq: Any = None) -> Any:
     """Read the batch's fields from TransferQueue, trim them, write them back; same KVBatchMeta."""
     if tq is None:
         import transfer_queue as tq
-    present = [f for f in _KV_FIELDS if batch.fields is None or f in batch.fields]
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=present)
-    trimmed = trim_ragged(data)
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=trimmed)
+    wanted = getattr(batch, "fields", None)
+
+    def get(names):
+        names = [n for n in names if wanted is None or n in wanted]
+        return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
+
+    data = dict(get(_KV_FIELDS).items())
+    for name in _KV_OPTIONAL:
+        try:
+            data.update(get([name]).items())
+        except Exception:  # not stored for this batch
+            continue
+    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=trim_ragged(data))
     return batch
 
 
