@@ -228,7 +228,7 @@ def plan(
     stem = name[len(DERIVED_PREFIX[chosen]) : -len(".sh")]
     config_dir = os.path.join(out_dir, f"msprobe_{stem}")
     dump_root = os.path.abspath(dump_dir) if dump_dir else os.path.join(config_dir, "dump")
-    if chosen != "training" and not _dump_dir_ok(dump_root):
+    if not _dump_dir_ok(dump_root):  # training: verl hands save_path/step_N/STAGE to msprobe
         raise UserError(
             f"dump folder {dump_root!r} has characters msprobe refuses in dump_path (allowed: letters, digits, "
             "_ . : / -). Pass --dump-dir with a plain absolute folder."
@@ -254,6 +254,10 @@ def plan(
 
     commands = patch_commands(req.patch_sets, patch_target or {})
     notes = [*script.notes, *req.notes]
+    if script.command is not None and script.command.extra_args:
+        notes.append(
+            'The settings come after "$@" in the derived script: arguments given at run time cannot undo them.'
+        )
     base = Plan(
         chosen,
         path,

@@ -344,6 +344,18 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
         unverifiable.append(
             'the command passes the script\'s own arguments ("$@"): overrides given at run time are not checked'
         )
+    for item in ctx.overrides.items:
+        if item.override is not None and item.override.sweep:
+            violations.append(
+                Violation(
+                    "hydra.sweep",
+                    item.override.key,
+                    item.arg.value.text or "",
+                    "one value",
+                    f"verl does not run Hydra sweeps: write a list as {item.override.key}=[a,b] or quote a string "
+                    f"as {item.override.key}='a,b'",
+                )
+            )
     for item in ctx.overrides.invalid:
         violations.append(
             Violation(
@@ -386,7 +398,9 @@ def _config_file_checks(ctx: Context, req: Requirements) -> tuple[list[Violation
                     Violation(
                         f"msprobe_config.{spec.role}",
                         f"{path}:{item.key}",
-                        json.dumps(doc.get(item.key)) if isinstance(doc, dict) and item.key in doc else "not set",
+                        json.dumps(doc.get(item.key))
+                        if isinstance(doc, dict) and item.key in doc
+                        else "not set",
                         f"a valid {spec.role} config",
                         f"edit {path}: {item.message}",
                     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
 from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, is_abs_path, too_old
+from rl_msprobe.msprobe_config import DUMP_PATH_RE
 
 TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
 
@@ -37,6 +38,11 @@ def _stages_ok(value: Any) -> bool:
 
 def _true(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _save_path_ok(value: Any) -> bool:
+    # verl passes {save_path}/step_N/STAGE to msprobe as dump_path, which must match msprobe's pattern
+    return is_abs_path(value) and bool(DUMP_PATH_RE.match(value))
 
 
 def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
@@ -71,7 +77,7 @@ def requirements(ctx: Context) -> Requirements:
     config_path = os.path.join(ctx.config_dir, "config.json")
     save_path = os.path.join(ctx.dump_dir, "training")
     if not ctx.options.dump_dir_given:
-        save_path = _script_value(ctx, "global_profiler.save_path", is_abs_path) or save_path
+        save_path = _script_value(ctx, "global_profiler.save_path", _save_path_ok) or save_path
     req.configs.append(ConfigSpec("training", "config.json", None, TOOL_CONFIG + "config_path"))
     req.add(
         Setting(
@@ -92,8 +98,8 @@ def requirements(ctx: Context) -> Requirements:
             save_path,
             "",
             "the default outputs/profile is relative to each Ray worker's cwd",
-            accept=is_abs_path,
-            required="an absolute folder",
+            accept=_save_path_ok,
+            required="an absolute folder of letters, digits and _ . : / - (msprobe's dump_path rule)",
         ),
         Setting(
             "training.config_path",

@@ -261,3 +261,20 @@ def test_ray_job_submission_is_flagged(tmp_path: Path) -> None:
     )
     assert any("ray job submit" in u for u in report.result.unverifiable)
     assert any("actor_rollout_ref.rollout.name" not in u for u in report.result.unverifiable)
+
+
+def test_sweep_values_are_violations(tmp_path: Path) -> None:
+    text = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.logger=console,wandb\n"
+    )
+    report = planner.check(text, str(tmp_path / "x.sh"), mode="training")
+    sweep = [v for v in report.result.violations if v.rule == "hydra.sweep"]
+    assert sweep and "trainer.logger=[a,b]" in sweep[0].fix
+
+
+def test_training_save_path_must_suit_msprobe(tmp_path: Path) -> None:
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm global_profiler.save_path='/data/my dumps'\n"
+    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    assert not p.violations and value(p, "global_profiler.save_path") == str(
+        tmp_path / "msprobe_x" / "dump" / "training"
+    )
