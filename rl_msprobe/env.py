@@ -66,6 +66,8 @@ class EnvReport:
         }
         if not self.ok:
             doc["manual_commands"] = self.manual_commands()
+        if self.install_attempted:
+            doc["install_log_tail"] = self.install_log.strip().splitlines()[-20:]
         return doc
 
 

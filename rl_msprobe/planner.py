@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,7 @@ class Plan:
             "detection": self.detection.to_json(),
             "versions": self.versions,
             "written": not self.refused,
+            "diff": self.diff,
         }
 
 
@@ -208,6 +210,7 @@ def plan(
     pd: bool | None = None,
     versions: dict[str, str | None] | None = None,
     patch_target: dict[str, str] | None = None,
+    regenerate: str | None = None,
 ) -> Plan:
     """Everything `prepare` writes, in memory. `path` must be absolute."""
     versions = dict(versions or {})
@@ -287,7 +290,7 @@ def plan(
         comment(
             f"Derived by rl-msprobe {__version__} from {path} for {chosen} collection; the original is unchanged."
         ),
-        comment(f"Regenerate with: rl-msprobe prepare {path} --mode {chosen}"),
+        comment(f"Regenerate with: {_regenerate(regenerate, path, chosen)}"),
     ]
     if env:
         header.append(
@@ -328,6 +331,11 @@ def plan(
     base.unverifiable = [u for u in result.unverifiable if "does not exist (yet)" not in u]
     base.warnings = result.warnings
     return base
+
+
+def _regenerate(command: str | None, path: str, mode: str) -> str:
+    command = command or f"rl-msprobe prepare {shlex.quote(path)}"
+    return command if re.search(r"\s--mode[\s=]", command + " ") else f"{command} --mode {mode}"
 
 
 def patch_commands(sets: list[str], targets: dict[str, str]) -> list[str]:

@@ -147,7 +147,10 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
             if no_install:
                 click.echo("--no-install: nothing was installed.")
             elif report.install_attempted:
-                click.echo("Installing it failed. Install it yourself, then verify:")
+                click.echo("Installing it failed; pip said:")
+                for line in report.install_log.strip().splitlines()[-5:]:
+                    click.echo(f"  | {line}")
+                click.echo("Install it yourself, then verify.")
             click.echo("Manual commands:")
             for cmd in report.manual_commands():
                 click.echo(f"  {cmd}")
@@ -276,6 +279,7 @@ def prepare(
         pd=pd,
         versions=versions,
         patch_target=where,
+        regenerate=_regenerate_command(path, mode, sys.argv[1:]),
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:
@@ -310,6 +314,17 @@ def prepare(
         _echo_list("warnings", result.warnings)
         _echo_list("notes", result.notes)
     sys.exit(1 if result.refused or result.violations else 0)
+
+
+def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | None:
+    """The prepare command line as given (minus --json), with the script as an absolute path."""
+    import shlex
+
+    if "prepare" not in argv:
+        return None
+    args = [a for a in argv[argv.index("prepare") + 1 :] if a != "--json"]
+    args = [path if a and os.path.abspath(a) == path else a for a in args]
+    return shlex.join(["rl-msprobe", "prepare", *args])
 
 
 def _write(path: str, text: str, executable: bool = False) -> None:
