@@ -135,10 +135,11 @@ def check(
     backend: str | None = None,
     hint: str | None = None,
     versions: dict[str, str | None] | None = None,
+    train_backend: str | None = None,
 ) -> CheckReport:
     script, detection = detect_text(text, path, hint)
     chosen = _mode(detection, mode, path)
-    options = Options(backend=backend)
+    options = Options(backend=backend, train_backend=train_backend)
     # settings that hold paths accept any absolute path: the folders here only name defaults
     ctx = build_context(script, detection, versions or {}, options, "/path/to", "/path/to/dump")
     req = requirements(ctx, chosen)
@@ -211,6 +212,7 @@ def plan(
     versions: dict[str, str | None] | None = None,
     patch_target: dict[str, str] | None = None,
     regenerate: str | None = None,
+    train_backend: str | None = None,
 ) -> Plan:
     """Everything `prepare` writes, in memory. `path` must be absolute."""
     versions = dict(versions or {})

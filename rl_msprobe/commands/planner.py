@@ -100,6 +100,9 @@ tree_option = click.option(
     metavar="T",
     help="An upstream tree (path or release:NAME==VER) whose version matters (verl, sglang, vllm-ascend); repeatable.",
 )
+train_backend_option = click.option(
+    "--train-backend", type=click.Choice(["fsdp", "megatron"]), help="The training backend, when the script does not say."
+)
 python_option = click.option(
     "--python",
     "python",
@@ -208,6 +211,7 @@ def detect(script: str, hint: str | None, as_json: bool) -> None:
 @click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks).")
 @click.option("--stages", metavar="S1,S2", help="Training stages (default: all three).")
 @backend_option
+@train_backend_option
 @click.option("--pd/--no-pd", default=None, help="SGLang prefill/decode disaggregation (default: detected).")
 @tree_option
 @python_option
@@ -227,6 +231,7 @@ def prepare(
     ranks: str | None,
     stages: str | None,
     backend: str | None,
+    train_backend: str | None,
     pd: bool | None,
     trees: tuple[str, ...],
     python: str | None,
@@ -280,6 +285,7 @@ def prepare(
         versions=versions,
         patch_target=where,
         regenerate=_regenerate_command(path, mode, sys.argv[1:]),
+        train_backend=train_backend,
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:
@@ -341,6 +347,7 @@ def _write(path: str, text: str, executable: bool = False) -> None:
 @click.argument("script", type=click.Path(dir_okay=False))
 @mode_option
 @backend_option
+@train_backend_option
 @hint_option
 @tree_option
 @python_option
@@ -350,6 +357,7 @@ def check(
     script: str,
     mode: str | None,
     backend: str | None,
+    train_backend: str | None,
     hint: str | None,
     trees: tuple[str, ...],
     python: str | None,
@@ -363,7 +371,9 @@ def check(
 
     text, path = _read_script(script)
     versions, _, tree_notes = _versions(trees, python)
-    report = planner.check(text, path, mode=mode, backend=backend, hint=hint, versions=versions)
+    report = planner.check(
+        text, path, mode=mode, backend=backend, hint=hint, versions=versions, train_backend=train_backend
+    )
     report.notes = [*tree_notes, *report.notes]
     doc = report.to_json()
     if as_json:

@@ -152,6 +152,7 @@ class Options:
     backend: str | None = None  # rollout engine forced by the user
     pd: bool | None = None
     dump_dir_given: bool = False
+    train_backend: str | None = None  # training backend forced by the user
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Context:
 
     @property
     def backend(self) -> str:
-        return self.detection.train_backend
+        return self.options.train_backend or self.detection.train_backend
 
     def version(self, project: str) -> Version | None:
         text = self.versions.get(project) or ""

@@ -146,6 +146,17 @@ def requirements(ctx: Context) -> Requirements:
         req.add(Setting(f"consistency.batch.{key.rsplit('.', 1)[-1]}", key, value, "", why, accept=accept))
 
     train_world, rollout_world = world_sizes(ctx)
+    if ctx.backend not in ("fsdp", "megatron"):
+        req.violations.append(
+            Violation(
+                "consistency.train_backend",
+                "model_engine",
+                ctx.backend,
+                "fsdp or megatron",
+                "the engine patch covers the FSDP and Megatron engines: say which one runs with --train-backend",
+            )
+        )
+        return req
     if ctx.backend == "megatron":
         dp = None
         tp = ctx.int_value(A + "megatron.tensor_model_parallel_size")

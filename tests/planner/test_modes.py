@@ -278,3 +278,13 @@ def test_training_save_path_must_suit_msprobe(tmp_path: Path) -> None:
     assert not p.violations and value(p, "global_profiler.save_path") == str(
         tmp_path / "msprobe_x" / "dump" / "training"
     )
+
+
+def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
+    text = "python3 -m verl.trainer.main_ppo --config-name my_lab_cfg actor_rollout_ref.rollout.name=vllm\n"
+    path = str(tmp_path / "run_x.sh")
+    p = planner.plan(text, path, mode="consistency", out_dir=str(tmp_path))
+    assert p.refused and p.violations[0].rule == "consistency.train_backend"
+    p = planner.plan(text, path, mode="consistency", out_dir=str(tmp_path), train_backend="megatron")
+    assert not p.refused and not p.violations
+    assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1  # the actor's default TP
