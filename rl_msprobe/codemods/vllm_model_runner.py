@@ -40,6 +40,7 @@ from rl_msprobe.codemods.base import (
 HELPER_IMPORT = "from vllm.v1.worker import rl_msprobe_dump"
 CLASS = "GPUModelRunner"
 FORWARD_CALL = "self._model_forward"
+BLOCKS = (cst.With, cst.If, cst.For, cst.While, cst.Try, cst.TryStar)
 
 
 def marked_decorator(ctx: TransformContext, expression: str) -> cst.Decorator:
@@ -88,9 +89,7 @@ class _ForwardStart:
                 statements.extend(
                     insert_before(stmt, [self.ctx.statement("rl_msprobe_dump.start_forward(self)")])
                 )
-            elif isinstance(stmt, cst.BaseCompoundStatement) and not isinstance(
-                stmt, (cst.FunctionDef, cst.ClassDef)
-            ):
+            elif isinstance(stmt, BLOCKS):  # not into nested functions, classes or `match` cases
                 statements.append(self._compound(stmt))
             else:
                 statements.append(stmt)

@@ -171,3 +171,19 @@ def test_versions_outside_the_range_are_refused(tmp_path):
     code, _, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root))
     assert code == 2 and "0.24.0" in err
     assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
+
+
+def test_forward_inside_nested_blocks_and_a_match_statement():
+    source = (
+        "import torch\n\n\nclass GPUModelRunner:\n    def __init__(self, c):\n        self.c = c\n\n"
+        "    def execute_model(self, scheduler_output):\n"
+        "        match scheduler_output:\n            case None:\n                return None\n"
+        "        try:\n            if scheduler_output:\n                out = self._model_forward(1)\n"
+        "            else:\n                out = self._model_forward(2)\n        finally:\n            pass\n"
+        "        return out\n"
+    )
+    codemod = VllmModelRunner()
+    out = codemod.apply(source)
+    assert out.count("start_forward(self)") == 2
+    assert codemod.revert(out) == source and codemod.apply(out) == out
+    compile(out, "runner.py", "exec")
