@@ -239,7 +239,16 @@ def plan(
             "_ . : / -). Pass --dump-dir with a plain absolute folder."
         )
     options = Options(
-        out_dir, dump_root, level, steps, ranks, stages, backend, pd, dump_dir_given=bool(dump_dir)
+        out_dir,
+        dump_root,
+        level,
+        steps,
+        ranks,
+        stages,
+        backend,
+        pd,
+        dump_dir_given=bool(dump_dir),
+        train_backend=train_backend,
     )
     ctx = build_context(script, detection, versions, options, config_dir, dump_root)
     req = requirements(ctx, chosen)
