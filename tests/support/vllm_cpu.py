@@ -94,11 +94,15 @@ def _pip(python: Path, *args: str, log: Path) -> None:
     with log.open("a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
+        offset = fh.tell()
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            own = fh.read().decode(errors="replace")  # this command's output only
+        tail = own[-3000:]
         message = f"`pip {' '.join(args)}` failed (exit {proc.returncode}); log: {log}\n{tail}"
-        if any(marker in tail for marker in _UNAVAILABLE):
+        if any(marker in own for marker in _UNAVAILABLE):
             raise VenvUnavailable(message)
         raise RuntimeError(message)
 
