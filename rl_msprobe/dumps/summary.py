@@ -77,7 +77,7 @@ class Row:
 
     @property
     def divergent(self) -> bool:
-        return self.comparable and self.result in DIVERGENT
+        return self.comparable and self.result in DIVERGENT and not self.note
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in ("index", "comparable")}
@@ -172,6 +172,23 @@ def _only_layout_complaints(message: str) -> bool:
     return bool(items) and all(any(m in str(i) for m in _LAYOUT_MESSAGES) for i in items)
 
 
+def _squeeze(shape: str) -> str:
+    return ",".join(p.strip() for p in shape.strip().strip("[]").split(",") if p.strip() not in ("1", ""))
+
+
+def _statistics_shape_waiver(rec: dict, rollout: str) -> str:
+    """msprobe's statistics checkers compare shapes as they are, where its tensor consistency
+    checker squeezes 1-dims ([1, T, H] vs [T, H]) and skips the fused qkv / gate_up rows; read
+    a shape-only complaint the way the consistency checker would."""
+    if not _only_layout_complaints(rec.get("Err_message") or "") or "dtype" in (rec.get("Err_message") or ""):
+        return ""
+    if "qkv" in rollout or "gate_up" in rollout:
+        return "fused module: shapes differ by design (msprobe's consistency checker skips it too)"
+    if _squeeze(rec.get("NPU Tensor Shape") or "") == _squeeze(rec.get("Bench Tensor Shape") or ""):
+        return "shape differs only by 1-dims (squeezed, as msprobe's consistency checker does)"
+    return ""
+
+
 def _rollout_class(name: str) -> str:
     head = name.split(";", 1)[0].strip()
     m = _CALL.search(head)
@@ -188,7 +205,7 @@ def apply_engine_conventions(rows: list[Row]) -> list[Row]:
     out = []
     for r in rows:
         note = ""
-        if r.comparable:
+        if r.comparable and not r.note:
             cls = _rollout_class(r.rollout_name)
             if (
                 cls.endswith("DecoderLayer")
@@ -239,6 +256,7 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
             note = _structural_note(train, rollout, sim_text, tensor)
             if not note and sim is None and err is None and sim_text.strip() != "shape unmatched":
                 note = "no metric"
+            waiver = _statistics_shape_waiver(rec, rollout) if mode == "statistics" and not note else ""
             m = _LAYER.search(module + ".")
             rows.append(
                 Row(
@@ -254,7 +272,7 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
                     result=(rec.get("Result") or "").strip(),
                     message=(rec.get("Err_message") or "").strip(),
                     comparable=not note,
-                    note=note,
+                    note=note or waiver,
                 )
             )
     return mode, apply_engine_conventions(rows)

@@ -242,17 +242,19 @@ def fsdp_like(hf) -> nn.Module:
 
 
 # ---------------------------------------------------------------- the two processes
+def msprobe_config(dump_path: str) -> dict:
+    """L0 forward dumps; task from $STANDIN_TASK (tensor: cosine; statistics: msprobe's default)."""
+    task = os.environ.get("STANDIN_TASK", "tensor")
+    section = {"scope": [], "list": [], "data_mode": ["forward"]}
+    if task == "statistics":
+        section["summary_mode"] = "statistics"
+    return {"task": task, "dump_path": dump_path, "rank": [], "step": [], "level": "L0", task: section}
+
+
 def debugger(out: str, dump_path: str):
     from msprobe.pytorch import PrecisionDebugger
 
-    cfg = {
-        "task": "tensor",
-        "dump_path": dump_path,
-        "rank": [],
-        "step": [],
-        "level": "L0",
-        "tensor": {"scope": [], "list": [], "data_mode": ["forward"]},
-    }
+    cfg = msprobe_config(dump_path)
     os.makedirs(dump_path, exist_ok=True)
     path = os.path.join(out, f"msprobe_config_{os.getpid()}.json")
     with open(path, "w") as f:
@@ -346,17 +348,7 @@ def run_train(out: str, layer: int, model_dir: str | None, prompts_file: str | N
     config = os.path.join(out, "msprobe_config_actor.json")
     os.makedirs(out, exist_ok=True)
     with open(config, "w") as f:
-        json.dump(
-            {
-                "task": "tensor",
-                "dump_path": out,
-                "rank": [],
-                "step": [],
-                "level": "L0",
-                "tensor": {"scope": [], "list": [], "data_mode": ["forward"]},
-            },
-            f,
-        )
+        json.dump(msprobe_config(out), f)
     os.environ.update(DUMP_ON="1", DUMP_PHASE="log_prob", MSPROBE_ACTOR_CONFIG=config)
     hooks = training_helper()
     engine = SimpleNamespace(module=model, engine_config=SimpleNamespace(forward_only=False), rank=0)

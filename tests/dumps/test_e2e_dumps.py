@@ -12,6 +12,7 @@ The compare itself is msprobe's own `msprobe compare --consistent_check --backen
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,10 +37,23 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "rollout": ["rollout", str(base / "gen")],  # dumps in {gen}/{pid}/step{N}/...
         "train": ["train", str(base / "actor")],  # the helper: {actor}/step{N}/..., log in {actor}/{pid}/
         "train_perturbed": ["train", str(base / "actor_perturbed"), "--perturb", str(PERTURBED_LAYER)],
+        # msprobe's default task: statistics (no cosine; its statistics checkers)
+        "rollout_stats": ["rollout", str(base / "gen_stats")],
+        "train_stats": ["train", str(base / "actor_stats")],
+        "train_stats_perturbed": [
+            "train",
+            str(base / "actor_stats_perturbed"),
+            "--perturb",
+            str(PERTURBED_LAYER),
+        ],
     }
     procs = {
         k: subprocess.Popen(
-            [sys.executable, str(STANDIN), *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=base
+            [sys.executable, str(STANDIN), *a],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=base,
+            env={**os.environ, "STANDIN_TASK": "statistics" if "stats" in k else "tensor"},
         )
         for k, a in runs.items()
     }
@@ -49,13 +63,13 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {k: Path(a[1]) for k, a in runs.items()} | {"base": base}
 
 
-def _compare(sides: dict[str, Path], train: str, out: str):
+def _compare(sides: dict[str, Path], train: str, out: str, rollout: str = "rollout"):
     res = CliRunner().invoke(
         main,
         [
             "dumps",
             "compare",
-            str(sides["rollout"]),
+            str(sides[rollout]),
             str(sides[train]),
             "--out",
             str(sides["base"] / out),
@@ -113,6 +127,19 @@ def test_perturbed_layer_is_the_first_divergence(sides: dict[str, Path]) -> None
         assert at["cosine"] < 0.95
     md = (sides["base"] / "out_perturbed" / "report.md").read_text()
     assert f"first divergence model.layers.{PERTURBED_LAYER}.mlp" in md
+
+
+def test_statistics_dumps(sides: dict[str, Path]) -> None:
+    """Statistics dumps: msprobe's statistics checkers, plotted by its Max diff; same verdicts."""
+    res, doc = _compare(sides, "train_stats", "out_stats_same", rollout="rollout_stats")
+    assert doc is not None and res.exit_code == 0 and doc["consistent"], res.output[:4000]
+    assert {p["summary"]["mode"] for p in doc["pairs"]} == {"statistics"}
+    res, doc = _compare(sides, "train_stats_perturbed", "out_stats", rollout="rollout_stats")
+    assert doc is not None and res.exit_code == 1
+    for pair in doc["pairs"]:
+        first = pair["summary"]["first_divergence"]
+        assert first["layer"] == PERTURBED_LAYER and first["cosine"] is None and first["max_abs_err"] > 0
+    assert (sides["base"] / "out_stats" / "report.png").stat().st_size > 10_000
 
 
 def _chromium() -> str | None:
