@@ -254,57 +254,25 @@ def test_token_ids_that_differ_are_a_divergence(tmp_path: Path) -> None:
 
 def test_statistics_shape_complaints_read_like_the_consistency_checker(tmp_path: Path) -> None:
     shape_msg = '["error: The shape of NPU and Bench are inconsistent."]'
+    head = ["NPU Name", "Bench Name", "NPU Tensor Shape", "Bench Tensor Shape", "Max diff", "NormRelativeErr"]
+    cases = [  # (layer, train module, rollout module, train shape, rollout shape)
+        (0, "mlp.Qwen2MLP", "mlp.Qwen2MLP", "[1, 8, 128]", "[8, 128]"),
+        (
+            0,
+            "self_attn.q_proj.Linear",
+            "self_attn.qkv_proj.QKVParallelLinear",
+            "[1, 8, 128];[1, 8, 64]",
+            "[8, 256]",
+        ),
+        (1, "mlp.Qwen2MLP", "mlp.Qwen2MLP", "[1, 9, 128]", "[8, 128]"),  # 9 tokens against 8: a real finding
+    ]
     p = tmp_path / "compare_result_3.csv"
     with open(p, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            [
-                "NPU Name",
-                "Bench Name",
-                "NPU Tensor Shape",
-                "Bench Tensor Shape",
-                "Max diff",
-                "NormRelativeErr",
-                "Result",
-                "Err_message",
-            ]
-        )
-        w.writerow(
-            [
-                T.format(l=0, m="mlp.Qwen2MLP", x="output.0"),
-                R.format(l=0, m="mlp.Qwen2MLP", x="output.0"),
-                "[1, 8, 128]",
-                "[8, 128]",
-                "0",
-                "0%",
-                "error",
-                shape_msg,
-            ]
-        )
-        w.writerow(
-            [
-                T.format(l=0, m="self_attn.q_proj.Linear", x="output.0"),
-                R.format(l=0, m="self_attn.qkv_proj.QKVParallelLinear", x="output.0"),
-                "[1, 8, 128];[1, 8, 64];[1, 8, 64]",
-                "[8, 256]",
-                "0",
-                "0%",
-                "error",
-                shape_msg,
-            ]
-        )
-        w.writerow(
-            [
-                T.format(l=1, m="mlp.Qwen2MLP", x="output.0"),
-                R.format(l=1, m="mlp.Qwen2MLP", x="output.0"),
-                "[1, 9, 128]",
-                "[8, 128]",
-                "0",
-                "0%",
-                "error",
-                shape_msg,
-            ]
-        )
+        w.writerow([*head, "Result", "Err_message"])
+        for layer, tm, rm, ts, rs in cases:
+            names = [T.format(l=layer, m=tm, x="output.0"), R.format(l=layer, m=rm, x="output.0")]
+            w.writerow([*names, ts, rs, "0", "0%", "error", shape_msg])
     s = summarize(p)
-    assert [r.module for r in s.divergent] == ["model.layers.1.mlp"]  # 9 tokens against 8: a real finding
+    assert [r.module for r in s.divergent] == ["model.layers.1.mlp"]
     assert "squeezed" in s.rows[0].note and "fused" in s.rows[1].note
