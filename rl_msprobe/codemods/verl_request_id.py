@@ -26,6 +26,11 @@ Drift handled, one codemod class per upstream file:
   (first attempt wins, so the id is the prompt's prefill).
 - ``verl/experimental/fully_async_policy/fully_async_rollouter.py`` (0.8.0 only): the same
   ``FullyAsyncLLMServerClient`` fix where 0.8.0 defines that class.
+- ``verl/trainer/ppo/v1/agent_loop_tq.py`` (0.9.0 →, the v1 trainer): samples go to
+  TransferQueue as dicts whose ``extra_fields`` is one field; one line after
+  ``field["position_ids"] = position_ids`` also stores ``field["request_id"]`` so the engine
+  micro-batch has a top-level ``request_id`` as on the DataProto path. (0.8.0's
+  ``main_ppo_sync.py`` keeps it inside ``extra_fields`` only: read it there.)
 """
 
 from __future__ import annotations
@@ -232,4 +237,59 @@ class VerlFullyAsyncRolloutRequestId(Codemod):
         return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
 
 
-REQUEST_ID_CODEMODS = (VerlAgentLoopRequestId, VerlLLMServerRequestId, VerlFullyAsyncRolloutRequestId)
+LIFT = "rl_msprobe_consistency.lift_request_id(field)"
+POSITION_FIELD = 'field["position_ids"] = position_ids'
+
+
+class _AfterPositionField(ScopedTransformer):
+    def __init__(self, ctx: TransformContext, method: str) -> None:
+        super().__init__(ctx)
+        self.method = method
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        super().visit_FunctionDef(node)
+        if self.qualname == self.method:
+            self.ctx.hit(self.method)
+        return True
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+        if self.qualname != self.method:
+            return updated
+        statements: list[cst.BaseStatement] = []
+        for stmt in updated.body:
+            statements.append(stmt)
+            if isinstance(stmt, cst.SimpleStatementLine) and _code(stmt) == POSITION_FIELD:
+                self.ctx.hit("position_ids field")
+                statements.append(self.ctx.statement(LIFT))
+        return updated.with_changes(body=statements)
+
+
+def _code(stmt: cst.SimpleStatementLine) -> str:
+    return cst.Module(body=[]).code_for_node(stmt.with_changes(leading_lines=())).strip()
+
+
+class VerlAgentLoopTQRequestId(Codemod):
+    name = "verl-agent-loop-tq-request-id"
+    project = "verl"
+    path = "verl/trainer/ppo/v1/agent_loop_tq.py"
+    min_version = "0.9.0"
+    max_version = "0.9.1"
+    method = "AgentLoopWorkerTQ._agent_loop_postprocess"
+    description = "v1 trainer: the request id as a top-level TransferQueue field, so micro-batches carry it"
+    anchors = {
+        "AgentLoopWorkerTQ._agent_loop_postprocess": "a method _agent_loop_postprocess in class AgentLoopWorkerTQ",
+        "position_ids field": f"`{POSITION_FIELD}` in AgentLoopWorkerTQ._agent_loop_postprocess",
+    }
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        updated = module.visit(_AfterPositionField(ctx, self.method))
+        ctx.check_all_found()
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+
+REQUEST_ID_CODEMODS = (
+    VerlAgentLoopRequestId,
+    VerlLLMServerRequestId,
+    VerlFullyAsyncRolloutRequestId,
+    VerlAgentLoopTQRequestId,
+)

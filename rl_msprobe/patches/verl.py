@@ -30,6 +30,7 @@ VERL_ENGINE = register(
 
 from rl_msprobe.codemods.verl_request_id import (  # noqa: E402
     VerlAgentLoopRequestId,
+    VerlAgentLoopTQRequestId,
     VerlFullyAsyncRolloutRequestId,
     VerlLLMServerRequestId,
 )
@@ -111,12 +112,19 @@ VERL_REQUEST_ID = register(
                 VerlFullyAsyncRolloutRequestId(),
                 "FullyAsyncLLMServerClient is in fully_async_rollouter.py only in verl 0.8.0 (llm_server.py from 0.9.0)",
             ),
+            _only(
+                VerlAgentLoopTQRequestId(),
+                "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) exists from verl 0.9.0",
+            ),
         ),
         min_version="0.6.0",
         max_version=NEWEST,
         notes=(
             "Exactly one rollout-client file per version is required: agent_loop.py (0.6.0 - 0.7.1) or "
-            "llm_server.py (0.8.0+); plus fully_async_rollouter.py in 0.8.0.",
+            "llm_server.py (0.8.0+); plus fully_async_rollouter.py in 0.8.0 and the v1 trainer's "
+            "agent_loop_tq.py from 0.9.0 (request_id as a top-level TransferQueue field).",
+            "Active only with DUMP_ON=1, PROMPTS_ONLY=1 or RL_MSPROBE_REQUEST_ID=1 in the rollout workers' "
+            "environment; otherwise the inserted lines do nothing.",
         ),
     )
 )

@@ -348,6 +348,12 @@ def case_chain(workdir: Path) -> dict:
     tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=1)
 
     result = {"received": server.received, "input_ids": td["input_ids"].tolist()}
+    # the v1 trainer's path: samples as dicts -> verl's own TransferQueue packing
+    fields = [
+        consistency.lift_request_id({"extra_fields": dict(o.extra_fields), "uid": f"u{i}"})
+        for i, o in enumerate(outputs)
+    ]
+    result["tq_request_id"] = [str(x) for x in tu.list_of_dict_to_tensordict(fields)["request_id"]]
     scenario_path = os.environ.get("RL_MSPROBE_ENGINE_SCENARIO", "")
     if not Path(scenario_path).is_file():
         result["engine_skipped"] = f"engine scenario not found at {scenario_path!r}"

@@ -245,6 +245,14 @@ def test_agent_loop_output_gets_the_first_id_of_its_task(helper, monkeypatch):
     }
 
 
+def test_lift_request_id_for_the_v1_transfer_queue(helper, monkeypatch):
+    field = {"extra_fields": {"request_id": "r1", "global_steps": 3}, "uid": "u"}
+    assert "request_id" not in helper.lift_request_id(dict(field))  # inert without the flags
+    monkeypatch.setenv("DUMP_ON", "1")
+    assert helper.lift_request_id(dict(field))["request_id"] == "r1"
+    assert helper.lift_request_id({"extra_fields": {}})["request_id"] == ""  # same keys for every sample
+
+
 def test_request_ids_of_a_micro_batch(helper):
     import numpy as np
 
@@ -399,6 +407,7 @@ def test_the_id_reaches_update_actor_log_through_the_real_engine(newest):
     result = newest["chain"]
     assert "engine_skipped" not in result, result.get("engine_skipped")
     assert result["input_ids"] == [[11, 12, 13, 14], [21, 22, 23, 24]]  # prompts only reached the engine
+    assert result["tq_request_id"] == result["received"]  # v1: a top-level field after verl's own packing
     lines = result["log_lines"]
     assert [line["request_ids"] for line in lines] == [[rid] for rid in result["received"]]
     assert all(line["phase"] == "log_prob" and line["num_requests"] == 1 for line in lines)

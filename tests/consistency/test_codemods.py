@@ -12,6 +12,7 @@ import pytest
 from rl_msprobe.codemods.base import AnchorError, Status
 from rl_msprobe.codemods.verl_request_id import (
     VerlAgentLoopRequestId,
+    VerlAgentLoopTQRequestId,
     VerlFullyAsyncRolloutRequestId,
     VerlLLMServerRequestId,
 )
@@ -33,6 +34,7 @@ CODEMODS = {
     "agent_loop": VerlAgentLoopRequestId(),
     "llm_server": VerlLLMServerRequestId(),
     "fully_async_rollouter": VerlFullyAsyncRolloutRequestId(),
+    "agent_loop_tq": VerlAgentLoopTQRequestId(),
 }
 FOLDERS = ("verl_trainer", "verl_request_id")
 
@@ -66,6 +68,7 @@ def test_every_codemod_has_a_fixture_and_a_drift_case():
         "verl-fully-async-trainer",
         "verl-agent-loop-request-id",
         "verl-llm-server-request-id",
+        "verl-agent-loop-tq-request-id",
     }
 
 

@@ -26,6 +26,7 @@ FULLY_ASYNC_TRAINER = "verl/experimental/fully_async_policy/fully_async_trainer.
 AGENT_LOOP = "verl/experimental/agent_loop/agent_loop.py"
 LLM_SERVER = "verl/workers/rollout/llm_server.py"
 FULLY_ASYNC_ROLLOUTER = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
+AGENT_LOOP_TQ = "verl/trainer/ppo/v1/agent_loop_tq.py"
 
 # version -> (trainer files, request-id files). 0.6.x patches cleanly, but its actor never runs
 # the engine (see the verl-consistency notes); the cycle is still checked there.
@@ -35,8 +36,8 @@ EXPECTED = {
     "0.7.0": ({RAY}, {AGENT_LOOP}),
     "0.7.1": ({RAY, SEPARATE}, {AGENT_LOOP}),  # the 0.7.1 wheel ships no fully_async_trainer.py
     "0.8.0": ({RAY, SEPARATE, SYNC, FULLY_ASYNC_TRAINER}, {LLM_SERVER, FULLY_ASYNC_ROLLOUTER}),
-    "0.9.0": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER}),
-    "0.9.1": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER}),
+    "0.9.0": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER, AGENT_LOOP_TQ}),
+    "0.9.1": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER, AGENT_LOOP_TQ}),
 }
 VERSIONS = sorted(EXPECTED)
 

@@ -142,8 +142,10 @@ def _like(original: Any, rows: list) -> Any:
 
     if getattr(original, "is_nested", False):
         return torch.nested.as_nested_tensor(rows, layout=original.layout)
-    if isinstance(original, torch.Tensor) and rows and len({tuple(r.shape) for r in rows}) == 1:
-        return torch.stack(rows)
+    if isinstance(original, torch.Tensor) and rows:
+        if len({tuple(r.shape) for r in rows}) == 1:
+            return torch.stack(rows)
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)  # as verl stores ragged rows
     return list(rows)
 
 
@@ -281,6 +283,17 @@ def keep_parent_extra_fields(final_output: Any, output: Any) -> Any:
         for key, value in source.items():
             target.setdefault(key, value)
     return final_output
+
+
+def lift_request_id(field: dict) -> dict:
+    """v1 agent loop (TransferQueue): also store the id as a top-level ``request_id`` field of the
+    sample, so the training engine's micro-batch carries it like the DataProto path does."""
+    if not request_ids_enabled() or not isinstance(field, dict):
+        return field
+    extra = field.get("extra_fields")
+    request_id = extra.get("request_id") if isinstance(extra, dict) else None
+    field["request_id"] = "" if request_id is None else str(request_id)  # every sample has the key
+    return field
 
 
 def request_ids(batch: Any) -> list[str]:
