@@ -85,22 +85,26 @@ def _padded_batch(call_index: int):
 # ---------------------------------------------------------------- FSDP
 
 
-def _fsdp_engine(role: str):
+def _fsdp2(model):
+    """FSDP2 (`fully_shard`) on a one-rank CPU mesh."""
     from torch.distributed.device_mesh import init_device_mesh
 
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # older torch
         from torch.distributed._composable.fsdp import fully_shard
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    return model
+
+
+def _fsdp_engine(role: str):
+    """FSDPEngineWithLMHead without __init__ (DOMAIN §7), a stand-in forward_step on TinyLM."""
     from verl.workers.engine.fsdp import transformer_impl as impl
 
     impl.get_device_id = lambda: "cpu"  # 0.9.1 falls back to CUDA device ids on a CPU-only host
     torch.manual_seed(0)
-    model = TinyLM()
-    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))  # FSDP2 on a one-rank CPU mesh
-
     engine = object.__new__(impl.FSDPEngineWithLMHead)
-    engine.module = model
+    engine.module = _fsdp2(TinyLM())
     engine.engine_config = SimpleNamespace(
         forward_only=role == "ref", use_no_sync_for_gradient_accumulation=True
     )
@@ -121,6 +125,60 @@ def _fsdp_engine(role: str):
 
 def _run_fsdp(engine, call_index: int, forward_only: bool) -> dict:
     return _run(engine, engine.module, _padded_batch(call_index), None, forward_only)
+
+
+def _qwen2_engine(role: str):
+    """The real FSDPEngineWithLMHead.forward_step (verl's remove-padding inputs, log-prob head) on
+    a random one-layer Qwen2 from transformers, FSDP2-sharded."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    engine = _fsdp_engine(role)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4 * SEQ,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float()
+    engine.module = _fsdp2(model)
+    del engine.forward_step  # the class's real forward_step from here on
+    engine.engine_config.entropy_checkpointing = False
+    engine.engine_config.entropy_from_logits_with_chunking = False
+    engine.use_ulysses_sp = False
+    engine.pad_to_length = False
+    engine._autocast_dtype = torch.float32
+    return engine
+
+
+def _packed_batch(call_index: int):
+    """NO_PADDING micro-batches (jagged input_ids / position_ids), as verl's engines take them."""
+    generator = torch.Generator().manual_seed(call_index)
+    lengths = [SEQ - (i % 2) for i in range(SAMPLES)]
+    ids = [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
+    jagged = lambda ts: torch.nested.as_nested_tensor(ts, layout=torch.jagged)  # noqa: E731
+    return _tensordict(
+        call_index,
+        ids,
+        input_ids=jagged(ids),
+        position_ids=jagged([torch.arange(n) for n in lengths]),
+        loss_mask=jagged([torch.ones(n, dtype=torch.int64) for n in lengths]),
+        temperature=torch.ones(SAMPLES),
+    )
+
+
+def _mean_log_prob_loss(model_output, data, dp_group=None):
+    log_probs = model_output["log_probs"]
+    values = log_probs.values() if log_probs.is_nested else log_probs
+    loss = -values.float().mean()
+    return loss, {"neg_log_prob": loss.item()}
+
+
+def _run_qwen2(engine, call_index: int, forward_only: bool) -> dict:
+    return _run(engine, engine.module, _packed_batch(call_index), _mean_log_prob_loss, forward_only)
 
 
 # ---------------------------------------------------------------- Megatron
@@ -205,27 +263,8 @@ def _megatron_engine(role: str):
     return engine
 
 
-def _nested_batch(call_index: int):
-    """NO_PADDING (THD) micro-batches as verl's Megatron engine takes them: jagged input_ids."""
-    generator = torch.Generator().manual_seed(call_index)
-    lengths = [SEQ - (i % 2) for i in range(SAMPLES)]
-    ids = [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
-    masks = [torch.ones(n, dtype=torch.int64) for n in lengths]
-    jagged = lambda ts: torch.nested.as_nested_tensor(ts, layout=torch.jagged)  # noqa: E731
-    return _tensordict(
-        call_index, ids, input_ids=jagged(ids), loss_mask=jagged(masks), temperature=torch.ones(SAMPLES)
-    )
-
-
-def _mean_log_prob_loss(model_output, data, dp_group=None):
-    log_probs = model_output["log_probs"]
-    values = log_probs.values() if log_probs.is_nested else log_probs
-    loss = -values.float().mean()
-    return loss, {"neg_log_prob": loss.item()}
-
-
 def _run_megatron(engine, call_index: int, forward_only: bool) -> dict:
-    return _run(engine, engine.module[0], _nested_batch(call_index), _mean_log_prob_loss, forward_only)
+    return _run(engine, engine.module[0], _packed_batch(call_index), _mean_log_prob_loss, forward_only)
 
 
 # ---------------------------------------------------------------- main
@@ -248,7 +287,11 @@ def main() -> int:
     )
     import verl
 
-    make, run = (_fsdp_engine, _run_fsdp) if spec["engine"] == "fsdp" else (_megatron_engine, _run_megatron)
+    make, run = {
+        "fsdp": (_fsdp_engine, _run_fsdp),
+        "fsdp-qwen2": (_qwen2_engine, _run_qwen2),
+        "megatron": (_megatron_engine, _run_megatron),
+    }[spec["engine"]]
     result = {"verl_file": verl.__file__, "calls": [], "error": None}
     engines = {}
     try:
