@@ -63,7 +63,11 @@ DEFAULTS: dict[str, Any] = {
     "rollout.n_gpus_per_node": 8,
     "rollout.nnodes": 1,
     "async_training.require_batches": 1,
+    "algorithm.rollout_correction.bypass_mode": False,
+    "trainer.total_training_steps": None,
 }
+# where the fully-async config (fully_async_ppo_trainer) differs
+FULLY_ASYNC_DEFAULTS: dict[str, Any] = {"algorithm.rollout_correction.bypass_mode": True}
 # keys whose default is another key's value (verl interpolates them)
 FOLLOWS: dict[str, str] = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -186,6 +190,8 @@ class Context:
             return _MISSING, "runtime"
         if key in FOLLOWS:
             return self.value(FOLLOWS[key])
+        if self.detection.fully_async and key in FULLY_ASYNC_DEFAULTS:
+            return FULLY_ASYNC_DEFAULTS[key], "default"
         if key in DEFAULTS:
             return DEFAULTS[key], "default"
         return None, "default"

@@ -141,6 +141,15 @@ def requirements(ctx: Context) -> Requirements:
     ]
     if fully_async:
         batch.append(("async_training.require_batches", 1, "one batch per training step"))
+    if fully_async or ctx.overrides.get("algorithm.rollout_correction.bypass_mode") is not None:
+        batch.append(
+            (
+                "algorithm.rollout_correction.bypass_mode",
+                False,
+                "bypass mode (fully-async's default) reuses the rollout's log-probs: the training log-prob forward "
+                "would never run",
+            )
+        )
     for key, value, why in batch:
         accept = _false if value is False else _true if value is True else None
         req.add(Setting(f"consistency.batch.{key.rsplit('.', 1)[-1]}", key, value, "", why, accept=accept))

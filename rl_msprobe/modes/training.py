@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
-from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, is_abs_path, too_old
+from rl_msprobe.launch.overrides import format_value
+from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, Violation, is_abs_path, too_old
 from rl_msprobe.msprobe_config import DUMP_PATH_RE
 
 TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
@@ -43,6 +44,39 @@ def _true(value: Any) -> bool:
 def _save_path_ok(value: Any) -> bool:
     # verl passes {save_path}/step_N/STAGE to msprobe as dump_path, which must match msprobe's pattern
     return is_abs_path(value) and bool(DUMP_PATH_RE.match(value))
+
+
+def _steps_run(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
+    """Profiled steps the job reaches, and stages that actually fire."""
+    out: list[Violation] = []
+    steps = _script_value(ctx, "global_profiler.steps", _steps_ok) or next(
+        (s.value for s in req.settings if s.key == "global_profiler.steps"), None
+    )
+    total = ctx.int_value("trainer.total_training_steps")
+    if steps and total is not None and max(steps) > total:
+        out.append(
+            Violation(
+                "training.steps_in_range",
+                "global_profiler.steps",
+                format_value(steps),
+                f"steps <= trainer.total_training_steps ({total})",
+                f"profile steps the job reaches, or raise trainer.total_training_steps to {max(steps)}",
+            )
+        )
+    stages = _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or []
+    bypass, _ = ctx.value("algorithm.rollout_correction.bypass_mode")
+    if "actor_compute_log_prob" in stages and str(bypass).lower() == "true":
+        out.append(
+            Violation(
+                "training.bypass_mode",
+                "algorithm.rollout_correction.bypass_mode",
+                "True",
+                "False while actor_compute_log_prob is collected",
+                "bypass mode reuses the rollout's log-probs, so actor_compute_log_prob never runs: drop that stage "
+                "or set algorithm.rollout_correction.bypass_mode=False",
+            )
+        )
+    return out, []
 
 
 def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
@@ -72,7 +106,16 @@ def requirements(ctx: Context) -> Requirements:
     if too_old_verl is not None:
         req.violations.append(too_old_verl)
     # keep what a script already sets correctly unless the user asked otherwise
-    stages = list(ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or STAGES)
+    bypass = str(ctx.value("algorithm.rollout_correction.bypass_mode")[0]).lower() == "true"
+    default_stages = [s for s in STAGES if not (bypass and s == "actor_compute_log_prob")]
+    if bypass and not ctx.options.stages:
+        req.notes.append(
+            "algorithm.rollout_correction.bypass_mode is on (fully-async's default): verl reuses the rollout's "
+            "log-probs, so actor_compute_log_prob never runs and is left out of the stages."
+        )
+    stages = list(
+        ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or default_stages
+    )
     steps = list(ctx.options.steps or _script_value(ctx, "global_profiler.steps", _steps_ok) or [1, 2])
     config_path = os.path.join(ctx.config_dir, "config.json")
     save_path = os.path.join(ctx.dump_dir, "training")
@@ -141,6 +184,7 @@ def requirements(ctx: Context) -> Requirements:
                 accept=_true,
             )
         )
+    req.checks.append(_steps_run)
     req.notes.append(
         "Output: {save_path}/step_{global_step}/{stage}/step0/rank{R}/dump.json, one folder per stage and step."
     )

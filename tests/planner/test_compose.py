@@ -17,7 +17,7 @@ import pytest
 from rl_msprobe import planner
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import parse_script
-from rl_msprobe.modes.base import DEFAULTS, FOLLOWS
+from rl_msprobe.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS
 
 from .conftest import CORPUS, EXPECTED
 
@@ -138,7 +138,8 @@ def test_defaults_table_matches_verl(version: str, config: str) -> None:
         text = f"python3 -m verl.trainer.main_ppo --config-name {config}\n"
     cfg = compose(root, text.replace(" a=1", ""))
     checked = 0
-    for key, value in DEFAULTS.items():
+    table = {**DEFAULTS, **(FULLY_ASYNC_DEFAULTS if config == "fully_async_ppo_trainer" else {})}
+    for key, value in table.items():
         if key.startswith(("rollout.", "async_training.")) and config != "fully_async_ppo_trainer":
             continue
         if ".megatron." in key and config != "ppo_megatron_trainer":

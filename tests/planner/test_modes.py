@@ -288,3 +288,33 @@ def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
     p = planner.plan(text, path, mode="consistency", out_dir=str(tmp_path), train_backend="megatron")
     assert not p.refused and not p.violations
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1  # the actor's default TP
+
+
+def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> None:
+    base = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm "
+    report = planner.check(base + "trainer.total_training_steps=1\n", str(tmp_path / "x.sh"), mode="training")
+    assert "training.steps_in_range" in {v.rule for v in report.result.violations}
+    stages = "'++global_profiler.global_tool_config.precision_debugger.stages=[actor_compute_log_prob]' "
+    report = planner.check(
+        base + stages + "algorithm.rollout_correction.bypass_mode=True\n",
+        str(tmp_path / "x.sh"),
+        mode="training",
+    )
+    assert "training.bypass_mode" in {v.rule for v in report.result.violations}
+
+
+def test_consistency_turns_bypass_mode_off(tmp_path: Path) -> None:
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm algorithm.rollout_correction.bypass_mode=True\n"
+    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="consistency", out_dir=str(tmp_path))
+    assert not p.violations and value(p, "algorithm.rollout_correction.bypass_mode") is False
+
+
+def test_fully_async_training_leaves_out_the_bypassed_stage(tmp_path: Path) -> None:
+    p = plan("run_fully_async_qwen2_5_vllm.sh", "training", tmp_path)
+    assert value(p, "global_profiler.global_tool_config.precision_debugger.stages") == [
+        "ref_compute_log_prob",
+        "actor_update",
+    ]
+    assert any("bypass_mode" in n for n in p.notes)
+    c = plan("run_fully_async_qwen2_5_vllm.sh", "consistency", tmp_path)
+    assert value(c, "algorithm.rollout_correction.bypass_mode") is False
