@@ -487,6 +487,20 @@ def _forget_originals(root: Path, plan: Plan) -> None:
 # ---------------------------------------------------------------- apply / revert
 
 
+def _result(plan: Plan) -> dict[str, Any]:
+    """The JSON document of `patch apply` / `patch revert` (git and noop filled in later)."""
+    return {
+        "tree": str(plan.target.root),
+        "project": plan.target.project,
+        "version": plan.target.version,
+        "sets": [s.name for s in plan.sets],
+        "changed": [c.path for c in plan.changes],
+        "skipped": [r.to_json() for r in plan.skipped],
+        "git": None,
+        "noop": not plan.changes,
+    }
+
+
 def _writable(target: Target) -> None:
     if target.readonly:
         raise UserError(
@@ -505,17 +519,8 @@ def apply(
     """Apply `sets` to the tree: all files or none; on git a branch and a commit."""
     _writable(target)
     plan = plan_apply(target, sets)
-    result: dict[str, Any] = {
-        "tree": str(target.root),
-        "project": target.project,
-        "version": target.version,
-        "sets": [s.name for s in sets],
-        "changed": [c.path for c in plan.changes],
-        "skipped": [r.to_json() for r in plan.skipped],
-        "git": None,
-    }
+    result = _result(plan)
     if not plan.changes:
-        result["noop"] = True
         return result
     repo = open_repo(target.root)
     if repo is not None:
@@ -551,7 +556,6 @@ def apply(
         write_all(target.root, plan.changes)
         _record_originals(target.root, plan)
         result["manifest"] = str(_manifest_path(target.root))
-    result["noop"] = False
     return result
 
 
@@ -559,15 +563,7 @@ def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
     """Revert `sets`: files byte-identical to before the apply; on git a revert commit on the current branch."""
     _writable(target)
     plan = plan_revert(target, sets)
-    result: dict[str, Any] = {
-        "tree": str(target.root),
-        "project": target.project,
-        "version": target.version,
-        "sets": [s.name for s in sets],
-        "changed": [c.path for c in plan.changes],
-        "git": None,
-        "noop": not plan.changes,
-    }
+    result = _result(plan)
     if not plan.changes:
         return result
     repo = open_repo(target.root)
