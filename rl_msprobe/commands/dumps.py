@@ -14,6 +14,7 @@ import click
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
 
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
+SHOW = 40  # lines per list on the terminal
 _dir_or_file = click.Path(exists=True, path_type=Path)
 
 
@@ -80,13 +81,17 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
     else:
-        for p in result.pairs:
+        for p in result.pairs[:SHOW]:
             click.echo(
                 f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}"
                 f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
             )
-        for u in result.unmatched:
+        if len(result.pairs) > SHOW:
+            click.echo(f"... {len(result.pairs) - SHOW} more pairs (--json lists all)")
+        for u in result.unmatched[:SHOW]:
             click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
+        if len(result.unmatched) > SHOW:
+            click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
         click.echo("lines: " + ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())))
         click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
     sys.exit(0 if result.pairs and not _hard_problems(result) else 1)

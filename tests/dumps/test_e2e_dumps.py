@@ -129,6 +129,28 @@ def test_perturbed_layer_is_the_first_divergence(sides: dict[str, Path]) -> None
     assert f"first divergence model.layers.{PERTURBED_LAYER}.mlp" in md
 
 
+def test_plain_folders_and_a_broken_dump(sides: dict[str, Path]) -> None:
+    """No logs: two step/rank folders compared one to one; a cut-short dump.json is a failed pair."""
+    (r_dir,) = sides["rollout"].glob("*/step0/*")
+    (t_dir,) = sides["train"].glob("step0/*")
+    runner = CliRunner()
+    res = runner.invoke(
+        main, ["dumps", "compare", str(r_dir), str(t_dir), "--out", str(sides["base"] / "plain"), "--json"]
+    )
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and doc["consistent"] and len(doc["pairs"]) == 1, res.output[:3000]
+    broken = sides["base"] / "broken" / "step0" / "rank0"
+    shutil.copytree(t_dir, broken)
+    text = (broken / "dump.json").read_text()
+    (broken / "dump.json").write_text(text[: len(text) // 2])
+    res = runner.invoke(
+        main, ["dumps", "compare", str(r_dir), str(broken), "--out", str(sides["base"] / "plain_broken")]
+    )
+    assert res.exit_code == 1
+    assert "failed" in res.output
+    assert "1 pair(s) failed to compare" in (sides["base"] / "plain_broken" / "report.md").read_text()
+
+
 def test_statistics_dumps(sides: dict[str, Path]) -> None:
     """Statistics dumps: msprobe's statistics checkers, plotted by its Max diff; same verdicts."""
     res, doc = _compare(sides, "train_stats", "out_stats_same", rollout="rollout_stats")
