@@ -70,22 +70,24 @@ def test_consistency_full_cycle_and_files(tmp_path, version):
             assert f["detail"], f  # says why
 
 
-@pytest.mark.parametrize(
-    ("name", "version"),
-    [
-        ("verl-prompts-only", "0.6.0"),  # the recompute-call anchor
-        ("verl-prompts-only", "0.8.0"),  # ray + separation + main_ppo_sync + fully-async trainers
-        ("verl-request-id", "0.7.0"),  # agent loop, TokenOutput without extra_fields
-        ("verl-request-id", "0.9.1"),  # llm_server with the fully-async client
-    ],
-)
-def test_part_sets_full_cycle(tmp_path, name, version):
+PARTS = [
+    ("verl-prompts-only", "0.6.0", False),  # the recompute-call anchor
+    ("verl-prompts-only", "0.8.0", True),  # ray + separation + main_ppo_sync + fully-async trainers
+    ("verl-request-id", "0.7.0", True),  # agent loop, TokenOutput without extra_fields
+    ("verl-request-id", "0.9.1", False),  # llm_server with the fully-async client, v1 agent loop
+]
+
+
+@pytest.mark.parametrize(("name", "version", "cycle"), PARTS)
+def test_part_sets(tmp_path, name, version, cycle):
+    """Each part alone touches only its own files; two of them also run the whole cycle alone."""
     trainers, rollout = EXPECTED[version]
-    tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
+    tree = scratch_copy("verl", version, tmp_path / f"verl-{version}", with_git=cycle)
     touched = {f["path"] for f in _diff_json(tree, name)["summary"]["files"]}
     wanted = trainers if name == "verl-prompts-only" else rollout
     assert touched == wanted | {"verl/utils/rl_msprobe_consistency.py"}
-    full_cycle(tree, [name])
+    if cycle:
+        full_cycle(tree, [name])
 
 
 def test_trim_line_sits_before_the_recompute_switch(tmp_path):
