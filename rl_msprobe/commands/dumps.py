@@ -30,9 +30,16 @@ def dumps() -> None:
     type=click.Choice(["training", "inference", "consistency"]),
     help="Layout to check against (default: detected from what is there).",
 )
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Processes parsing dump.json (default: cores/2, at most 4).",
+)
 @json_option
 @handles_user_errors
-def check(dirs: tuple[Path, ...], mode: str | None, as_json: bool) -> None:
+def check(dirs: tuple[Path, ...], mode: str | None, jobs: int | None, as_json: bool) -> None:
     """Check the dump layout under DIRS (consistency: the rollout and the training dump folders).
 
     training: {save_path}/step_{G}/{stage}/step0/rank{R}/dump.json; inference:
@@ -40,12 +47,13 @@ def check(dirs: tuple[Path, ...], mode: str | None, as_json: bool) -> None:
     update_actor_log.jsonl. Reports missing steps, ranks and stages, and empty or unparsable
     dump.json. Exit 0 complete, 1 problems found.
     """
+    from rl_msprobe.dumps.compare import default_jobs
     from rl_msprobe.dumps.layout import check_layout
     from rl_msprobe.errors import UserError
 
     if len(dirs) > 2:
         raise UserError("dumps check takes one folder, or two for consistency (rollout and training).")
-    report = check_layout(list(dirs), mode)
+    report = check_layout(list(dirs), mode, jobs or default_jobs())
     if as_json:
         emit_json(report.to_json())
     else:

@@ -159,6 +159,16 @@ def check_dump_file(path: Path) -> str | None:
     return None
 
 
+def _check_files(paths: list[Path], jobs: int) -> list[str | None]:
+    """check_dump_file for each path; JSON parsing is CPU-bound, so many files go to processes."""
+    if jobs <= 1 or len(paths) < 32:
+        return [check_dump_file(p) for p in paths]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(check_dump_file, paths, chunksize=max(1, len(paths) // (jobs * 8))))
+
+
 def detect_mode(roots: list[Path]) -> str:
     logs = {p.name for r in roots for p in walk_files(r, {DISPATCH_LOG, TRAIN_LOG}, max_depth=3)}
     if logs:
@@ -174,7 +184,7 @@ def _group_key(ref: DumpRef, mode: str) -> str:
     return "" if ref.pid is None else f"pid {ref.pid}"
 
 
-def _check_side(root: Path, mode: str, report: LayoutReport, label: str) -> None:
+def _check_side(root: Path, mode: str, report: LayoutReport, label: str, jobs: int = 1) -> None:
     refs = find_dumps(root)
     if not refs:
         report.problems.append(
@@ -189,7 +199,7 @@ def _check_side(root: Path, mode: str, report: LayoutReport, label: str) -> None
     by_group: dict[str, list[DumpRef]] = defaultdict(list)
     for ref in refs:
         by_group[_group_key(ref, mode)].append(ref)
-        why = check_dump_file(ref.path)
+    for ref, why in zip(refs, _check_files([r.path for r in refs], jobs)):
         if why:
             report.problems.append(
                 {"where": str(ref.path), "what": why, "fix": "re-run that step; the dump was cut short"}
@@ -280,13 +290,14 @@ def _ranges(nums: list[int]) -> str:
     return ", ".join(out)
 
 
-def check_layout(roots: list[Path], mode: str | None = None) -> LayoutReport:
-    """Check one or two dump roots against the layout of `mode` (detected when None)."""
+def check_layout(roots: list[Path], mode: str | None = None, jobs: int = 1) -> LayoutReport:
+    """Check one or two dump roots against the layout of `mode` (detected when None); `jobs`
+    processes parse the dump.json files."""
     mode = mode or detect_mode(roots)
     report = LayoutReport(mode=mode, roots=[str(r) for r in roots])
     if mode != "consistency":
         for root in roots:
-            _check_side(root, mode, report, "")
+            _check_side(root, mode, report, "", jobs)
         return report
     found: dict[str, list[Path]] = {
         DISPATCH_LOG: [p for r in roots for p in walk_files(r, {DISPATCH_LOG}, max_depth=3)],
@@ -309,5 +320,5 @@ def check_layout(roots: list[Path], mode: str | None = None) -> LayoutReport:
         # the side root: the folder holding the {pid} folders with the log
         sides[side] = found[name][0].parent.parent
     for side, root in sides.items():
-        _check_side(root, "consistency", report, f"{side}: ")
+        _check_side(root, "consistency", report, f"{side}: ", jobs)
     return report

@@ -95,3 +95,11 @@ def test_dump_index_accepts_every_layout(tmp_path: Path) -> None:
     assert idx.find(9, 4, 0) == d
     assert idx.find(9, 1, 0) is None
     assert idx.find(8, 4, 0) is None
+
+
+def test_many_dumps_checked_in_processes(tmp_path: Path) -> None:
+    for step in range(40):
+        write_dump(tmp_path / f"step{step}" / "rank0", "" if step == 33 else None)
+    serial, parallel = check_layout([tmp_path], jobs=1), check_layout([tmp_path], jobs=2)
+    assert serial.problems == parallel.problems
+    assert [p["where"] for p in parallel.problems] == [str(tmp_path / "step33" / "rank0" / "dump.json")]
