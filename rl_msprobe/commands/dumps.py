@@ -15,6 +15,18 @@ from rl_msprobe.commands.common import emit_json, handles_user_errors, json_opti
 
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
 SHOW = 40  # lines per list on the terminal
+
+
+def jobs_option(what: str):
+    return click.option(
+        "--jobs",
+        "-j",
+        type=click.IntRange(1, 64),
+        default=None,
+        help=f"{what} (default: cores/2, at most 4).",
+    )
+
+
 _dir_or_file = click.Path(exists=True, path_type=Path)
 
 
@@ -30,13 +42,7 @@ def dumps() -> None:
     type=click.Choice(["training", "inference", "consistency"]),
     help="Layout to check against (default: detected from what is there).",
 )
-@click.option(
-    "--jobs",
-    "-j",
-    type=click.IntRange(1, 64),
-    default=None,
-    help="Processes parsing dump.json (default: cores/2, at most 4).",
-)
+@jobs_option("Processes parsing dump.json")
 @json_option
 @handles_user_errors
 def check(dirs: tuple[Path, ...], mode: str | None, jobs: int | None, as_json: bool) -> None:
@@ -120,13 +126,7 @@ def _hard_problems(result) -> bool:
     help="Folder for msprobe output and the report.",
 )
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
-@click.option(
-    "--jobs",
-    "-j",
-    type=click.IntRange(1, 64),
-    default=None,
-    help="Parallel msprobe processes (default: cores/2, at most 4).",
-)
+@jobs_option("Parallel msprobe processes")
 @json_option
 @handles_user_errors
 def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | None, as_json: bool) -> None:
