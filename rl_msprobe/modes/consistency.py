@@ -94,6 +94,22 @@ def requirements(ctx: Context) -> Requirements:
         )
     )
 
+    if ctx.detection.device != "npu":
+        req.env.append(
+            EnvVar(
+                "consistency.env.CUBLAS_WORKSPACE_CONFIG",
+                "CUBLAS_WORKSPACE_CONFIG",
+                ":4096:8",
+                "the verl-engine helper calls msprobe's seed_all(mode=True), i.e. "
+                "torch.use_deterministic_algorithms(True); cuBLAS then raises without this",
+                required=False,
+            )
+        )
+        req.notes.append(
+            "The engine helper makes torch deterministic (DUMP_DETERMINISTIC=1, msprobe seed_all): a "
+            "non-deterministic kernel then raises. CUBLAS_WORKSPACE_CONFIG=:4096:8 is set for cuBLAS; if another "
+            "op still raises, export DUMP_DETERMINISTIC=0 (seed only)."
+        )
     verl = ctx.version("verl")
     no_engine = too_old(
         ctx,
