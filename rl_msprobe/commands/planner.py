@@ -101,7 +101,9 @@ tree_option = click.option(
     help="An upstream tree (path or release:NAME==VER) whose version matters (verl, sglang, vllm-ascend); repeatable.",
 )
 train_backend_option = click.option(
-    "--train-backend", type=click.Choice(["fsdp", "megatron"]), help="The training backend, when the script does not say."
+    "--train-backend",
+    type=click.Choice(["fsdp", "megatron"]),
+    help="The training backend, when the script does not say.",
 )
 python_option = click.option(
     "--python",
