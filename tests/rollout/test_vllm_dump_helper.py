@@ -312,15 +312,20 @@ def test_failure_before_the_forward_dumps_nothing(config, fake_msprobe):
 def test_only_configured_steps_are_logged_and_work_stops_after_the_last(config, fake_msprobe):
     fake_msprobe.extend([1, 2])
     helper = load_helper()
+    seen = []
+    dispatch = helper.dispatch
+    helper.dispatch = lambda *a: seen.append(1) or dispatch(*a)
     runner = make_runner_class(helper)()
     runner.execute_model(sched(new=[new_req("a", 4)], counts={"a": 4}))
-    for _ in range(4):
+    for _ in range(5):
         runner.execute_model(sched(cached=[("a", 4)], counts={"a": 1}))
     (debugger,) = FakeDebugger.instances
     assert [x["step"] for x in log_lines(config)] == [1, 2]
     assert debugger.service.should_stop_service
     starts = [c for c in debugger.calls if c[0] == "start"]
     assert len(starts) == 4, "after the service stopped for good, no more start/stop per step"
+    assert len(seen) == 4, "nor any reading of the scheduler output"
+    assert runner.forwards == 6
 
 
 def test_real_msprobe_dumps_through_the_helper(tmp_path):

@@ -178,6 +178,8 @@ class _Dump:
         self.pending = None
         if scheduler_output is None or not getattr(scheduler_output, "total_num_scheduled_tokens", 0):
             return
+        if self.debugger is not None and getattr(self.debugger.service, "should_stop_service", False):
+            return  # every configured step is done: the rest of the run costs one check per step
         phase, requests = dispatch(scheduler_output, getattr(runner, "requests", None))
         self.pending = (phase, requests, int(scheduler_output.total_num_scheduled_tokens))
 
