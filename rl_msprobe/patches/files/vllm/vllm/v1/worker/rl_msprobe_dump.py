@@ -169,6 +169,8 @@ class _Dump:
                     "pip install mindstudio-probe in the rollout's Python, or unset it."
                 ) from None
             debugger = PrecisionDebugger(config_path=self.config)
+            self.pid = os.getpid()  # the process that runs the model (the runner may predate a fork)
+            self.folder = os.path.join(self.base, str(self.pid))
             debugger.service.config.dump_path = self.folder
             self.debugger = debugger
         return self.debugger
