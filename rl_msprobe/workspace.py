@@ -98,8 +98,8 @@ def _applicability(piece: Piece, target: Target, exists: bool) -> str | None:
                 f"it supports {getattr(item, 'range_text', lambda: '?')()}."
             )
         return piece.why_optional or f"{piece.path} is not patched for {target.project} {target.version}"
-    if isinstance(item, Codemod) and piece.needs_file and not exists:
-        if piece.essential:
+    if isinstance(item, Codemod) and not exists:
+        if piece.essential or not piece.needs_file:  # needs_file=False: required inside its version range
             raise UserError(
                 f"{target.root / piece.path}: missing, but {target.project} {target.version} should have it. "
                 "Is --tree the folder that holds the package?"

@@ -47,7 +47,9 @@ class Piece:
     item: Codemod | NewFile
     essential: bool = True
     why_optional: str = ""  # shown when the piece is not applicable
-    needs_file: bool = True  # codemods: the target file must exist in the tree (else not-applicable)
+    # codemods of non-essential pieces: True: a tree without the file -> not-applicable;
+    # False: the file is required whenever the version is in the piece's range (missing -> error)
+    needs_file: bool = True
 
     @property
     def label(self) -> str:

@@ -48,7 +48,7 @@ CONSISTENCY_FILE = NewFile("verl", "verl/utils/rl_msprobe_consistency.py", name=
 def _only(codemod, why: str, needs_file: bool = False) -> Piece:
     """A piece that exists only for some versions: not-applicable (with `why`) outside its range.
 
-    needs_file=False: inside its range the file must be there (a missing anchor fails loudly).
+    needs_file=False: inside its range the file must be there (a missing file is an error).
     """
     return Piece(codemod, essential=False, why_optional=why, needs_file=needs_file)
 
@@ -74,8 +74,8 @@ VERL_PROMPTS_ONLY = register(
             ),
             _only(
                 VerlFullyAsyncTrainer(),
-                "fully_async_trainer.py is shipped from verl 0.8.0 (0.7.1 wheels have only its config); "
-                "FullyAsyncTrainer inherits the patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
+                "fully_async_trainer.py is not in this tree (verl wheels ship it from 0.8.0; 0.7.1 has only its "
+                "config); FullyAsyncTrainer inherits the patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
                 needs_file=True,
             ),
         ),

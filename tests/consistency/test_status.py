@@ -86,3 +86,22 @@ def test_status_through_a_lifecycle(tree):
     code, out, err = run_cli("patch", "revert", "verl-consistency", "--tree", str(tree), "--json")
     assert code == 0, err
     assert _status(tree)[1] == "absent"
+
+
+def test_missing_files_required_or_optional(tmp_path):
+    """Inside its version range a trainer file is required; fully_async_trainer.py is optional."""
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    (tree / "verl/experimental/fully_async_policy/fully_async_trainer.py").unlink()
+    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json")
+    assert code == 1, err
+    skipped = {s["codemod"]: s["detail"] for s in json.loads(out)["skipped"]}
+    assert "not in this tree" in skipped["verl-fully-async-trainer"]
+
+    (tree / V1).unlink()
+    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree))
+    assert code == 2 and V1 in err and "missing" in err and "0.9.1" in err
+    code, out, err = run_cli("patch", "status", "verl-prompts-only", "--tree", str(tree), "--json")
+    (entry,) = json.loads(out)["sets"]
+    assert code == 1 and entry["status"] == "conflict"
+    (v1,) = [f for f in entry["files"] if f["codemod"] == "verl-v1-trainer"]
+    assert v1["status"] == "conflict" and "missing" in v1["detail"]
