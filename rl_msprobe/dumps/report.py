@@ -237,13 +237,27 @@ def worst_rows(run: CompareRun, n: int = 10) -> list[tuple[int, Row]]:
     return rows[:n]
 
 
+def set_aside(run: CompareRun) -> list[list[str]]:
+    """[reason, rows over all pairs, example row] for rows not read as divergence."""
+    seen: dict[str, list] = {}
+    for r in run.results:
+        for row in r.summary.rows if r.summary else ():
+            if row.note:
+                entry = seen.setdefault(row.note, [0, _row_where(row)])
+                entry[0] += 1
+    return [[note, str(n), example] for note, (n, example) in sorted(seen.items(), key=lambda kv: -kv[1][0])]
+
+
+SET_ASIDE_HEAD = ["not read as divergence because", "rows", "e.g."]
+
+
 def render_markdown(run: CompareRun, png_name: str | None) -> str:
     lines = ["# rl-msprobe dump compare", "", f"**{verdict(run)}**", ""]
     lines += [
         f"- backend: `{run.backend}`; metrics and verdicts are msprobe's own "
         "(`msprobe compare --consistent_check`); training = msprobe NPU side (-tp), rollout = Bench side (-gp)",
-        "- rows msprobe could not pair or measure (one side only, `unsupported`, `shape unmatched`, vLLM "
-        "`SiluAndMul` vs training `act_fn`) are counted as *not comparable* and never as the first divergence",
+        "- rows msprobe could not pair or measure, and rows where the engines' calling conventions make the "
+        "two sides different quantities, are *not read as divergence* (reasons and counts below)",
     ]
     firsts = first_divergent_layers(run)
     if firsts:
@@ -280,6 +294,9 @@ def render_markdown(run: CompareRun, png_name: str | None) -> str:
             lines.append("Every one-request prefill found its training micro-batch.")
         lines += ["", "Log lines by what became of them:", ""]
         lines += [f"- {k}: {v}" for k, v in sorted(c.skipped.items())]
+    aside = set_aside(run)
+    if aside:
+        lines += ["", "## Rows not read as divergence", "", *_md_table(SET_ASIDE_HEAD, aside)]
     lines += ["", f"Per-pair msprobe output (CSV, log): `{run.out / 'pairs'}`", ""]
     return "\n".join(lines)
 
@@ -326,7 +343,8 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
         f"<div class='verdict {'ok' if ok else 'bad'}'>{_h(verdict(run))}</div>",
         f"<p class='muted'>backend <code>{_h(run.backend)}</code>; metrics and verdicts are msprobe's own "
         "(<code>msprobe compare --consistent_check</code>); training = NPU side (-tp), rollout = Bench side (-gp). "
-        "Rows msprobe could not pair or measure are <em>not comparable</em> and never the first divergence.</p>",
+        "Rows msprobe could not pair or measure, and rows where the engines' calling conventions make the two "
+        "sides different quantities, are <em>not read as divergence</em> (reasons and counts at the end).</p>",
     ]
     if png:
         data = base64.b64encode(png).decode()
@@ -386,6 +404,9 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
             + _h(", ".join(f"{k}: {v}" for k, v in sorted(c.skipped.items())))
             + "</p>"
         ]
+    aside = set_aside(run)
+    if aside:
+        parts += ["<h2>Rows not read as divergence</h2>", _html_table(SET_ASIDE_HEAD, aside)]
     parts += [
         f"<p class='muted'>Per-pair msprobe output (CSV, log): <code>{_h(run.out / 'pairs')}</code></p>"
     ]

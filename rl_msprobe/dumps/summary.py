@@ -153,8 +153,10 @@ def _structural_note(train_name: str, rollout_name: str, sim_text: str, tensor: 
         # an output or weight of different shape is a finding (other tokens, other weights),
         # unlike inputs, whose argument layout differs between engines (positions first in vLLM)
         return ""
+    if text == "shape unmatched":
+        return "msprobe: shape unmatched on an input (argument layouts differ between engines)"
     if _number(text) is None and text not in ("", "N/A"):
-        return text  # unsupported / shape unmatched input / ...
+        return f"msprobe: {text} (no metric for this row)"
     return ""
 
 
