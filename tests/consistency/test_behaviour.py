@@ -353,7 +353,7 @@ def test_trim_on_verls_own_dataproto(newest):
         if logprobs:
             assert after["rollout_log_probs"]["shape"] == [2, 0]
         assert after["non_tensor"] == before["non_tensor"] and after["len"] == 2
-        assert case["idempotent"] and case["same_object"] and case["meta_info"]["rl_msprobe_prompts_only"]
+        assert case["idempotent"] and case["same_object"] and case["meta_info"] == {"temperature": 1.0}
         # verl's own next steps accept it: DataProto -> TensorDict -> no padding = the prompts only
         assert case.get("no_padding", {}).get("input_ids") == [[5, 6], [7, 8, 9, 10]], case.get(
             "no_padding_error"

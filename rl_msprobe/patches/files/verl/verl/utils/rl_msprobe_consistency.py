@@ -72,10 +72,7 @@ def trim_to_prompts(batch: Any) -> Any:
     tensors = getattr(batch, "batch", batch)  # DataProto -> its TensorDict
     if tensors is None:
         return batch
-    trim_padded(tensors)
-    meta = getattr(batch, "meta_info", None)
-    if isinstance(meta, dict):
-        meta["rl_msprobe_prompts_only"] = True
+    trim_padded(tensors)  # meta_info is left alone: verl forwards it to every worker call
     return batch
 
 
