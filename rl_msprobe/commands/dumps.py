@@ -127,9 +127,14 @@ def _hard_problems(result) -> bool:
 )
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
 @jobs_option("Parallel msprobe processes")
+@click.option(
+    "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
+)
 @json_option
 @handles_user_errors
-def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | None, as_json: bool) -> None:
+def compare(
+    rollout: Path, train: Path, out: Path, backend: str, jobs: int | None, limit: int | None, as_json: bool
+) -> None:
     """Run msprobe's consistency compare for every pair and write report.md / report.html.
 
     With logs (ROLLOUT and TRAIN are the two dump_path folders) the pairs come from `correlate`;
@@ -160,6 +165,10 @@ def compare(rollout: Path, train: Path, out: Path, backend: str, jobs: int | Non
             )
     else:
         pairs = plain_pairs(rollout, train)
+    if limit and len(pairs) > limit:
+        if not as_json:
+            click.echo(f"comparing the first {limit} of {len(pairs)} pairs (--limit)", err=True)
+        pairs = pairs[:limit]
     jobs = jobs or default_jobs()
     if as_json:
         run.results = compare_pairs(pairs, out, backend, jobs)
