@@ -24,8 +24,6 @@ import contextvars
 import os
 from typing import Any
 
-_TRUE = ("1", "true", "yes", "on")
-
 # Tensors with one column per response token: emptied by trim_to_prompts.
 RESPONSE_KEYS = (
     "responses",
@@ -43,7 +41,7 @@ SEQUENCE_DIM1_KEYS = ("routed_experts",)
 
 
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
+    return os.environ.get(name, "").strip() == "1"  # as the engine hooks read DUMP_ON
 
 
 def prompts_only() -> bool:
