@@ -38,15 +38,13 @@ from __future__ import annotations
 import libcst as cst
 
 from rl_msprobe.codemods.base import (
-    Codemod,
     ScopedTransformer,
     TransformContext,
     call_name,
-    insert_after_imports,
     insert_before,
     parse_version,
 )
-from rl_msprobe.codemods.verl_trainer import CONSISTENCY_IMPORT
+from rl_msprobe.codemods.verl_trainer import ConsistencyCodemod
 
 RECORD = "server = rl_msprobe_consistency.record_request_id(server)"
 KEEP = "rl_msprobe_consistency.keep_request_id(output, server)"
@@ -126,9 +124,8 @@ _FULLY_ASYNC_RULE = (
 _SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or `output: TokenOutput = ...`)"
 
 
-class VerlAgentLoopRequestId(Codemod):
+class VerlAgentLoopRequestId(ConsistencyCodemod):
     name = "verl-agent-loop-request-id"
-    project = "verl"
     path = "verl/experimental/agent_loop/agent_loop.py"
     min_version = "0.6.0"
     max_version = "0.7.1"
@@ -144,7 +141,7 @@ class VerlAgentLoopRequestId(Codemod):
         "AgentLoopWorker._run_agent_loop",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         rules = {
             "AsyncLLMServerManager.generate": (
                 "AsyncLLMServerManager.generate",
@@ -165,14 +162,11 @@ class VerlAgentLoopRequestId(Codemod):
                 (BEGIN,),
                 (ATTACH,),
             )
-        updated = module.visit(_Surround(ctx, rules))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+        return _Surround(ctx, rules)
 
 
-class VerlLLMServerRequestId(Codemod):
+class VerlLLMServerRequestId(ConsistencyCodemod):
     name = "verl-llm-server-request-id"
-    project = "verl"
     path = "verl/workers/rollout/llm_server.py"
     min_version = "0.8.0"
     max_version = "0.9.1"
@@ -187,7 +181,7 @@ class VerlLLMServerRequestId(Codemod):
         "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         rules = {
             "LLMServerClient.generate": (
                 "LLMServerClient.generate",
@@ -199,8 +193,9 @@ class VerlLLMServerRequestId(Codemod):
             ),
             "FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE,
         }
-        transformer = _Surround(ctx, rules)
-        updated = module.visit(transformer)
+        return _Surround(ctx, rules)
+
+    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
         if "FullyAsyncLLMServerClient" not in transformer.classes and not self._expects_fully_async(
             ctx.version
         ):
@@ -208,17 +203,14 @@ class VerlLLMServerRequestId(Codemod):
             # with an unknown version the file's content decides.
             ctx.hit("FullyAsyncLLMServerClient.generate")
             ctx.hit("super().generate call")
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
 
     def _expects_fully_async(self, version: str | None) -> bool:
         parsed = parse_version(version)
         return parsed is not None and parsed >= parse_version(self.fully_async_since)
 
 
-class VerlFullyAsyncRolloutRequestId(Codemod):
+class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
     name = "verl-fully-async-rollouter-request-id"
-    project = "verl"
     path = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
     min_version = "0.8.0"
     max_version = "0.8.0"
@@ -228,13 +220,8 @@ class VerlFullyAsyncRolloutRequestId(Codemod):
         "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        rules = {
-            "FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE,
-        }
-        updated = module.visit(_Surround(ctx, rules))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Surround(ctx, {"FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE})
 
 
 LIFT = "rl_msprobe_consistency.lift_request_id(field)"
@@ -268,9 +255,8 @@ def _code(stmt: cst.SimpleStatementLine) -> str:
     return cst.Module(body=[]).code_for_node(stmt.with_changes(leading_lines=())).strip()
 
 
-class VerlAgentLoopTQRequestId(Codemod):
+class VerlAgentLoopTQRequestId(ConsistencyCodemod):
     name = "verl-agent-loop-tq-request-id"
-    project = "verl"
     path = "verl/trainer/ppo/v1/agent_loop_tq.py"
     min_version = "0.9.0"
     max_version = "0.9.1"
@@ -281,10 +267,8 @@ class VerlAgentLoopTQRequestId(Codemod):
         "position_ids field": f"`{POSITION_FIELD}` in AgentLoopWorkerTQ._agent_loop_postprocess",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_AfterPositionField(ctx, self.method))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _AfterPositionField(ctx, self.method)
 
 
 REQUEST_ID_CODEMODS = (

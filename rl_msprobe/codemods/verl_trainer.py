@@ -106,27 +106,37 @@ class _BeforeAnchor(ScopedTransformer):
         return updated.with_changes(body=statements)
 
 
-class _TrainerCodemod(Codemod):
-    """A trainer file: the trim line before the anchor in one method."""
+class ConsistencyCodemod(Codemod):
+    """A verl file whose inserted lines call the consistency helper: run the transformer, check
+    every anchor, import the helper after the file's imports."""
 
     project = "verl"
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        raise NotImplementedError
+
+    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
+        """Hook: anchors that depend on the version or on what the visit found."""
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        transformer = self.transformer(ctx)
+        updated = module.visit(transformer)
+        self.after_visit(transformer, ctx)
+        ctx.check_all_found()  # in declaration order: the method before the line inside it
+        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+
+
+class _TrainerCodemod(ConsistencyCodemod):
+    """A trainer file: the trim line before the anchor in one method."""
+
     method: str
     anchor_name: str = "bypass_recomputing_logprobs line"
 
     def matchers(self, ctx: TransformContext) -> Sequence:
         return (_is_bypass_line,)
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        transformer = _BeforeAnchor(ctx, self.method, self.anchor_name, self.matchers(ctx))
-        updated = module.visit(transformer)
-        if not transformer.done:
-            ctx.require(self.method)
-            self._missing_anchor(ctx)
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
-
-    def _missing_anchor(self, ctx: TransformContext) -> None:
-        ctx.fail(self.anchor_name)
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _BeforeAnchor(ctx, self.method, self.anchor_name, self.matchers(ctx))
 
 
 _BYPASS_EXPECTED = (
@@ -220,9 +230,8 @@ class _AfterQueue(ScopedTransformer):
         return updated.with_changes(body=updated.body.with_changes(body=statements))
 
 
-class VerlFullyAsyncTrainer(Codemod):
+class VerlFullyAsyncTrainer(ConsistencyCodemod):
     name = "verl-fully-async-trainer"
-    project = "verl"
     path = "verl/experimental/fully_async_policy/fully_async_trainer.py"
     min_version = "0.7.1"
     max_version = "0.9.1"
@@ -236,10 +245,8 @@ class VerlFullyAsyncTrainer(Codemod):
         "directly in FullyAsyncTrainer._fit_generate",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_AfterQueue(ctx, self.method))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _AfterQueue(ctx, self.method)
 
 
 TRAINER_CODEMODS = (
