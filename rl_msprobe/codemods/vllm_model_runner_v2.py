@@ -20,6 +20,7 @@ import libcst as cst
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
+    StatusReport,
     TransformContext,
     after_docstring,
     insert_after_imports,
@@ -28,6 +29,7 @@ from rl_msprobe.codemods.base import (
 )
 
 HELPER_IMPORT = "from vllm.v1.worker import rl_msprobe_dump"
+REQUIREMENT = "dumps need VLLM_USE_V2_MODEL_RUNNER=0: only the V1 runner is patched"
 
 
 class _Transformer(ScopedTransformer):
@@ -60,3 +62,8 @@ class VllmModelRunnerV2(Codemod):
         updated = module.visit(_Transformer(ctx))
         ctx.check_all_found()
         return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+
+    def status(self, source: str, version: str | None = None) -> StatusReport:
+        """`patch status` says the requirement on this file's line, whatever its state."""
+        report = super().status(source, version)
+        return StatusReport(report.status, f"{report.detail}; {REQUIREMENT}")

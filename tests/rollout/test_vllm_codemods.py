@@ -144,6 +144,8 @@ def test_apply_output_and_status_on_a_plain_tree(tmp_path):
     code, out, _ = run_cli("patch", "status", "vllm-dump", "--tree", str(root))
     assert code == 0
     assert "vllm-v2-runner-guard" in out and "vllm-model-runner" in out and "vllm-dump: applied" in out
+    (guard_line,) = [line for line in out.splitlines() if "vllm-v2-runner-guard" in line]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in guard_line, "status says the requirement too"
     code, _, err = run_cli("patch", "revert", "vllm-dump", "--tree", str(root))
     assert code == 0, err
     assert {p: p.read_bytes() for p in root.rglob("*.py")} == original
