@@ -65,15 +65,23 @@ def patched(tmp_path_factory):
 
 
 def run_scenario(
-    python: Path, tree: Path, workdir: Path, engine: str, calls: list, **env: str | None
+    python: Path,
+    tree: Path,
+    workdir: Path,
+    engine: str,
+    calls: list,
+    msprobe: dict | None = None,
+    **env: str | None,
 ) -> dict:
     """One fresh process; ENV on top of a clean environment (None: unset). Writes a valid msprobe
-    config (mix, statistics, dump_path = WORKDIR/dump) and points MSPROBE_ACTOR_CONFIG at it unless
-    told otherwise. Returns the scenario's result with `dump`, the dump path."""
+    config (mix, statistics, dump_path = WORKDIR/dump, plus MSPROBE) and points MSPROBE_ACTOR_CONFIG
+    at it unless told otherwise. Returns the scenario's result with `dump`, the dump path."""
     workdir.mkdir(parents=True, exist_ok=True)
     dump = workdir / "dump"
     config = workdir / "config_actor.json"
-    config.write_text(json.dumps({"task": "statistics", "level": "mix", "dump_path": str(dump)}))
+    config.write_text(
+        json.dumps({"task": "statistics", "level": "mix", "dump_path": str(dump), **(msprobe or {})})
+    )
     base = {
         k: v
         for k, v in os.environ.items()
@@ -147,16 +155,17 @@ LAYOUT = {
 }
 
 
-def check_dumps(result: dict, expected: list[tuple[int, int, str]], engine: str) -> None:
-    """EXPECTED: (call index, micro-batch index, phase) per dumped micro-batch, in order. Each has
-    its own msprobe step `step{N}/rank0/dump.json` and its own log line with its request ids, and
-    the dump's statistics are those of that micro-batch's tokens."""
+def check_dumps(result: dict, expected: list[tuple[int, int, str]], engine: str, steps=None) -> None:
+    """EXPECTED: (call index, micro-batch index, phase) per dumped micro-batch, in order, dumped as
+    msprobe steps STEPS (default 0, 1, ...). Each has its own `step{N}/rank0/dump.json` and its own
+    log line with its request ids, and the dump's statistics are those of that micro-batch's tokens."""
     dump, calls = result["dump"], result["calls"]
     layer, grad_layer, with_backward = LAYOUT[engine]
-    assert step_dirs(dump) == [f"step{n}" for n in range(len(expected))]
+    steps = list(range(len(expected))) if steps is None else steps
+    assert step_dirs(dump) == [f"step{n}" for n in steps]
     lines = log_lines(dump)
     assert len(lines) == len(expected), lines
-    for step, ((call, micro, phase), line) in enumerate(zip(expected, lines)):
+    for step, (call, micro, phase), line in zip(steps, expected, lines):
         first = micro * MICRO
         assert line["source"] == "update_actor" and line["rank"] == 0 and line["step"] == step, line
         assert line["phase"] == phase
@@ -286,6 +295,25 @@ def test_dump_phase_filters(venv_python, patched, tmp_path, phase, expected_phas
     )
     ok_calls(result)
     check_dumps(result, [(dumped_call, 0, expected_phase), (dumped_call, 1, expected_phase)], "fsdp")
+
+
+@pytest.mark.parametrize("engine", ["fsdp", "megatron"])
+def test_msprobe_step_list_logs_only_dumped_micro_batches(venv_python, patched, tmp_path, engine):
+    """msprobe's own `step` list picks which micro-batches (msprobe steps) are dumped; the log has
+    a line for exactly those, so every line's step{N} exists. Past the last listed step msprobe
+    stops for good and training goes on."""
+    result = run_scenario(
+        venv_python,
+        patched("0.9.1"),
+        tmp_path,
+        engine,
+        ACTOR_BOTH + ACTOR_BOTH,
+        msprobe={"step": [1, 2]},
+        DUMP_ON="1",
+        DUMP_PHASE="all",
+    )
+    ok_calls(result)
+    check_dumps(result, [(0, 1, "log_prob"), (1, 0, "update_actor")], engine, steps=[1, 2])
 
 
 def test_bad_msprobe_config_is_one_clear_error(venv_python, patched, tmp_path):

@@ -96,7 +96,7 @@ def request_ids(batch) -> list:
     value = None
     for key in ("request_id", "request_ids"):
         try:
-            value = batch[key] if key in batch.keys() else None
+            value = batch[key] if key in batch.keys() else None  # noqa: SIM118 (older tensordict refuses `in`)
         except Exception:
             value = None
         if value is None:
@@ -154,16 +154,33 @@ def _log(engine, batch, step: int, phase: str) -> None:
         handle.write(json.dumps(line) + "\n")
 
 
-def _start(model) -> int:
+def _dumping(service) -> bool:
+    """Does msprobe dump the step it just started? Not once it has stopped for good (past the
+    config's last `step`), nor on a step or rank the config leaves out."""
+    if getattr(service, "should_stop_service", False):
+        return False
+    config = getattr(service, "config", None)
+    steps = getattr(config, "step", None)
+    if steps and getattr(service, "current_iter", None) not in steps:
+        return False
+    ranks = getattr(config, "rank", None)
+    return not (ranks and getattr(service, "current_rank", None) not in ranks)
+
+
+def _start(model):
+    """Start msprobe on MODEL; returns its step number when this micro-batch is dumped, else None."""
     dbg = debugger()
     dbg.start(model=model)
-    return int(getattr(dbg.service, "current_iter", 0))
+    return int(getattr(dbg.service, "current_iter", 0)) if _dumping(dbg.service) else None
 
 
-def _finish(engine, batch, step: int, phase: str) -> None:
+def _finish(engine, batch, step, phase: str) -> None:
+    """Stop and step msprobe; a micro-batch it did not dump (STEP None) gets no log line, so every
+    line names a step{N} that exists."""
     dbg = debugger()
     dbg.stop()
-    _log(engine, batch, step, phase)
+    if step is not None:
+        _log(engine, batch, step, phase)
     dbg.step()
 
 
@@ -191,7 +208,9 @@ def micro_batch_end(token) -> None:
 
 def megatron_batch_begin(engine, forward_only) -> None:
     """Decide once per batch (Megatron's schedule owns the micro-batch loop)."""
-    engine._rl_msprobe_phase = ("log_prob" if forward_only else "update_actor") if wants(engine, forward_only) else None
+    engine._rl_msprobe_phase = (
+        ("log_prob" if forward_only else "update_actor") if wants(engine, forward_only) else None
+    )
 
 
 def megatron_forward_start(engine, model, batch) -> None:
@@ -205,4 +224,4 @@ def megatron_forward_end(engine, batch) -> None:
     phase = getattr(engine, "_rl_msprobe_phase", None)
     if phase is None:
         return
-    _finish(engine, batch, getattr(engine, "_rl_msprobe_step", 0), phase)
+    _finish(engine, batch, getattr(engine, "_rl_msprobe_step", None), phase)
