@@ -10,7 +10,7 @@ schedule and the real `MegatronEngineWithLMHead.forward_step` (verl's THD packin
 head), over 4 samples = 2 micro-batches that carry a non-tensor `request_id`.
 
 Measured on the 2-core dev box: venv build 200 s (warm pip cache) / 350 s (no pip cache),
-2.1 GB; this file ~2 min of CPU, 3-6 min wall depending on load.
+2.1 GB; this file (17 scenario processes) ~2.4 min of CPU, 4-7 min wall on the shared, loaded box.
 """
 
 from __future__ import annotations
