@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 
 import pytest
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 PROMPTS = ["the model rollout", "prefill decode tensor layer"]
 MAX_TOKENS = 4  # 1 prefill step + 3 decode steps (the 4th token comes from the 3rd decode's logits)
+TP = 2 if len(os.sched_getaffinity(0)) >= 2 else 1  # CPU TP workers each need a core of their own
 SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM >= 0.14 appends it to the caller's request id
 
 V2_CHECK = """
@@ -71,7 +73,7 @@ def engine():
 def dumped(engine, tmp_path_factory):
     """The patched engine, run four times (each its own process) under one lock:
     dump on (in-process engine, plus a V2-runner check), dump off, dump on with a non-eager
-    engine, dump on with vLLM's engine-core and worker processes (the default outside tests)."""
+    engine, dump on with vLLM's engine-core and TP worker processes (as in a real job)."""
     python, model = engine
     tmp = tmp_path_factory.mktemp("vllm-dump")
     config, dump = _config(tmp / "on")
@@ -86,8 +88,10 @@ def dumped(engine, tmp_path_factory):
             python,
             model,
             tmp / "multiproc",
+            llm_kwargs={"tensor_parallel_size": TP},
             MSPROBE_ROLLOUT_CONFIG=str(config_mp),
             VLLM_ENABLE_V1_MULTIPROCESSING="1",
+            VLLM_CPU_OMP_THREADS_BIND="|".join(str(c) for c in sorted(os.sched_getaffinity(0))[:TP]),
         )
     return {
         "result": result,
@@ -203,23 +207,33 @@ def test_the_venv_is_pristine_again(engine):
     assert not (site / "vllm/v1/worker/rl_msprobe_dump.py").exists()
 
 
-def test_engine_core_and_worker_processes_dump_in_the_worker(dumped):
-    """With vLLM's own processes (engine core + worker), the variable reaches the worker, which
-    dumps into its own {pid} folder; the scheduler may split the prompts' prefill across steps."""
+def test_engine_core_and_tensor_parallel_workers_dump_per_rank(dumped):
+    """With vLLM's own processes (engine core + one worker per TP rank), the variable reaches
+    every worker; each dumps its shard into its own {pid} folder under its own rank, and all log
+    the same steps. The scheduler may split the prompts' prefill across steps here."""
     result = dumped["multiproc"]
     assert "error" not in result, result.get("error")
-    assert result["outputs"] == dumped["result"]["outputs"]
-    (pid_dir,) = list(dumped["dump_mp"].iterdir())
-    assert int(pid_dir.name) != result["pid"], "the worker process dumps, not the driver"
-    lines = [json.loads(x) for x in (pid_dir / "dispatch_log.jsonl").read_text().splitlines()]
-    steps = sorted(int(p.name[4:]) for p in pid_dir.glob("step*"))
-    assert steps == [x["step"] for x in lines] == list(range(len(lines)))
-    assert all(list(pid_dir.glob(f"step{n}/rank*/dump.json")) for n in steps)
-    assert lines[0]["phase"] == "prefill" and lines[0]["pid"] == int(pid_dir.name)
+    assert result["outputs"] == dumped["result"]["outputs"], "TP and process layout change no tokens"
+    pid_dirs = sorted(dumped["dump_mp"].iterdir())
+    assert len(pid_dirs) == TP and result["pid"] not in {int(p.name) for p in pid_dirs}
+    ranks, logs = set(), []
+    for pid_dir in pid_dirs:
+        lines = [json.loads(x) for x in (pid_dir / "dispatch_log.jsonl").read_text().splitlines()]
+        steps = sorted(int(p.name[4:]) for p in pid_dir.glob("step*"))
+        assert steps == [x["step"] for x in lines] == list(range(len(lines)))
+        rank = lines[0]["rank"]
+        assert {p.name for p in pid_dir.glob("step*/rank*")} == {f"rank{rank}"}
+        assert all(x["pid"] == int(pid_dir.name) and x["rank"] == rank for x in lines)
+        assert all(list(pid_dir.glob(f"step{n}/rank{rank}/dump.json")) for n in steps)
+        ranks.add(rank)
+        logs.append([(x["step"], x["phase"], x["total_num_scheduled_tokens"], x["requests"]) for x in lines])
+    assert ranks == set(range(TP))
+    assert all(log == logs[0] for log in logs), "every TP worker runs the same model steps"
+    lines = [{"step": s, "phase": ph, "requests": rq} for s, ph, _, rq in logs[0]]
+    assert lines[0]["phase"] == "prefill" and lines[-1]["phase"] == "decode"
     new_ids = {SUFFIX.sub("", r["request_id"]) for x in lines for r in x["requests"] if r["type"] == "new"}
     assert new_ids == {o["request_id"] for o in result["outputs"]}
     assert all(x["phase"] == "prefill" for x in lines if any(r["type"] == "new" for r in x["requests"]))
-    assert lines[-1]["phase"] == "decode"
 
 
 @pytest.mark.release
