@@ -71,6 +71,7 @@ class PatchSet:
     max_version: str | None = None
     native_since: str | None = None  # versions from here support this natively
     native_hint: str = ""  # what to use instead, for the refusal
+    below_min_reason: str = ""  # why versions below min_version are refused (shown with the refusal)
     optional: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -95,9 +96,11 @@ class PatchSet:
                 f"no patch is needed. {self.native_hint}"
             )
         if not version_in_range(version, self.min_version, self.max_version):
+            below = self.below_min_reason if not version_in_range(version, self.min_version, None) else ""
             raise UserError(
                 f"{self.name}: {self.project} {version} is not supported; this set supports "
-                f"{self.project} {self.range_text()}. Use a supported release or update rl-msprobe."
+                f"{self.project} {self.range_text()}. {below + ' ' if below else ''}"
+                "Use a supported release or update rl-msprobe."
             )
 
     def is_native(self, version: str | None) -> bool:

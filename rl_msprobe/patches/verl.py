@@ -135,12 +135,13 @@ VERL_CONSISTENCY = register(
         project="verl",
         description="training-inference consistency: engine hooks + PROMPTS_ONLY trimming + request ids",
         includes=("verl-engine", "verl-prompts-only", "verl-request-id"),
-        min_version="0.6.0",
+        min_version="0.7.0",
         max_version=NEWEST,
-        notes=(
-            *VERL_ENGINE.notes,
-            "verl 0.6.x: the actor always runs the legacy workers (use_legacy_worker_impl only switches critic and "
-            "reward model), so the patched engine never computes the actor's log-probs there: use verl >= 0.7.0.",
+        below_min_reason=(
+            "In verl 0.6.x the actor always runs the legacy workers (use_legacy_worker_impl switches only the "
+            "critic and the reward model), so the patched training engine never computes the actor's log-probs "
+            "and nothing would be dumped; verl-prompts-only and verl-request-id alone do apply there."
         ),
+        notes=VERL_ENGINE.notes,
     )
 )

@@ -28,8 +28,8 @@ LLM_SERVER = "verl/workers/rollout/llm_server.py"
 FULLY_ASYNC_ROLLOUTER = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
 AGENT_LOOP_TQ = "verl/trainer/ppo/v1/agent_loop_tq.py"
 
-# version -> (trainer files, request-id files). 0.6.x patches cleanly, but its actor never runs
-# the engine (see the verl-consistency notes); the cycle is still checked there.
+# version -> (trainer files, request-id files). verl-consistency refuses 0.6.x (its actor never runs
+# the engine: nothing would be dumped); its two parts apply there and are checked on their own.
 EXPECTED = {
     "0.6.0": ({RAY}, {AGENT_LOOP}),
     "0.6.1": ({RAY}, {AGENT_LOOP}),
@@ -39,7 +39,7 @@ EXPECTED = {
     "0.9.0": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER, AGENT_LOOP_TQ}),
     "0.9.1": ({RAY, SEPARATE, V1, FULLY_ASYNC_TRAINER}, {LLM_SERVER, AGENT_LOOP_TQ}),
 }
-VERSIONS = sorted(EXPECTED)
+VERSIONS = [v for v in sorted(EXPECTED) if not v.startswith("0.6.")]
 
 
 def _diff_json(tree, *sets):
@@ -71,11 +71,19 @@ def test_consistency_full_cycle_and_files(tmp_path, version):
 
 
 PARTS = [
-    ("verl-prompts-only", "0.6.0", False),  # the recompute-call anchor
+    ("verl-prompts-only", "0.6.0", True),  # the recompute-call anchor
+    ("verl-request-id", "0.6.1", True),  # agent loop on AgentLoopWorkerBase, the caller's id to the server
     ("verl-prompts-only", "0.8.0", True),  # ray + separation + main_ppo_sync + fully-async trainers
     ("verl-request-id", "0.7.0", True),  # agent loop, TokenOutput without extra_fields
     ("verl-request-id", "0.9.1", False),  # llm_server with the fully-async client, v1 agent loop
 ]
+
+
+@pytest.mark.parametrize("version", ["0.6.0", "0.6.1"])
+def test_consistency_refuses_06_with_the_reason(version):
+    code, out, err = run_cli("patch", "diff", "verl-consistency", "--tree", f"release:verl=={version}")
+    assert code == 2 and out == ""
+    assert f"verl {version} is not supported" in err and "legacy workers" in err and "0.7.0" in err
 
 
 @pytest.mark.parametrize(("name", "version", "cycle"), PARTS)
