@@ -18,9 +18,10 @@ Four kinds of marked lines in `vllm/v1/worker/gpu_model_runner.py`, all calling
   logits, not the input preparation.
 
 The CPU runner subclasses `GPUModelRunner` without overriding `execute_model`, so it runs this
-code. Drift handled (vLLM 0.24.0 … 0.33.0): `__init__` gains a `@JitWarmupRegistry.capture`
-decorator in 0.30.0 (irrelevant to the last-line insertion); the forward is
-`model_output = self._model_forward(...)` inside a multi-context `with` throughout.
+code. Drift handled (vLLM 0.24.0 … 0.33.0, all twelve releases checked): `__init__` gains a
+`@JitWarmupRegistry.capture` decorator in 0.30.0 (irrelevant to the last-line insertion); the
+forward is `model_output = self._model_forward(...)` inside a multi-context `with` throughout.
+The V2 runner is not dumped: see `vllm_model_runner_v2.py` for its guard and why.
 """
 
 from __future__ import annotations
