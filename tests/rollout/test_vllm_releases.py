@@ -4,6 +4,7 @@ sources, unpacked without building; cached under ~/.cache/rl-msprobe/releases)."
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -16,6 +17,10 @@ pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
 
 FULL_CYCLE = ["0.24.0", "0.33.0"]  # the oldest and newest release the set supports
 APPLY_ONLY = ["0.30.0", "0.32.0"]  # __init__ gains a decorator in 0.30.0; 0.32.0 is what the CPU e2e runs
+# every release in the range (eight more sdist downloads, ~47 MB each): RL_MSPROBE_VLLM_ALL_RELEASES=1
+EVERY = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.31.0"]
+if os.environ.get("RL_MSPROBE_VLLM_ALL_RELEASES") == "1":
+    APPLY_ONLY = sorted({*APPLY_ONLY, *EVERY}, key=lambda v: tuple(map(int, v.split("."))))
 
 
 @pytest.mark.parametrize("version", FULL_CYCLE)
