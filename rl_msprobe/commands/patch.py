@@ -156,6 +156,7 @@ def apply(
         raise UserError("pass --branch NAME or --no-branch, not both.")
     target, sets = _target_and_sets(set_names, tree, python)
     result = workspace.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+    result["notes"] = [note for s in sets for note in s.notes_for(target.version)]
     if as_json:
         emit_json(result)
         return
@@ -171,9 +172,8 @@ def apply(
             click.echo(f"originals kept in {result['manifest']}")
     for skipped in result["skipped"]:
         click.echo(f"  not applicable: {skipped['codemod']} ({skipped['detail']})")
-    for s in sets:
-        for note in s.notes:
-            click.echo(f"note: {note}")
+    for note in dict.fromkeys(result["notes"]):
+        click.echo(f"note: {note}")
 
 
 @patch.command()

@@ -74,6 +74,13 @@ class PatchSet:
     below_min_reason: str = ""  # why versions below min_version are refused (shown with the refusal)
     optional: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # (min_version, max_version, text): notes that hold only for some versions
+    version_notes: tuple[tuple[str | None, str | None, str], ...] = field(default_factory=tuple)
+
+    def notes_for(self, version: str | None) -> list[str]:
+        """The notes that hold for this version (all version notes when the version is unknown)."""
+        scoped = [text for low, high, text in self.version_notes if version_in_range(version, low, high)]
+        return [*self.notes, *scoped]
 
     def all_pieces(self) -> tuple[Piece, ...]:
         """This set's pieces and those of included sets, each once, in order."""

@@ -18,9 +18,13 @@ VERL_ENGINE = register(
         pieces=(Piece(HOOKS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
         min_version="0.6.0",
         max_version=NEWEST,
-        notes=(
-            "verl <= 0.7.1 runs the legacy workers by default: add trainer.use_legacy_worker_impl=disable "
-            "so the patched engine runs (rl-msprobe prepare does).",
+        version_notes=(
+            (
+                None,
+                "0.7.1",
+                "verl <= 0.7.1 runs the legacy workers by default: add trainer.use_legacy_worker_impl=disable "
+                "so the patched engine runs (rl-msprobe prepare does).",
+            ),
         ),
     )
 )
@@ -142,6 +146,6 @@ VERL_CONSISTENCY = register(
             "critic and the reward model), so the patched training engine never computes the actor's log-probs "
             "and nothing would be dumped; verl-prompts-only and verl-request-id alone do apply there."
         ),
-        notes=VERL_ENGINE.notes,
+        version_notes=VERL_ENGINE.version_notes,
     )
 )

@@ -167,3 +167,12 @@ def test_init_repo_helper_makes_clean_repo(tmp_path):
     (tmp_path / "a" / "x.py").write_text("x = 1\n")
     init_repo(tmp_path / "a")
     assert git(tmp_path / "a", "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize(("version", "expect_note"), [("0.7.1", True), ("0.9.1", False)])
+def test_legacy_worker_note_only_where_it_holds(tmp_path, version, expect_note):
+    tree = scratch_copy("verl", version, tmp_path / "verl")
+    code, out, err = run_cli("patch", "apply", "verl-engine", "--tree", str(tree), "--json")
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert any("use_legacy_worker_impl=disable" in n for n in notes) is expect_note
