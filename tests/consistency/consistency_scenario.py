@@ -198,6 +198,13 @@ def case_trim(workdir: Path) -> dict:
                 "input_ids": [row.tolist() for row in td["input_ids"].unbind()],
                 "request_id": [str(x) for x in td["request_id"]],
             }
+            # ... and back: the engine's per-token log-probs (one per prompt token) -> responses
+            from verl.workers.utils.padding import no_padding_2_padding
+
+            log_probs = torch.nested.nested_tensor_from_jagged(
+                torch.zeros(td["input_ids"].values().shape[0]), offsets=td["input_ids"].offsets()
+            )
+            entry["old_log_probs_shape"] = list(no_padding_2_padding(log_probs, td).shape)
         except Exception as exc:  # reported, the test decides
             entry["no_padding_error"] = f"{type(exc).__name__}: {exc}"
         result[name] = entry

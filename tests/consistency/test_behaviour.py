@@ -359,6 +359,7 @@ def test_trim_on_verls_own_dataproto(newest):
             "no_padding_error"
         )
         assert case["no_padding"]["request_id"] == ["rid-a", "rid-b"]
+        assert case["old_log_probs_shape"] == [2, 0]  # the trainer's way back: zero response columns
 
 
 @pytest.mark.e2e
