@@ -7,7 +7,7 @@ import pytest
 from rl_msprobe.codemods.base import Status
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from tests.support.codemod_cases import check_invalid, check_pair, invalid, pairs
+from tests.support.codemod_cases import check_invalid, check_pair, invalid_params, pair_params, pairs
 
 CASES = [
     (VerlFSDPEngine(), "verl_fsdp_engine"),
@@ -15,20 +15,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("codemod", "before", "after"),
-    [(c, b, a) for c, folder in CASES for b, a in pairs(folder)],
-    ids=lambda v: getattr(v, "name", None) if not hasattr(v, "suffix") else v.name,
-)
+@pytest.mark.parametrize(("codemod", "before", "after"), pair_params(CASES))
 def test_fixture_pair(codemod, before, after):
     check_pair(codemod, before, after)
 
 
-@pytest.mark.parametrize(
-    ("codemod", "path"),
-    [(c, p) for c, folder in CASES for p in invalid(folder)],
-    ids=lambda v: getattr(v, "name", ""),
-)
+@pytest.mark.parametrize(("codemod", "path"), invalid_params(CASES))
 def test_drifted_source_fails_loudly(codemod, path):
     check_invalid(codemod, path)
 

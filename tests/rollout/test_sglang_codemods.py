@@ -7,25 +7,25 @@ import pytest
 from rl_msprobe.codemods.base import AnchorError
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
-from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+from tests.support.codemod_cases import (
+    FIXTURES,
+    check_invalid,
+    check_pair,
+    invalid,
+    invalid_params,
+    pair_params,
+    pairs,
+)
 
 CASES = [(SGLangModelRunner(), "sglang_model_runner"), (SGLangIoStruct(), "sglang_io_struct")]
 
 
-@pytest.mark.parametrize(
-    ("codemod", "before", "after"),
-    [(c, b, a) for c, folder in CASES for b, a in pairs(folder)],
-    ids=lambda v: v.name if hasattr(v, "name") else str(v),
-)
+@pytest.mark.parametrize(("codemod", "before", "after"), pair_params(CASES))
 def test_fixture_pair(codemod, before, after):
     check_pair(codemod, before, after)
 
 
-@pytest.mark.parametrize(
-    ("codemod", "path"),
-    [(c, p) for c, folder in CASES for p in invalid(folder)],
-    ids=lambda v: v.name if hasattr(v, "name") else str(v),
-)
+@pytest.mark.parametrize(("codemod", "path"), invalid_params(CASES))
 def test_drifted_source_fails_loudly(codemod, path):
     check_invalid(codemod, path)
 

@@ -10,7 +10,14 @@ from rl_msprobe.codemods.base import AnchorError, Status
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.patches import get_set
-from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+from tests.support.codemod_cases import (
+    FIXTURES,
+    check_invalid,
+    check_pair,
+    invalid,
+    invalid_params,
+    pair_params,
+)
 from tests.support.trees import run_cli
 
 CASES = [
@@ -19,20 +26,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("codemod", "before", "after"),
-    [(c, b, a) for c, folder in CASES for b, a in pairs(folder)],
-    ids=lambda v: getattr(v, "name", None) if not hasattr(v, "suffix") else v.name,
-)
+@pytest.mark.parametrize(("codemod", "before", "after"), pair_params(CASES))
 def test_fixture_pair(codemod, before, after):
     check_pair(codemod, before, after)
 
 
-@pytest.mark.parametrize(
-    ("codemod", "path"),
-    [(c, p) for c, folder in CASES for p in invalid(folder)],
-    ids=lambda v: getattr(v, "name", ""),
-)
+@pytest.mark.parametrize(("codemod", "path"), invalid_params(CASES))
 def test_drifted_source_fails_loudly(codemod, path):
     check_invalid(codemod, path)
 

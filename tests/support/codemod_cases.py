@@ -58,3 +58,21 @@ def check_invalid(codemod: Codemod, path: Path) -> None:
     message = str(info.value)
     assert codemod.path in message and "anchor" in message and "9.9.9" in message
     assert codemod.status(path.read_text()).status is Status.CONFLICT
+
+
+def pair_params(cases: list[tuple[Codemod, str]]) -> list:
+    """pytest params (codemod, before, after) for every fixture pair of every (codemod, folder)."""
+    return [
+        pytest.param(codemod, before, after, id=f"{codemod.name}:{before.name}")
+        for codemod, folder in cases
+        for before, after in pairs(folder)
+    ]
+
+
+def invalid_params(cases: list[tuple[Codemod, str]]) -> list:
+    """pytest params (codemod, path) for every drifted source of every (codemod, folder)."""
+    return [
+        pytest.param(codemod, path, id=f"{codemod.name}:{path.name}")
+        for codemod, folder in cases
+        for path in invalid(folder)
+    ]
