@@ -231,6 +231,7 @@ def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
                 "name": patch_set.name,
                 "status": set_status(reports).value,
                 "files": [r.to_json() for r in reports],
+                "notes": patch_set.notes_for(target.version),
             }
         )
     return {"tree": str(target.root), "project": target.project, "version": target.version, "sets": doc_sets}

@@ -237,4 +237,6 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
             click.echo(f"{entry['name']}: {entry['status']}")
             for f in entry["files"]:
                 click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
+            for note in entry["notes"]:
+                click.echo(f"  note: {note}")
     sys.exit(0 if workspace.all_applied(doc) else 1)
