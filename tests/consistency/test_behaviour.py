@@ -253,9 +253,15 @@ def test_lift_request_id_for_the_v1_transfer_queue(helper, monkeypatch):
     assert helper.lift_request_id({"extra_fields": {}})["request_id"] == ""  # same keys for every sample
 
 
-def test_request_ids_of_a_micro_batch(helper):
+def test_request_ids_of_a_micro_batch():
+    """The engine hook's reader (verl/utils/rl_msprobe_hooks.py) finds ids at top level or in extra_fields."""
     import numpy as np
 
+    spec = importlib.util.spec_from_file_location(
+        "rl_msprobe_hooks_under_test", HELPER.with_name("rl_msprobe_hooks.py")
+    )
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
     assert helper.request_ids({"request_id": np.array(["a", "b"], dtype=object)}) == ["a", "b"]
     assert helper.request_ids({"extra_fields": [{"request_id": "x"}, {"request_id": "y"}]}) == ["x", "y"]
     proto = SimpleNamespace(non_tensor_batch={"request_id": np.array(["p"], dtype=object)})
@@ -412,3 +418,32 @@ def test_the_id_reaches_update_actor_log_through_the_real_engine(newest):
     lines = result["log_lines"]
     assert [line["request_ids"] for line in lines] == [[rid] for rid in result["received"]]
     assert all(line["phase"] == "log_prob" and line["num_requests"] == 1 for line in lines)
+
+
+@pytest.mark.e2e
+def test_request_ids_from_tensordict_non_tensor_fields(tmp_path):
+    """A TensorDict micro-batch (the engine's input, in the verl venv: tensordict 0.10.0) with ids as a
+    non-tensor stack, and with 0.8.0 main_ppo_sync's per-sample extra_fields."""
+    import subprocess
+
+    from tests.support import verl_venv
+
+    python = verl_venv.venv_python_or_skip()
+    code = (
+        "import importlib.util, json, sys, torch, tensordict\n"
+        "spec = importlib.util.spec_from_file_location('hooks', sys.argv[1])\n"
+        "hooks = importlib.util.module_from_spec(spec); spec.loader.exec_module(hooks)\n"
+        "td = tensordict.TensorDict({'input_ids': torch.ones(2, 3)}, batch_size=[2])\n"
+        "td['request_id'] = tensordict.NonTensorStack('r0', 'r1')\n"
+        "td2 = tensordict.TensorDict({'input_ids': torch.ones(2, 3)}, batch_size=[2])\n"
+        "td2['extra_fields'] = tensordict.NonTensorStack({'request_id': 'e0'}, {'request_id': 'e1'})\n"
+        "print(json.dumps([hooks.request_ids(td), hooks.request_ids(td2), hooks.request_ids(td2[1:])]))\n"
+    )
+    out = subprocess.run(
+        [str(python), "-c", code, str(HELPER.with_name("rl_msprobe_hooks.py"))],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [["r0", "r1"], ["e0", "e1"], ["e1"]]

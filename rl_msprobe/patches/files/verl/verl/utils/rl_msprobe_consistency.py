@@ -12,7 +12,7 @@ Two jobs, each called from one marked line (`# rl-msprobe:...`) in upstream verl
 * the request-id chain -- the id the rollout server received is stored in the rollout
   output's ``extra_fields["request_id"]``; verl carries ``extra_fields`` into
   ``DataProto.non_tensor_batch`` and on into the engine's micro-batches, where the engine hook
-  logs it (``request_ids(micro_batch)``). Active when ``DUMP_ON``, ``PROMPTS_ONLY`` or
+  logs it (``rl_msprobe_hooks.request_ids(micro_batch)``). Active when ``DUMP_ON``, ``PROMPTS_ONLY`` or
   ``RL_MSPROBE_REQUEST_ID`` is ``1``; otherwise every function here is a no-op.
 
 Depends only on the standard library, numpy and torch (imported lazily); never on rl-msprobe.
@@ -289,47 +289,3 @@ def lift_request_id(field: dict) -> dict:
     request_id = extra.get("request_id") if isinstance(extra, dict) else None
     field["request_id"] = "" if request_id is None else str(request_id)  # every sample has the key
     return field
-
-
-def request_ids(batch: Any) -> list[str]:
-    """The request ids a batch / micro-batch carries: top-level ``request_id`` (DataProto
-    ``non_tensor_batch`` or a TensorDict non-tensor field), else inside ``extra_fields``
-    (the v1 trainer stores the rollout's extra fields as one field). Empty when none."""
-    sources = [getattr(batch, "non_tensor_batch", None), batch]
-    for source in sources:
-        if source is None:
-            continue
-        for key in ("request_id", "extra_fields"):
-            try:
-                if key not in _keys(source):
-                    continue
-                value = source[key]
-            except (KeyError, TypeError, AttributeError):
-                continue
-            items = _as_list(value)
-            if key == "extra_fields":
-                items = [item.get("request_id") if isinstance(item, dict) else None for item in items]
-            found = [str(item) for item in items if item is not None]
-            if found:
-                return found
-    return []
-
-
-def _as_list(value: Any) -> list:
-    for attr in ("tolist",):
-        if hasattr(value, attr) and not hasattr(value, "is_nested"):
-            try:
-                return list(value.tolist())
-            except (TypeError, ValueError):
-                pass
-    if hasattr(value, "data") and not isinstance(value, (list, tuple)):
-        data = value.data
-        return list(data) if isinstance(data, (list, tuple)) else [data]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, str):
-        return [value]
-    try:
-        return list(value)
-    except TypeError:
-        return [value]

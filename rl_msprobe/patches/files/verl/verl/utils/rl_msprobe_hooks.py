@@ -90,36 +90,58 @@ def debugger():
 
 
 def request_ids(batch) -> list:
-    """The micro-batch's request ids (a non-tensor field `request_id`), as plain strings."""
+    """The micro-batch's request ids, as plain strings (empty when it carries none).
+
+    Looked up as a top-level non-tensor field `request_id` (a TensorDict micro-batch, or a
+    DataProto's `non_tensor_batch`), else inside `extra_fields` (verl 0.8.0's main_ppo_sync
+    and the v1 trainer keep the rollout's extra fields as one field per sample).
+    """
     if batch is None:
         return []
-    value = None
-    for key in ("request_id", "request_ids"):
-        try:
-            value = batch[key] if key in batch.keys() else None  # noqa: SIM118 (older tensordict refuses `in`)
-        except Exception:
-            value = None
-        if value is None:
-            non_tensor = getattr(batch, "non_tensor_batch", None)
-            if isinstance(non_tensor, dict):
-                value = non_tensor.get(key)
-        if value is not None:
-            break
-    if value is None:
-        return []
-    for attr in ("tolist", "data"):
-        if hasattr(value, attr) and not isinstance(value, (str, bytes)):
-            value = getattr(value, attr)
-            value = value() if callable(value) else value
+    for source in (getattr(batch, "non_tensor_batch", None), batch):
+        if source is None:
+            continue
+        for key in ("request_id", "request_ids", "extra_fields"):
+            try:
+                value = source[key] if key in source.keys() else None  # noqa: SIM118 (older tensordict refuses `in`)
+            except Exception:
+                value = None
+            if value is None:
+                continue
+            items = _as_list(value)
+            if key == "extra_fields":
+                items = [item.get("request_id") if isinstance(item, dict) else None for item in items]
+            found = []
+            for item in items:
+                for one in item if isinstance(item, (list, tuple)) else [item]:
+                    if one is not None:
+                        found.append(one.decode() if isinstance(one, bytes) else str(one))
+            if found:
+                return found
+    return []
+
+
+def _as_list(value) -> list:
+    """A non-tensor value (numpy object array, NonTensorData / NonTensorStack, list, str) as a list."""
     if isinstance(value, (str, bytes)):
-        value = [value]
-    out = []
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, (list, tuple)):
-            out.extend(str(x) for x in item)
-        else:
-            out.append(item.decode() if isinstance(item, bytes) else str(item))
-    return out
+        return [value]
+    if isinstance(value, dict):
+        return [value]
+    if hasattr(value, "tolist") and not hasattr(value, "is_nested"):
+        try:
+            listed = value.tolist()
+            return list(listed) if isinstance(listed, (list, tuple)) else [listed]
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "data") and not isinstance(value, (list, tuple)):
+        data = value.data
+        return list(data) if isinstance(data, (list, tuple)) else [data]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    try:
+        return list(value)
+    except TypeError:
+        return [value]
 
 
 def _rank(engine) -> int:
