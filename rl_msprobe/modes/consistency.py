@@ -10,7 +10,8 @@ Rules (specification path C; DOMAIN §1): everything of inference, plus
   (and ref) TP / PP / EP equal the rollout's TP / PP / EP item by item;
 - `trainer.val_before_train=False`, `trainer.balance_batch=False`,
   `actor.use_dynamic_bsz=False`, `model.use_remove_padding=True`;
-- verl 0.6 / 0.7: `trainer.use_legacy_worker_impl=disable`, or the patched engine never runs;
+- verl ≥ 0.7.0 (in 0.6.x the actor always runs the legacy workers: the patched engine never
+  computes its log-probs); 0.7.x needs `trainer.use_legacy_worker_impl=disable`;
 - patch sets: `verl-consistency` on verl, plus the rollout side's (sglang-dump below 0.5.11,
   vllm-dump on GPU vLLM, vllm-ascend-dispatch-log recommended on vLLM-Ascend).
 
@@ -115,8 +116,9 @@ def requirements(ctx: Context) -> Requirements:
         ctx,
         "consistency.verl_version",
         "verl",
-        "0.6.0",
-        "verl before 0.6 has no engine workers to patch: upgrade verl",
+        "0.7.0",
+        "in verl before 0.7 the actor always runs the legacy workers (use_legacy_worker_impl switches only "
+        "the critic and the reward model), so the patched engine never computes the actor's log-probs: upgrade verl",
     )
     if no_engine is not None:
         req.violations.append(no_engine)

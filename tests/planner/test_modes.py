@@ -31,6 +31,14 @@ def value(p: planner.Plan, key: str) -> object:
     return None if found is None else found.value
 
 
+def test_consistency_refuses_verl_0_6(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, versions={"verl": "0.6.1"})
+    assert p.refused and "consistency.verl_version" in [v.rule for v in p.violations]
+    assert "legacy workers" in " ".join(v.fix + v.required for v in p.violations)
+    ok = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, versions={"verl": "0.7.0"})
+    assert "consistency.verl_version" not in [v.rule for v in ok.violations]
+
+
 def test_training_refuses_verl_before_0_8(tmp_path: Path) -> None:
     p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "training", tmp_path, versions={"verl": "0.7.1"})
     assert p.refused and [v.rule for v in p.violations] == ["training.verl_version"]
