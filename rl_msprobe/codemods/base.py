@@ -331,6 +331,32 @@ def insert_before(stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> 
     return [first, *new[1:], stmt.with_changes(leading_lines=())]
 
 
+class MethodBlockTransformer(ScopedTransformer):
+    """Rewrites the statement blocks of one method (`Class.method`), hitting the method's anchor.
+
+    Subclasses implement `rewrite(statements)`; blocks outside the method are left alone.
+    The method's anchor must be declared under the method's qualname.
+    """
+
+    def __init__(self, ctx: TransformContext, method: str) -> None:
+        super().__init__(ctx)
+        self.method = method
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        super().visit_FunctionDef(node)
+        if self.qualname == self.method:
+            self.ctx.hit(self.method)
+        return True
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+        if self.qualname != self.method:
+            return updated
+        return updated.with_changes(body=self.rewrite(updated.body))
+
+    def rewrite(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        raise NotImplementedError
+
+
 def after_docstring(statements: Sequence[cst.BaseStatement]) -> int:
     """Index of the first statement after a function's docstring."""
     return _after_docstring(list(statements))

@@ -35,9 +35,12 @@ Drift handled, one codemod class per upstream file:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from rl_msprobe.codemods.base import (
+    MethodBlockTransformer,
     ScopedTransformer,
     TransformContext,
     call_name,
@@ -228,27 +231,15 @@ LIFT = "rl_msprobe_consistency.lift_request_id(field)"
 POSITION_FIELD = 'field["position_ids"] = position_ids'
 
 
-class _AfterPositionField(ScopedTransformer):
-    def __init__(self, ctx: TransformContext, method: str) -> None:
-        super().__init__(ctx)
-        self.method = method
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        super().visit_FunctionDef(node)
-        if self.qualname == self.method:
-            self.ctx.hit(self.method)
-        return True
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
-        if self.qualname != self.method:
-            return updated
+class _AfterPositionField(MethodBlockTransformer):
+    def rewrite(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         statements: list[cst.BaseStatement] = []
-        for stmt in updated.body:
+        for stmt in body:
             statements.append(stmt)
             if isinstance(stmt, cst.SimpleStatementLine) and _code(stmt) == POSITION_FIELD:
                 self.ctx.hit("position_ids field")
                 statements.append(self.ctx.statement(LIFT))
-        return updated.with_changes(body=statements)
+        return statements
 
 
 def _code(stmt: cst.SimpleStatementLine) -> str:

@@ -35,6 +35,7 @@ import libcst as cst
 
 from rl_msprobe.codemods.base import (
     Codemod,
+    MethodBlockTransformer,
     ScopedTransformer,
     TransformContext,
     call_name,
@@ -78,32 +79,24 @@ def _is_old_log_prob_recompute(stmt: cst.BaseStatement) -> bool:
     return value is not None and call_name(value) == "self.actor_rollout_wg.compute_log_prob"
 
 
-class _BeforeAnchor(ScopedTransformer):
+class _BeforeAnchor(MethodBlockTransformer):
     """Insert the trim line before the first statement of `method` that `matches`."""
 
     def __init__(self, ctx: TransformContext, method: str, anchor: str, matchers: Sequence) -> None:
-        super().__init__(ctx)
-        self.method, self.anchor, self.matchers = method, anchor, matchers
+        super().__init__(ctx, method)
+        self.anchor, self.matchers = anchor, matchers
         self.done = False
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        super().visit_FunctionDef(node)
-        if self.qualname == self.method:
-            self.ctx.hit(self.method)
-        return True
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
-        if self.qualname != self.method or self.done:
-            return updated
+    def rewrite(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         statements: list[cst.BaseStatement] = []
-        for stmt in updated.body:
+        for stmt in body:
             if not self.done and any(match(stmt) for match in self.matchers):
                 self.done = True
                 self.ctx.hit(self.anchor)
                 statements.extend(insert_before(stmt, [self.ctx.statement(TRIM)]))
             else:
                 statements.append(stmt)
-        return updated.with_changes(body=statements)
+        return statements
 
 
 class ConsistencyCodemod(Codemod):
