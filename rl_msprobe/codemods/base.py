@@ -282,7 +282,14 @@ def contains_call(node: cst.CSTNode, name: str) -> bool:
 
 
 class ScopedTransformer(cst.CSTTransformer):
-    """A transformer that knows the dotted class/function scope it is in (`FSDPEngine.forward_step`)."""
+    """A transformer that knows the dotted class/function scope it is in (`FSDPEngine.forward_step`).
+
+    `targets` (qualnames) prunes the walk: classes and functions on no target's path are not
+    entered, which keeps a codemod close to the cost of parsing the file (most of an upstream
+    file is code the codemod never touches). Empty: every scope is entered.
+    """
+
+    targets: tuple[str, ...] = ()
 
     def __init__(self, ctx: TransformContext) -> None:
         super().__init__()
@@ -293,9 +300,15 @@ class ScopedTransformer(cst.CSTTransformer):
     def qualname(self) -> str:
         return ".".join(self.scope)
 
+    def _wanted(self) -> bool:
+        if not self.targets:
+            return True
+        here = self.qualname
+        return any(t == here or t.startswith(here + ".") or here.startswith(t + ".") for t in self.targets)
+
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self.scope.append(node.name.value)
-        return True
+        return self._wanted()
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
         self.scope.pop()
@@ -303,10 +316,10 @@ class ScopedTransformer(cst.CSTTransformer):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.scope.append(node.name.value)
-        return True
+        return self._wanted()
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
-        name = ".".join([*self.scope])
+        name = self.qualname
         self.scope.pop()
         return self.leave_function(name, original, updated)
 
@@ -341,12 +354,13 @@ class MethodBlockTransformer(ScopedTransformer):
     def __init__(self, ctx: TransformContext, method: str) -> None:
         super().__init__(ctx)
         self.method = method
+        self.targets = (method,)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        super().visit_FunctionDef(node)
+        wanted = super().visit_FunctionDef(node)
         if self.qualname == self.method:
             self.ctx.hit(self.method)
-        return True
+        return wanted
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
         if self.qualname != self.method:

@@ -29,6 +29,8 @@ HOOKS_IMPORT = "from verl.utils import rl_msprobe_hooks"
 
 
 class _Transformer(ScopedTransformer):
+    targets = ("FSDPEngine.forward_backward_batch",)
+
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
     ) -> cst.CSTNode:

@@ -47,6 +47,8 @@ def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
 
 
 class _Transformer(ScopedTransformer):
+    targets = ("MegatronEngine.forward_backward_batch", "MegatronEngineWithLMHead.forward_step")
+
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
         if not self.qualname.startswith("MegatronEngineWithLMHead.forward_step"):
             return updated
