@@ -225,7 +225,8 @@ class _Lexer:
         while self.pos < len(text):
             c = text[self.pos]
             if c in " \t\r\n;&|()<>":
-                if c in "<>" and not parts and buf and "".join(buf).isdigit():
+                digits = "".join(buf)
+                if c in "<>" and not parts and buf and digits.isascii() and digits.isdigit():
                     # `2>` file-descriptor redirection: the digits belong to the operator
                     self.pos = start
                     self._fd_redirect()

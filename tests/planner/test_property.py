@@ -171,3 +171,12 @@ def test_reader_never_crashes_on_shell_like_text(text: str) -> None:
         parse_script("python3 -m verl.trainer.main_ppo " + text)
     except ShellSyntaxError:
         pass
+
+
+def test_only_ascii_digits_make_a_file_descriptor_redirect() -> None:
+    """'²' is a digit to str.isdigit but not to bash: `²<` is a word followed by a redirect."""
+    try:
+        parse_script("²<")
+    except ShellSyntaxError:
+        pass
+    parse_script("python3 -m verl.trainer.main_ppo a=1 2>err.log")
