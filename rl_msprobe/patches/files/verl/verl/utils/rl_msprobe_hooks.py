@@ -19,7 +19,7 @@ and one line per dumped micro-batch in `{dump_path}/{pid}/update_actor_log.jsonl
   {"source": "update_actor", "timestamp", "pid", "rank", "step", "phase", "request_ids", "num_requests"}
 The reference-model engine (`engine_config.forward_only`) is never dumped.
 
-This file depends on nothing but the standard library, torch-free duck typing and (lazily) msprobe.
+This file depends on nothing but the standard library and (lazily) msprobe and torch.distributed; it never imports rl-msprobe.
 """
 
 from __future__ import annotations
