@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from tests.support import verl_venv
-from tests.support.trees import run_cli, scratch_copy
+from tests.support.trees import patched_release
 
 HELPER = (
     Path(__file__).resolve().parents[2]
@@ -283,12 +283,8 @@ def patched(tmp_path_factory):
 
     def get(version: str) -> Path:
         if version not in trees:
-            tree = scratch_copy(
-                "verl", version, tmp_path_factory.mktemp("cons") / f"verl-{version}", with_git=False
-            )
-            code, out, err = run_cli("patch", "apply", "verl-consistency", "--tree", str(tree))
-            assert code == 0, err
-            trees[version] = tree
+            dest = tmp_path_factory.mktemp("cons") / f"verl-{version}"
+            trees[version] = patched_release("verl", version, dest, ["verl-consistency"], with_git=False)
         return trees[version]
 
     return get

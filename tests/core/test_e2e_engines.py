@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import verl_venv
-from tests.support.trees import run_cli, scratch_copy
+from tests.support.trees import patched_release
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -53,12 +53,8 @@ def patched(tmp_path_factory):
 
     def get(version: str) -> Path:
         if version not in trees:
-            tree = scratch_copy("verl", version, tmp_path_factory.mktemp("verl") / f"verl-{version}")
-            code, out, err = run_cli("patch", "apply", "verl-engine", "--tree", str(tree), "--no-branch")
-            assert code == 0, err
-            code, out, _ = run_cli("patch", "status", "verl-engine", "--tree", str(tree), "--json")
-            assert code == 0 and json.loads(out)["sets"][0]["status"] == "applied", out
-            trees[version] = tree
+            dest = tmp_path_factory.mktemp("verl") / f"verl-{version}"
+            trees[version] = patched_release("verl", version, dest, ["verl-engine"])
         return trees[version]
 
     return get

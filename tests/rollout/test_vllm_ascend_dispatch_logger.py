@@ -24,6 +24,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from rl_msprobe.patches import get_set
+from tests.support.trees import DISPATCH_LOG_KEYS
 
 FILE = (
     Path(__file__).resolve().parents[2]
@@ -241,16 +242,7 @@ def test_one_line_per_dumped_step_in_the_documented_format(tmp_path):
     runner.attn_state = AscendAttentionState.DecodeOnly
     dl.log_step(runner, sched(cached=cached_v092(["a"], [3]), tokens={"a": 1}))
     first, second = read_log(tmp_path / str(os.getpid()))
-    assert list(first) == [
-        "source",
-        "timestamp",
-        "pid",
-        "rank",
-        "step",
-        "phase",
-        "total_num_scheduled_tokens",
-        "requests",
-    ]
+    assert list(first) == DISPATCH_LOG_KEYS
     assert first["source"] == "vllm-ascend" and first["pid"] == os.getpid() and first["rank"] == 0
     assert (first["step"], first["phase"], first["total_num_scheduled_tokens"]) == (0, "prefill", 3)
     assert first["requests"] == [{"request_id": "a", "type": "new", "tokens": 3}]

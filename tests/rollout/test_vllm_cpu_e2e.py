@@ -21,6 +21,7 @@ import pytest
 
 from rl_msprobe.targets import fetch_release
 from tests.support import vllm_cpu
+from tests.support.trees import DISPATCH_LOG_KEYS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -144,16 +145,7 @@ def test_dispatch_log_first_line_is_the_prompts_prefill(dumped):
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(MAX_TOKENS))
     first = lines[0]
-    assert set(first) == {
-        "source",
-        "timestamp",
-        "pid",
-        "rank",
-        "step",
-        "phase",
-        "total_num_scheduled_tokens",
-        "requests",
-    }
+    assert set(first) == set(DISPATCH_LOG_KEYS)
     assert (first["source"], first["pid"], first["rank"], first["phase"]) == ("vllm", pid, 0, "prefill")
     outputs = {o["request_id"]: o for o in dumped["result"]["outputs"]}
     assert {SUFFIX.sub("", r["request_id"]) for r in first["requests"]} == set(outputs)

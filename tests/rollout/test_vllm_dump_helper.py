@@ -19,6 +19,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from tests.support.trees import DISPATCH_LOG_KEYS
+
 HELPER = (
     Path(__file__).resolve().parents[2] / "rl_msprobe/patches/files/vllm/vllm/v1/worker/rl_msprobe_dump.py"
 )
@@ -268,16 +270,7 @@ def test_one_dump_step_per_forward_and_a_log_line_each(config, fake_msprobe):
         (0, "prefill", 6),
         (1, "decode", 2),
     ]
-    assert set(lines[0]) == {
-        "source",
-        "timestamp",
-        "pid",
-        "rank",
-        "step",
-        "phase",
-        "total_num_scheduled_tokens",
-        "requests",
-    }
+    assert set(lines[0]) == set(DISPATCH_LOG_KEYS)
     assert lines[0]["source"] == "vllm" and lines[0]["rank"] == 0
     assert [r["request_id"] for r in lines[0]["requests"]] == ["a", "b"]
 

@@ -88,3 +88,27 @@ def full_cycle(tree: Path, sets: list[str]) -> dict:
     code, out, _ = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
     assert code == 1 and all(s["status"] in ("absent", "not-applicable") for s in json.loads(out)["sets"])
     return status
+
+
+def patched_release(project: str, version: str, dest: Path, sets: list[str], with_git: bool = True) -> Path:
+    """A scratch copy of a real release with `sets` applied by `rl-msprobe patch apply` (status checked)."""
+    tree = scratch_copy(project, version, dest, with_git=with_git)
+    extra = ["--no-branch"] if with_git else []
+    code, _, err = run_cli("patch", "apply", *sets, "--tree", str(tree), *extra)
+    assert code == 0, err
+    code, out, _ = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
+    assert code == 0 and all(s["status"] == "applied" for s in json.loads(out)["sets"]), out
+    return tree
+
+
+# the keys of a dispatch_log.jsonl line, in order (DOMAIN §6), for vLLM and vLLM-Ascend alike
+DISPATCH_LOG_KEYS = [
+    "source",
+    "timestamp",
+    "pid",
+    "rank",
+    "step",
+    "phase",
+    "total_num_scheduled_tokens",
+    "requests",
+]
