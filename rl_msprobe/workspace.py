@@ -332,9 +332,13 @@ def _write_one(root: Path, rel: str, data: bytes | None) -> None:
         raise
 
 
-def write_all(root: Path, changes: list[FileChange]) -> None:
-    """Write every change or none: a failure part-way restores what was already written."""
-    _preflight(root, changes)
+def write_all(root: Path, changes: list[FileChange], checked: bool = False) -> None:
+    """Write every change or none: a failure part-way restores what was already written.
+
+    `checked`: the caller already ran the preflight (apply does, before it makes a branch).
+    """
+    if not checked:
+        _preflight(root, changes)
     done: list[FileChange] = []
     try:
         for change in changes:
@@ -540,7 +544,7 @@ def apply(
         paths = _repo_paths(repo, target.root, plan.changes)
         written = False
         try:
-            write_all(target.root, plan.changes)
+            write_all(target.root, plan.changes, checked=True)
             written = True
             sha = _commit(repo, paths, _message("apply", target, sets, plan))
         except BaseException:
@@ -571,7 +575,8 @@ def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
     if repo is not None:
         write_all(target.root, plan.changes)
         paths = _repo_paths(repo, target.root, plan.changes)
-        tracked = [p for p in paths if repo.git.ls_files("--", p)]
+        known = set(repo.git.ls_files("--", *paths).splitlines())
+        tracked = [p for p in paths if p in known]
         if tracked:
             sha = _commit(repo, tracked, _message("revert", target, sets, plan))
             result["git"] = {

@@ -214,20 +214,20 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     set for the tree's project.
     """
     from rl_msprobe import workspace
-    from rl_msprobe.patches import all_sets, resolve_sets
-    from rl_msprobe.targets import resolve_target, resolve_tree
+    from rl_msprobe.patches import all_sets
+    from rl_msprobe.targets import resolve_tree
 
     if set_names:
         target, sets = _target_and_sets(set_names, tree, python)
     else:
         from rl_msprobe.errors import UserError
 
-        if not tree:
-            raise UserError("without SET, pass --tree PATH so rl-msprobe can tell the project.")
+        if not tree or python:
+            raise UserError(
+                "without SET, pass --tree PATH (and not --python) so rl-msprobe can tell the project."
+            )
         target = resolve_tree(tree)
         sets = [s for s in all_sets() if s.project == target.project and not s.includes]
-        sets = resolve_sets([s.name for s in sets])
-        target = resolve_target(tree, python, target.project)
     doc = workspace.collect_status(target, sets)
     if as_json:
         emit_json(doc)

@@ -38,3 +38,11 @@ def test_patch_list_json_names_verl_engine():
         "verl/workers/engine/fsdp/transformer_impl.py",
         "verl/workers/engine/megatron/transformer_impl.py",
     }
+
+
+def test_status_without_set_covers_every_base_set_of_the_project():
+    code, out, _ = run_cli("patch", "status", "--tree", "release:verl==0.9.1", "--json")
+    names = [s["name"] for s in json.loads(out)["sets"]]
+    assert code == 1 and "verl-engine" in names and "verl-consistency" not in names
+    code, _, err = run_cli("patch", "status", "--python", "python3")
+    assert code == 2 and "--tree" in err
