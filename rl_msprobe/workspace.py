@@ -21,7 +21,7 @@ from typing import Any
 from rl_msprobe import __version__
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches import NewFile, PatchSet, Piece
+from rl_msprobe.patches import NewFile, PatchSet, Piece, shape
 from rl_msprobe.targets import Target
 
 STATE_DIR = ".rl-msprobe"
@@ -54,10 +54,15 @@ class Plan:
     sets: list[PatchSet]
     changes: list[FileChange] = field(default_factory=list)
     skipped: list[PieceReport] = field(default_factory=list)  # not-applicable / native pieces
+    capabilities: dict[str, list[shape.CapabilityReport]] = field(default_factory=dict)  # per set
 
     @property
     def pending(self) -> bool:
         return bool(self.changes)
+
+    @property
+    def warnings(self) -> list[str]:
+        return shape.untested_warnings(self.sets, self.target.version)
 
 
 # ---------------------------------------------------------------- reading files
@@ -88,38 +93,58 @@ def _unique_pieces(sets: list[PatchSet]) -> list[tuple[PatchSet, Piece]]:
     return out
 
 
-def _applicability(piece: Piece, target: Target, exists: bool) -> str | None:
-    """None when the piece applies to this tree, else why not."""
-    item = piece.item
-    if not item.supports(target.version):
-        if piece.essential:
-            raise UserError(
-                f"{piece.label} ({piece.path}) does not support {target.project} {target.version}; "
-                f"it supports {getattr(item, 'range_text', lambda: '?')()}."
-            )
-        return piece.why_optional or f"{piece.path} is not patched for {target.project} {target.version}"
-    if isinstance(item, Codemod) and not exists:
-        if piece.essential or not piece.needs_file:  # needs_file=False: required inside its version range
-            raise UserError(
-                f"{target.root / piece.path}: missing, but {target.project} {target.version} should have it. "
-                "Is --tree the folder that holds the package?"
-            )
-        return piece.why_optional or f"{piece.path} does not exist in this tree"
-    return None
+def _text_reader(root: Path) -> shape.Reader:
+    """Tree-relative path -> decoded text (None when absent), each file read once."""
+    cache: dict[str, str | None] = {}
+
+    def read(rel: str) -> str | None:
+        if rel not in cache:
+            data = _read(root, rel)
+            cache[rel] = decode(data, rel) if data is not None else None
+        return cache[rel]
+
+    return read
+
+
+def _applicability(piece: Piece, target: Target, read: shape.Reader) -> str | None:
+    """None when the piece applies to this tree, else why not (the code found decides)."""
+    source = read(piece.path) if isinstance(piece.item, Codemod) else None
+    return shape.why_not(piece, source, str(target.root / piece.path), target.version)
+
+
+def _refuse_native(target: Target, sets: list[PatchSet], read: shape.Reader) -> None:
+    for patch_set in sets:
+        refusal = shape.native_refusal(patch_set, read, target.describe())
+        if refusal:
+            raise UserError(refusal)
+
+
+def _capabilities(
+    target: Target, sets: list[PatchSet], reports: list[PieceReport], read: shape.Reader
+) -> dict[str, list[shape.CapabilityReport]]:
+    """Each set's capabilities from the piece reports: a piece that is not not-applicable is a site."""
+    sites = {r.piece: r.path for r in reports if r.status is not Status.NOT_APPLICABLE}
+    skipped = {r.piece: (r.path, r.detail) for r in reports if r.status is Status.NOT_APPLICABLE}
+    describe = f"{target.project} {target.version or '(unknown version)'}"
+    return {s.name: shape.capability_reports(s, sites, skipped, read, describe) for s in sets}
 
 
 # ---------------------------------------------------------------- planning
 
 
 def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
-    """Every change applying `sets` would make; raises (writing nothing) on any missing anchor."""
-    for patch_set in sets:
-        patch_set.check_version(target.version)
+    """Every change applying `sets` would make; raises (writing nothing) on any missing anchor
+    or capability, and for a set the tree's code already does natively."""
+    read = _text_reader(target.root)
+    _refuse_native(target, sets, read)
     plan = Plan(target, sets)
     texts: dict[str, tuple[bytes | None, str | None, list[str]]] = {}
+    applied: list[PieceReport] = []
     for patch_set, piece in _unique_pieces(sets):
         before = texts[piece.path][0] if piece.path in texts else _read(target.root, piece.path)
-        why_not = _applicability(piece, target, before is not None)
+        why_not = _applicability(piece, target, read)
+        if not why_not:
+            applied.append(PieceReport(patch_set.name, piece.path, piece.label, Status.ABSENT))
         if why_not:
             plan.skipped.append(
                 PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_APPLICABLE, why_not)
@@ -145,6 +170,8 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
             plan.changes.append(FileChange(rel, before, after, tuple(labels)))
     plan.changes = [c for c in plan.changes if c.before != c.after]
     plan.changes.sort(key=lambda c: c.path)
+    plan.capabilities = _capabilities(target, sets, [*applied, *plan.skipped], read)
+    shape.require_all(r for reports in plan.capabilities.values() for r in reports)
     return plan
 
 
@@ -179,12 +206,16 @@ def _is_ours(data: bytes) -> bool:
 # ---------------------------------------------------------------- status
 
 
-def piece_status(target: Target, patch_set: PatchSet, piece: Piece) -> PieceReport:
+def piece_status(
+    target: Target, patch_set: PatchSet, piece: Piece, read: shape.Reader | None = None
+) -> PieceReport:
+    read = read or _text_reader(target.root)
     data = _read(target.root, piece.path)
-    if patch_set.is_native(target.version):
+    native = shape.native_refusal(patch_set, read, target.describe())
+    if native:
         return PieceReport(patch_set.name, piece.path, piece.label, Status.NATIVE, patch_set.native_hint)
     try:
-        why_not = _applicability(piece, target, data is not None)
+        why_not = _applicability(piece, target, read)
     except UserError as exc:
         return PieceReport(patch_set.name, piece.path, piece.label, Status.CONFLICT, str(exc))
     if why_not:
@@ -220,21 +251,36 @@ def set_status(reports: list[PieceReport]) -> Status:
 
 
 def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
-    """The JSON document of `patch status`."""
+    """The JSON document of `patch status`; raises when a set's capability has no site in the tree."""
+    read = _text_reader(target.root)
     doc_sets = []
     for patch_set in sets:
-        if not patch_set.is_native(target.version):
-            patch_set.check_version(target.version)
-        reports = [piece_status(target, patch_set, piece) for piece in patch_set.all_pieces()]
+        reports = [piece_status(target, patch_set, piece, read) for piece in patch_set.all_pieces()]
+        status = set_status(reports)
+        capabilities = (
+            []
+            if status is Status.NATIVE
+            else _capabilities(target, [patch_set], reports, read)[patch_set.name]
+        )
+        shape.require_all(capabilities)
         doc_sets.append(
             {
                 "name": patch_set.name,
-                "status": set_status(reports).value,
+                "status": status.value,
                 "files": [r.to_json() for r in reports],
+                "capabilities": [c.to_json() for c in capabilities],
                 "notes": patch_set.notes_for(target.version),
             }
         )
-    return {"tree": str(target.root), "project": target.project, "version": target.version, "sets": doc_sets}
+    warnings = shape.untested_warnings(sets, target.version, "what its code has decides (see capabilities)")
+    return {
+        "tree": str(target.root),
+        "project": target.project,
+        "version": target.version,
+        "tested": not warnings,
+        "warnings": warnings,
+        "sets": doc_sets,
+    }
 
 
 def all_applied(doc: dict[str, Any]) -> bool:
@@ -503,6 +549,8 @@ def _result(plan: Plan) -> dict[str, Any]:
         "skipped": [r.to_json() for r in plan.skipped],
         "git": None,
         "noop": not plan.changes,
+        "tested": not plan.warnings,
+        "warnings": plan.warnings,
     }
 
 

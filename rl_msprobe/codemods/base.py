@@ -9,7 +9,9 @@ A codemod only *inserts whole lines*, each ending in its marker comment
 
 from __future__ import annotations
 
+import ast
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -76,16 +78,51 @@ def version_in_range(version: str | None, low: str | None, high: str | None) -> 
     return parsed.is_postrelease and Version(parsed.base_version) == Version(Version(high).base_version)
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def top_level_classes(source: str) -> dict[str, ast.ClassDef]:
+    """The classes a module defines at top level (ast: a cheap look, no edit is made from it)."""
+    module = _parsed(source)
+    if module is None:
+        return {}
+    return {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
+
+
+def class_has_field(source: str, cls: str, name: str) -> bool:
+    """Does top-level class `cls` declare `name` (annotated or plain assignment) in its body?"""
+    node = top_level_classes(source).get(cls)
+    if node is None:
+        return False
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
+            return True
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in stmt.targets
+        ):
+            return True
+    return False
+
+
 class Codemod:
     """Base class. Subclasses set the class attributes and implement `transform`."""
 
     name: ClassVar[str]  # also the marker suffix
     project: ClassVar[str]
     path: ClassVar[str]  # relative to the tree root, posix
+    # the releases the tests prove: information only, never a gate (the code found decides)
     min_version: ClassVar[str | None] = None
     max_version: ClassVar[str | None] = None
     anchors: ClassVar[dict[str, str]]  # anchor name -> what was expected there (for errors)
     description: ClassVar[str] = ""
+    # top-level classes, one of which the file must define for this codemod to apply there;
+    # empty: the file's presence decides (then every required anchor must be found)
+    subject: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -98,12 +135,20 @@ class Codemod:
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.name}"
 
-    def required_anchors(self, version: str | None) -> list[str]:
-        """Anchors that must be found for this version (all of them unless a codemod says otherwise)."""
+    def required_anchors(self) -> list[str]:
+        """Every declared anchor; a transform waives the variants the file's code does not use."""
         return list(self.anchors)
 
-    def supports(self, version: str | None) -> bool:
-        return version_in_range(version, self.min_version, self.max_version)
+    def present(self, source: str) -> bool:
+        """Does this file hold what the codemod patches (its subject)? Shape, not version, decides."""
+        if not self.subject:
+            return True
+        return any(name in top_level_classes(source) for name in self.subject)
+
+    def subject_text(self) -> str:
+        if not self.subject:
+            return f"the file {self.path}"
+        return " or ".join(f"class {name}" for name in self.subject)
 
     def range_text(self) -> str:
         return f"{self.min_version or 'any'} … {self.max_version or 'newest'}"
@@ -174,6 +219,13 @@ class TransformContext:
         self.module = module
         self.version = version
         self.found: set[str] = set()
+        self.waived: set[str] = set()
+
+    def waive(self, anchor: str) -> None:
+        """This file's code does not use the variant `anchor` stands for: it is not required here."""
+        if anchor not in self.codemod.anchors:
+            raise KeyError(f"{self.codemod.name}: undeclared anchor {anchor!r}")
+        self.waived.add(anchor)
 
     def hit(self, anchor: str) -> None:
         if anchor not in self.codemod.anchors:
@@ -189,8 +241,8 @@ class TransformContext:
         raise AnchorError(self.codemod.path, anchor, self.version, self.codemod.anchors[anchor])
 
     def check_all_found(self) -> None:
-        for anchor in self.codemod.required_anchors(self.version):
-            if anchor not in self.found:
+        for anchor in self.codemod.required_anchors():
+            if anchor not in self.found and anchor not in self.waived:
                 self.fail(anchor)
 
     def statements(self, code: str) -> list[cst.BaseStatement]:

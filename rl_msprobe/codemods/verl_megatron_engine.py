@@ -6,9 +6,10 @@ every `output = forward_fn(...)` / `output = fused_forward_fn(...)` in
 `MegatronEngineWithLMHead.forward_step` is wrapped in start / stop + step on the model chunk
 being run. The value-head engine's own `forward_fn` call is left alone (scoped by class).
 
-Drift handled (verl 0.6.0 … 0.9.1): one `forward_fn(` call (≤ 0.7.0) or two under
-`if use_fused_kernels:` / `else:` (0.7.1+); the one-line and the multi-line `forward_step`
-signature (`logits_processor_func` from 0.8.0).
+Drift handled (verl 0.6.0 … main): one `forward_fn(` call (≤ 0.7.0, and early-2026 main) or two
+under `if use_fused_kernels:` / `else:` (0.7.1+); the one-line and the multi-line `forward_step`
+signature (`logits_processor_func` from 0.8.0). Which calls are required follows from the code:
+the fused call is required only where `forward_step` calls `fused_forward_fn` at all.
 """
 
 from __future__ import annotations
@@ -23,16 +24,14 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     after_docstring,
     call_name,
+    contains_call,
     insert_after_imports,
     insert_before,
-    parse_version,
-    version_in_range,
     with_body,
 )
 from rl_msprobe.codemods.verl_fsdp_engine import HOOKS_IMPORT
 
 FORWARD_CALLS = {"forward_fn", "fused_forward_fn"}
-FUSED_SINCE = "0.7.1"  # from this release forward_step has a fused and a plain forward call
 
 
 def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
@@ -70,6 +69,8 @@ class _Transformer(ScopedTransformer):
             self.ctx.hit("MegatronEngineWithLMHead.forward_step")
             if not _has_param(updated, "batch_iter"):
                 self.ctx.fail("MegatronEngineWithLMHead.forward_step")
+            if not contains_call(original, "fused_forward_fn"):  # this code has no fused path
+                self.ctx.waive("fused_forward_fn call")
         if qualname != "MegatronEngine.forward_backward_batch":
             return updated
         self.ctx.hit("MegatronEngine.forward_backward_batch")
@@ -96,14 +97,8 @@ class VerlMegatronEngine(Codemod):
         "in class MegatronEngineWithLMHead",
         "forward_fn call": "`output = forward_fn(...)` in MegatronEngineWithLMHead.forward_step",
         "fused_forward_fn call": "`output = fused_forward_fn(...)` in MegatronEngineWithLMHead.forward_step "
-        "(verl 0.7.1 and later)",
+        "(required where forward_step calls fused_forward_fn, as verl 0.7.1 and later do)",
     }
-
-    def required_anchors(self, version: str | None) -> list[str]:
-        anchors = list(self.anchors)
-        if not version_in_range(version, FUSED_SINCE, None) or parse_version(version) is None:
-            anchors.remove("fused_forward_fn call")
-        return anchors
 
     def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
         updated = module.visit(_Transformer(ctx))

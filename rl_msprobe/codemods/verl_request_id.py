@@ -20,12 +20,16 @@ Drift handled, one codemod class per upstream file:
   (``begin_request()`` before ``agent_loop.run(...)``, ``attach_request_id(output)`` after):
   the id travels in a context variable of the sample's asyncio task. The same two lines are
   inserted in 0.7.1 too (harmless there: the id is already in ``extra_fields``).
-- ``verl/workers/rollout/llm_server.py`` (0.8.0 →): ``LLMServerClient.generate``; from 0.9.0
-  the file also holds ``FullyAsyncLLMServerClient``, whose resume loop rebuilds its output:
-  after each ``output = await super().generate(...)`` the parent's ``extra_fields`` are kept
-  (first attempt wins, so the id is the prompt's prefill).
-- ``verl/experimental/fully_async_policy/fully_async_rollouter.py`` (0.8.0 only): the same
-  ``FullyAsyncLLMServerClient`` fix where 0.8.0 defines that class.
+- ``verl/workers/rollout/llm_server.py`` (0.8.0 →): ``LLMServerClient.generate``; where the
+  file also holds a fully-async subclass of ``LLMServerClient`` (``FullyAsyncLLMServerClient``
+  from 0.9.0, ``FullyLLMServerClient`` on main in spring 2026), its resume loop rebuilds the
+  output: after each ``output = await super().generate(...)`` the parent's ``extra_fields`` are
+  kept (first attempt wins, so the id is the prompt's prefill).
+- ``verl/experimental/fully_async_policy/fully_async_rollouter.py`` (0.8.0): the same fix where
+  that file defines the ``LLMServerClient`` subclass.
+
+Which file applies is decided by the code found (the class each codemod patches), not by the
+version: a checkout between two releases gets whichever client it really has.
 - ``verl/trainer/ppo/v1/agent_loop_tq.py`` (0.9.0 →, the v1 trainer): samples go to
   TransferQueue as dicts whose ``extra_fields`` is one field; one line after
   ``field["position_ids"] = position_ids`` also stores ``field["request_id"]`` so the engine
@@ -35,6 +39,7 @@ Drift handled, one codemod class per upstream file:
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 
 import libcst as cst
@@ -45,7 +50,7 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     call_name,
     insert_before,
-    parse_version,
+    top_level_classes,
 )
 from rl_msprobe.codemods.verl_trainer import ConsistencyCodemod
 
@@ -84,14 +89,26 @@ class _Surround(ScopedTransformer):
     """
 
     def __init__(
-        self, ctx: TransformContext, rules: dict[str, tuple[str, str, str, str, tuple, tuple]]
+        self,
+        ctx: TransformContext,
+        rules: dict[str, tuple[str, str, str, str, tuple, tuple]],
+        subclass_rules: dict[str, tuple[str, tuple[str, str, str, str, tuple, tuple]]] | None = None,
     ) -> None:
         super().__init__(ctx)
-        self.rules = rules
-        self.classes: set[str] = set()
+        self.rules = dict(rules)
+        # {base class: (method, rule)}: the rule also holds for `Sub.method` of every subclass found
+        self.subclass_rules = subclass_rules or {}
+        self.subclasses: list[str] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.classes.add(node.name.value)
+        if not self.scope:
+            for base in node.bases:
+                name = base.value.attr.value if isinstance(base.value, cst.Attribute) else None
+                name = base.value.value if isinstance(base.value, cst.Name) else name
+                if name in self.subclass_rules:
+                    method, rule = self.subclass_rules[name]
+                    self.rules.setdefault(f"{node.name.value}.{method}", rule)
+                    self.subclasses.append(node.name.value)
         return super().visit_ClassDef(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -117,13 +134,16 @@ class _Surround(ScopedTransformer):
 
 
 _FULLY_ASYNC_RULE = (
-    "FullyAsyncLLMServerClient.generate",
+    "fully-async client generate",
     "super().generate call",
     "output",
     "super().generate",
     (),
     (KEEP_PARENT,),
 )
+_SUBCLASS_RULES = {"LLMServerClient": ("generate", _FULLY_ASYNC_RULE)}
+_FULLY_ASYNC_EXPECTED = "a method generate in a subclass of LLMServerClient (the fully-async client)"
+_SUPER_CALL_EXPECTED = "`output = await super().generate(...)` in the fully-async client's generate"
 _SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or `output: TokenOutput = ...`)"
 
 
@@ -132,6 +152,7 @@ class VerlAgentLoopRequestId(ConsistencyCodemod):
     path = "verl/experimental/agent_loop/agent_loop.py"
     min_version = "0.6.0"
     max_version = "0.7.1"
+    subject = ("AsyncLLMServerManager",)  # from 0.8.0 the client lives in llm_server.py instead
     description = (
         "request id into the rollout output (AsyncLLMServerManager.generate, AgentLoopWorker._run_agent_loop)"
     )
@@ -173,15 +194,13 @@ class VerlLLMServerRequestId(ConsistencyCodemod):
     path = "verl/workers/rollout/llm_server.py"
     min_version = "0.8.0"
     max_version = "0.9.1"
-    fully_async_since = "0.9.0"  # FullyAsyncLLMServerClient moved into this file
-    description = (
-        "request id into the rollout output (LLMServerClient.generate; fully-async client from 0.9.0)"
-    )
+    subject = ("LLMServerClient",)
+    description = "request id into the rollout output (LLMServerClient.generate; the fully-async subclass where present)"
     anchors = {
         "LLMServerClient.generate": "a method generate in class LLMServerClient",
         "server.generate.remote call": f"{_SERVER_CALL} in LLMServerClient.generate",
-        "FullyAsyncLLMServerClient.generate": "a method generate in class FullyAsyncLLMServerClient (0.9.0+)",
-        "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
+        "fully-async client generate": f"{_FULLY_ASYNC_EXPECTED}, where this file defines one",
+        "super().generate call": _SUPER_CALL_EXPECTED,
     }
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
@@ -194,22 +213,13 @@ class VerlLLMServerRequestId(ConsistencyCodemod):
                 (RECORD,),
                 (KEEP,),
             ),
-            "FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE,
         }
-        return _Surround(ctx, rules)
+        return _Surround(ctx, rules, _SUBCLASS_RULES)
 
     def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
-        if "FullyAsyncLLMServerClient" not in transformer.classes and not self._expects_fully_async(
-            ctx.version
-        ):
-            # 0.8.0 defines the fully-async client in fully_async_rollouter.py (its own codemod);
-            # with an unknown version the file's content decides.
-            ctx.hit("FullyAsyncLLMServerClient.generate")
-            ctx.hit("super().generate call")
-
-    def _expects_fully_async(self, version: str | None) -> bool:
-        parsed = parse_version(version)
-        return parsed is not None and parsed >= parse_version(self.fully_async_since)
+        if not transformer.subclasses:  # 0.8.0 defines the fully-async client in fully_async_rollouter.py
+            ctx.waive("fully-async client generate")
+            ctx.waive("super().generate call")
 
 
 class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
@@ -219,12 +229,23 @@ class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
     max_version = "0.8.0"
     description = "fully-async client keeps the parent's extra_fields (request id) in its accumulated output"
     anchors = {
-        "FullyAsyncLLMServerClient.generate": "a method generate in class FullyAsyncLLMServerClient",
-        "super().generate call": "`output = await super().generate(...)` in FullyAsyncLLMServerClient.generate",
+        "fully-async client generate": _FULLY_ASYNC_EXPECTED,
+        "super().generate call": _SUPER_CALL_EXPECTED,
     }
 
+    def present(self, source: str) -> bool:
+        """Only where this file defines the client (verl 0.8.0); later it lives in llm_server.py."""
+        return any(
+            isinstance(base, ast.Name) and base.id == "LLMServerClient"
+            for node in top_level_classes(source).values()
+            for base in node.bases
+        )
+
+    def subject_text(self) -> str:
+        return "subclass of LLMServerClient"
+
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _Surround(ctx, {"FullyAsyncLLMServerClient.generate": _FULLY_ASYNC_RULE})
+        return _Surround(ctx, {}, _SUBCLASS_RULES)
 
 
 LIFT = "rl_msprobe_consistency.lift_request_id(field)"

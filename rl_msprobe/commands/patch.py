@@ -43,6 +43,11 @@ def _newest(project: str) -> str | None:
     return max(versions, key=Version)
 
 
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
 @click.group()
 def patch() -> None:
     """Source patch sets for verl, SGLang, vLLM and vLLM-Ascend trees.
@@ -107,6 +112,11 @@ def diff(
                 "project": target.project,
                 "version": target.version,
                 "sets": [s.name for s in sets],
+                "tested": not plan.warnings,
+                "warnings": plan.warnings,
+                "capabilities": {
+                    name: [c.to_json() for c in reports] for name, reports in plan.capabilities.items()
+                },
                 "summary": summary,
                 "skipped": [r.to_json() for r in plan.skipped],
                 "diff": text,
@@ -120,6 +130,7 @@ def diff(
     if not as_json:
         for r in plan.skipped:
             click.echo(f"# {r.piece}: not applicable here: {r.detail}", err=True)
+        _warn(plan.warnings)
         click.echo(
             f"# {target.describe()}: {len(summary['files'])} files, {summary['hunks']} hunks, "
             f"+{summary['added']} -{summary['removed']}",
@@ -172,6 +183,7 @@ def apply(
             click.echo(f"originals kept in {result['manifest']}")
     for skipped in result["skipped"]:
         click.echo(f"  not applicable: {skipped['codemod']} ({skipped['detail']})")
+    _warn(result["warnings"])
     for note in dict.fromkeys(result["notes"]):
         click.echo(f"note: {note}")
 
@@ -233,10 +245,13 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
         emit_json(doc)
     else:
         click.echo(f"{target.describe()}")
+        _warn(doc["warnings"])
         for entry in doc["sets"]:
             click.echo(f"{entry['name']}: {entry['status']}")
             for f in entry["files"]:
                 click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
+            for cap in entry["capabilities"]:
+                click.echo(f"  capability found: {cap['name']} ({', '.join(cap['sites'])})")
             for note in entry["notes"]:
                 click.echo(f"  note: {note}")
     sys.exit(0 if workspace.all_applied(doc) else 1)

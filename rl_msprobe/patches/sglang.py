@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
-from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, Probe, class_has_field, register
 
 OLDEST = "0.4.6.post5"
 NEWEST = "0.5.10.post1"  # the last release without native msprobe support
 NATIVE_SINCE = "0.5.11"
+# SGLang's own msprobe support is the server argument `msprobe_dump_config` (0.5.11 and later)
+NATIVE = Probe(
+    "sglang/srt/server_args.py",
+    "the server argument ServerArgs.msprobe_dump_config",
+    lambda source: class_has_field(source, "ServerArgs", "msprobe_dump_config"),
+)
 NATIVE_OVERRIDE = "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=/abs/path/config.json"
 
 DUMP_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_dump.py", name="sglang-dump-file")
@@ -22,8 +28,17 @@ SGLANG_DUMP = register(
         project="sglang",
         description="msprobe debugger in ModelRunner (MSPROBE_ROLLOUT_CONFIG; PD: MSPROBE_PREFILL/DECODE_CONFIG)",
         pieces=(Piece(DUMP_FILE), Piece(SGLangModelRunner())),
+        capabilities=(
+            Capability(
+                "create / start / stop sites",
+                "ModelRunner.__init__ (create) and ModelRunner.forward (start, stop + step) in "
+                "sglang/srt/model_executor/model_runner.py",
+                ("sglang-model-runner",),
+            ),
+        ),
         min_version=OLDEST,
         max_version=NEWEST,
+        native=NATIVE,
         native_since=NATIVE_SINCE,
         native_hint=(
             f"SGLang >= {NATIVE_SINCE} dumps with msprobe itself (server argument msprobe_dump_config): "
@@ -42,6 +57,13 @@ SGLANG_BOOTSTRAP_ROOM = register(
         project="sglang",
         description="optional: MSPROBE_BOOTSTRAP_ROOM pins the bootstrap room, so PD + DP routing repeats",
         pieces=(Piece(ROOM_FILE), Piece(SGLangIoStruct())),
+        capabilities=(
+            Capability(
+                "bootstrap room pin",
+                "GenerateReqInput._normalize_bootstrap_params in sglang/srt/managers/io_struct.py (SGLang 0.5.2+)",
+                ("sglang-io-struct",),
+            ),
+        ),
         min_version="0.5.2",
         optional=True,
         notes=("Only useful with PD disaggregation and data parallel size > 1.",),

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, defines_class, register
 
 NEWEST = "0.9.1"  # newest verl release every verl set is tested on; the default release for `patch diff`
+FSDP_HOOK = Capability(
+    "FSDP engine hook",
+    "FSDPEngine.forward_backward_batch in verl/workers/engine/fsdp/transformer_impl.py",
+    ("verl-fsdp-engine",),
+)
+MEGATRON_HOOK = Capability(
+    "Megatron engine hook",
+    "MegatronEngineWithLMHead.forward_step in verl/workers/engine/megatron/transformer_impl.py",
+    ("verl-megatron-engine",),
+)
 
 HOOKS_FILE = NewFile("verl", "verl/utils/rl_msprobe_hooks.py", name="verl-hooks-file")
 
@@ -16,6 +26,7 @@ VERL_ENGINE = register(
         project="verl",
         description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1)",
         pieces=(Piece(HOOKS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
+        capabilities=(FSDP_HOOK, MEGATRON_HOOK),
         min_version="0.6.0",
         max_version=NEWEST,
         version_notes=(
@@ -49,12 +60,31 @@ from rl_msprobe.codemods.verl_trainer import (  # noqa: E402
 CONSISTENCY_FILE = NewFile("verl", "verl/utils/rl_msprobe_consistency.py", name="verl-consistency-file")
 
 
-def _only(codemod, why: str, needs_file: bool = False) -> Piece:
-    """A piece that exists only for some versions: not-applicable (with `why`) outside its range.
+def _only(codemod, why: str) -> Piece:
+    """A piece that applies where the tree has its file (and the codemod's subject); `why` says
+    which verl has it. A capability still needs one site among its pieces."""
+    return Piece(codemod, essential=False, why_optional=why)
 
-    needs_file=False: inside its range the file must be there (a missing file is an error).
-    """
-    return Piece(codemod, essential=False, why_optional=why, needs_file=needs_file)
+
+TRIM = Capability(
+    "PROMPTS_ONLY trim",
+    "before the old-log-prob recompute of every trainer the tree has (RayPPOTrainer.fit always; the v1, "
+    "main_ppo_sync, separation and fully-async trainers where present)",
+    (
+        "verl-ray-trainer",
+        "verl-separate-trainer",
+        "verl-sync-trainer",
+        "verl-v1-trainer",
+        "verl-fully-async-trainer",
+    ),
+)
+REQUEST_ID = Capability(
+    "request-id record",
+    "around server.generate.remote in the rollout client that runs: AsyncLLMServerManager.generate "
+    "(experimental/agent_loop/agent_loop.py, verl <= 0.7) or LLMServerClient.generate "
+    "(workers/rollout/llm_server.py, verl >= 0.8)",
+    ("verl-agent-loop-request-id", "verl-llm-server-request-id"),
+)
 
 
 VERL_PROMPTS_ONLY = register(
@@ -67,30 +97,30 @@ VERL_PROMPTS_ONLY = register(
             Piece(VerlRayTrainer()),
             _only(
                 VerlSeparateTrainer(),
-                "SeparateRayPPOTrainer (verl/experimental/separation) exists from verl 0.7.1",
+                "SeparateRayPPOTrainer (verl/experimental/separation) is in verl 0.7.1 and later",
             ),
             _only(
                 VerlSyncTrainer(),
-                "verl/trainer/main_ppo_sync.py (TransferQueue trainer) exists only in verl 0.8.0",
+                "verl/trainer/main_ppo_sync.py (TransferQueue trainer) is in verl 0.8.0",
             ),
             _only(
-                VerlV1Trainer(), "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) exists from verl 0.9.0"
+                VerlV1Trainer(),
+                "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) is in verl 0.9.0 and later",
             ),
             _only(
                 VerlFullyAsyncTrainer(),
-                "fully_async_trainer.py is not in this tree (verl wheels ship it from 0.8.0; 0.7.1 has only its "
-                "config); FullyAsyncTrainer inherits the patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
-                needs_file=True,
+                "verl wheels ship it from 0.8.0; 0.7.1 has only its config; FullyAsyncTrainer inherits the "
+                "patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
             ),
         ),
+        capabilities=(TRIM,),
         min_version="0.6.0",
         max_version=NEWEST,
         notes=(
-            "Essential for every version: RayPPOTrainer.fit (0.6.0: before the compute_log_prob call; 0.6.1+: "
-            "before the bypass_recomputing_logprobs line). Required inside their ranges: "
+            "Essential in every tree: RayPPOTrainer.fit (before the bypass_recomputing_logprobs line, or before "
+            "the compute_log_prob call where there is none, as in 0.6.0). Patched wherever the tree has them: "
             "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
-            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer). Optional: FullyAsyncTrainer._fit_generate "
-            "(where the tree ships fully_async_trainer.py).",
+            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer), FullyAsyncTrainer._fit_generate.",
             "The trimmed batch is meant for a consistency run of one step with DUMP_PHASE=log_prob: later phases "
             "see zero response tokens.",
         ),
@@ -106,27 +136,29 @@ VERL_REQUEST_ID = register(
             Piece(CONSISTENCY_FILE),
             _only(
                 VerlAgentLoopRequestId(),
-                "from verl 0.8.0 the rollout client lives in verl/workers/rollout/llm_server.py",
+                "from verl 0.8.0 the rollout client is LLMServerClient in verl/workers/rollout/llm_server.py",
             ),
             _only(
                 VerlLLMServerRequestId(),
-                "before verl 0.8.0 the rollout client is AsyncLLMServerManager (agent_loop.py)",
+                "before verl 0.8.0 the rollout client is AsyncLLMServerManager in agent_loop.py",
             ),
             _only(
                 VerlFullyAsyncRolloutRequestId(),
-                "FullyAsyncLLMServerClient is in fully_async_rollouter.py only in verl 0.8.0 (llm_server.py from 0.9.0)",
+                "the fully-async client is defined in fully_async_rollouter.py in verl 0.8.0 (in llm_server.py later)",
             ),
             _only(
                 VerlAgentLoopTQRequestId(),
-                "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) exists from verl 0.9.0",
+                "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) is in verl 0.9.0 "
+                "and later",
             ),
         ),
+        capabilities=(REQUEST_ID,),
         min_version="0.6.0",
         max_version=NEWEST,
         notes=(
-            "Exactly one rollout-client file per version is required: agent_loop.py (0.6.0 - 0.7.1) or "
-            "llm_server.py (0.8.0+); plus fully_async_rollouter.py in 0.8.0 and the v1 trainer's "
-            "agent_loop_tq.py from 0.9.0 (request_id as a top-level TransferQueue field).",
+            "The rollout client the tree has is patched: AsyncLLMServerManager in agent_loop.py (0.6.0 - 0.7.1) "
+            "or LLMServerClient in llm_server.py (0.8.0+); plus the fully-async client where the tree defines "
+            "it and the v1 trainer's agent_loop_tq.py (request_id as a top-level TransferQueue field).",
             "Active only with DUMP_ON=1, PROMPTS_ONLY=1 or RL_MSPROBE_REQUEST_ID=1 in the rollout workers' "
             "environment; otherwise the inserted lines do nothing.",
         ),
@@ -139,13 +171,22 @@ VERL_CONSISTENCY = register(
         project="verl",
         description="training-inference consistency: engine hooks + PROMPTS_ONLY trimming + request ids",
         includes=("verl-engine", "verl-prompts-only", "verl-request-id"),
+        capabilities=(
+            Capability(
+                "engine runs the actor",
+                "the actor's log-probs computed by the patched training engine",
+                ("verl-fsdp-engine", "verl-megatron-engine"),
+                probe=defines_class("verl/workers/engine_workers.py", "ActorRolloutRefWorker"),
+                why=(
+                    "Without it (verl 0.6.x) the actor always runs the legacy workers (use_legacy_worker_impl "
+                    "switches only the critic and the reward model), so the patched training engine never "
+                    "computes the actor's log-probs and nothing would be dumped; use verl 0.7.0 or later. "
+                    "verl-prompts-only and verl-request-id alone do apply there."
+                ),
+            ),
+        ),
         min_version="0.7.0",
         max_version=NEWEST,
-        below_min_reason=(
-            "In verl 0.6.x the actor always runs the legacy workers (use_legacy_worker_impl switches only the "
-            "critic and the reward model), so the patched training engine never computes the actor's log-probs "
-            "and nothing would be dumped; verl-prompts-only and verl-request-id alone do apply there."
-        ),
         version_notes=VERL_ENGINE.version_notes,
     )
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
-from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
 
 OLDEST = "0.24.0"
 NEWEST = "0.33.0"  # newest vLLM release the set is tested on; the default release for `patch diff`
@@ -29,6 +29,13 @@ VLLM_DUMP = register(
                 VllmModelRunnerV2(),
                 essential=False,
                 why_optional="this vLLM has no V2 model runner file, so only the patched V1 runner can run",
+            ),
+        ),
+        capabilities=(
+            Capability(
+                "model-step dump",
+                "GPUModelRunner.__init__, execute_model and its model forward in vllm/v1/worker/gpu_model_runner.py",
+                ("vllm-model-runner",),
             ),
         ),
         min_version=OLDEST,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
 
 OLDEST = "0.12.0rc1"  # first release with msprobe support (additional_config.dump_config)
 NEWEST_TESTED = "0.30.0rc2"  # newest release the codemod is tested on; newer ones: the anchors decide
@@ -18,7 +18,16 @@ VLLM_ASCEND_DISPATCH_LOG = register(
         project="vllm-ascend",
         description="dispatch_log.jsonl (which requests each dumped step served) and dumps under {pid}",
         pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(VllmAscendModelRunner())),
+        capabilities=(
+            Capability(
+                "dispatch log sites",
+                "NPUModelRunner.__init__ (attach) and every dump finish point of execute_model and sample_tokens "
+                "in vllm_ascend/worker/model_runner_v1.py",
+                ("vllm-ascend-model-runner",),
+            ),
+        ),
         min_version=OLDEST,
+        max_version=NEWEST_TESTED,
         notes=(
             "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
             "this set only adds the dispatch log and the {pid} sub-folder.",

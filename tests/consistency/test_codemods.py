@@ -121,14 +121,24 @@ def test_request_id_lines_surround_the_server_call():
         assert len(lines[keep]) - len(lines[keep].lstrip()) == indent  # same block
 
 
-def test_llm_server_version_decides_whether_the_fully_async_client_must_be_there():
+def test_llm_server_code_decides_whether_the_fully_async_client_is_patched():
+    """Shape, not version: the same 0.8.0 file gets the same lines whatever version is claimed; a
+    fully-async subclass of LLMServerClient is patched under any name (FullyLLMServerClient was main's
+    name in spring 2026), and one whose resume call moved is a missing anchor."""
     codemod = VerlLLMServerRequestId()
     source = _read("verl_request_id", "llm_server_v080.before.py")
-    assert codemod.apply(source, version="0.8.0").count("rl-msprobe:") == 3
-    assert codemod.apply(source).count("rl-msprobe:") == 3  # unknown version: the content decides
+    for version in ("0.8.0", None, "0.9.1", "0.10.0.dev"):
+        assert codemod.apply(source, version=version).count("rl-msprobe:") == 3
+    v091 = _read("verl_request_id", "llm_server_v091.before.py")
+    assert "class FullyAsyncLLMServerClient(LLMServerClient)" in v091
+    renamed = v091.replace("FullyAsyncLLMServerClient", "FullyLLMServerClient")
+    out = codemod.apply(renamed, version="0.8.0.dev")
+    assert out.count("keep_parent_extra_fields(final_output, output)") == 1
+    assert out.count("rl-msprobe:") == codemod.apply(v091).count("rl-msprobe:")
+    moved = renamed.replace("await super().generate(", "await self._generate_once(")
     with pytest.raises(AnchorError) as info:
-        codemod.apply(source, version="0.9.1")
-    assert "FullyAsyncLLMServerClient.generate" in str(info.value) and "0.9.1" in str(info.value)
+        codemod.apply(moved, version="0.8.0.dev")
+    assert "super().generate call" in str(info.value) and "0.8.0.dev" in str(info.value)
 
 
 def test_anchor_changed_after_apply_is_a_conflict():

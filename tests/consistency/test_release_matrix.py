@@ -83,7 +83,8 @@ PARTS = [
 def test_consistency_refuses_06_with_the_reason(version):
     code, out, err = run_cli("patch", "diff", "verl-consistency", "--tree", f"release:verl=={version}")
     assert code == 2 and out == ""
-    assert f"verl {version} is not supported" in err and "legacy workers" in err and "0.7.0" in err
+    assert f"verl {version} tree does not have" in err and "engine runs the actor" in err
+    assert "legacy workers" in err and "0.7.0" in err
 
 
 @pytest.mark.parametrize(("name", "version", "cycle"), PARTS)

@@ -60,11 +60,23 @@ def test_allow_dirty_refuses_when_the_patched_file_itself_is_dirty(tree):
     assert path.read_text().endswith("# mine\n") and "rl-msprobe" not in path.read_text()
 
 
-def test_unsupported_version_is_refused_with_range(tree):
+def test_version_number_alone_refuses_nothing(tree):
+    """0.9.1 code labelled 0.5.0: the anchors are found, so it is patched, with a warning."""
     (tree / "verl" / "version" / "version").write_text("0.5.0")
     git(tree, "commit", "-qam", "pretend 0.5.0")
-    code, _, err = run_cli("patch", "diff", "verl-engine", "--tree", str(tree))
-    assert code == 2 and "0.5.0" in err and "0.6.0 … 0.9.1" in err
+    code, out, err = run_cli("patch", "diff", "verl-engine", "--tree", str(tree), "--json")
+    assert code == 1, err
+    doc = json.loads(out)
+    assert doc["tested"] is False and "older than the oldest tested release 0.6.0" in doc["warnings"][0]
+
+
+def test_missing_engine_file_is_refused_naming_it(tree):
+    (tree / MEGATRON).unlink()
+    git(tree, "commit", "-qam", "no megatron")
+    before = snapshot(tree)
+    code, _, err = run_cli("patch", "apply", "verl-engine", "--tree", str(tree))
+    assert code == 2 and MEGATRON in err and "missing" in err and "verl-megatron-engine" in err
+    assert snapshot(tree) == before
 
 
 def test_tree_that_is_not_verl(tmp_path):

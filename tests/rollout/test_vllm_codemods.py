@@ -167,10 +167,23 @@ def test_tree_without_v2_runner_skips_the_guard(tmp_path):
     }
 
 
-def test_versions_outside_the_range_are_refused(tmp_path):
-    root = _fixture_tree(tmp_path, version="0.23.0")
+@pytest.mark.parametrize(("version", "why"), [("0.23.0", "older than"), ("0.34.0.dev3+g1a2b", "newer than")])
+def test_untested_versions_are_patched_with_a_warning_when_the_shape_is_found(tmp_path, version, why):
+    root = _fixture_tree(tmp_path, version=version)
+    code, out, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["tested"] is False and why in doc["warnings"][0] and "all anchors found" in doc["warnings"][0]
+    code, _, err = run_cli("patch", "diff", "vllm-dump", "--tree", str(root))
+    assert code == 0 and f"vllm {version} is {why}" in err
+
+
+def test_a_runner_without_the_model_forward_is_refused_naming_the_anchor(tmp_path):
+    root = _fixture_tree(tmp_path, version="0.34.0")
+    runner = root / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    runner.write_text(runner.read_text().replace("self._model_forward(", "self.model("))
     code, _, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root))
-    assert code == 2 and "0.24.0" in err
+    assert code == 2 and "model forward in execute_model" in err and "_model_forward" in err
     assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
 
 
