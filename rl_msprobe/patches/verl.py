@@ -178,7 +178,7 @@ VERL_CONSISTENCY = register(
                 ("verl-fsdp-engine", "verl-megatron-engine"),
                 probe=defines_class("verl/workers/engine_workers.py", "ActorRolloutRefWorker"),
                 why=(
-                    "Without it (verl 0.6.x) the actor always runs the legacy workers (use_legacy_worker_impl "
+                    "Without it (as in verl 0.6.x) the actor always runs the legacy workers (use_legacy_worker_impl "
                     "switches only the critic and the reward model), so the patched training engine never "
                     "computes the actor's log-probs and nothing would be dumped; use verl 0.7.0 or later. "
                     "verl-prompts-only and verl-request-id alone do apply there."
