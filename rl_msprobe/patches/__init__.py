@@ -179,9 +179,10 @@ class PatchSet:
             return None
         parsed = parse_version(version)
         shown = f"{self.project} {version or '(unknown version)'}"
-        if parsed is not None and self.max_version and parsed > Version(self.max_version):
+        public = Version(parsed.public) if parsed is not None else None  # 0.9.1+local is 0.9.1 here
+        if public is not None and self.max_version and public > Version(self.max_version):
             why = f"is newer than the newest tested release {self.max_version}"
-        elif parsed is not None and self.min_version and parsed < Version(self.min_version):
+        elif public is not None and self.min_version and public < Version(self.min_version):
             why = f"is older than the oldest tested release {self.min_version}"
         elif parsed is not None and (parsed.is_devrelease or parsed.local):
             why = f"is a development build (tested releases: {self.range_text()})"
