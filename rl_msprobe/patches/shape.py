@@ -83,9 +83,7 @@ def capability_reports(
     reports = []
     for cap in patch_set.all_capabilities():
         found = tuple(dict.fromkeys(sites[label] for label in cap.pieces if label in sites))
-        searched = tuple(
-            f"{skipped[label][0]}: {skipped[label][1]}" for label in cap.pieces if label in skipped
-        )
+        searched = tuple(_searched(*skipped[label]) for label in cap.pieces if label in skipped)
         problem = ""
         if cap.probe is not None and not cap.probe.holds(read(cap.probe.path)):
             problem = (
@@ -99,6 +97,10 @@ def capability_reports(
             ).strip()
         reports.append(CapabilityReport(cap.name, cap.where, found, searched, problem))
     return reports
+
+
+def _searched(path: str, detail: str) -> str:
+    return detail if detail.startswith(path) else f"{path}: {detail}"
 
 
 def require_all(reports: Iterable[CapabilityReport]) -> None:

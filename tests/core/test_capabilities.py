@@ -36,8 +36,8 @@ def test_a_capability_without_a_site_is_exit_2_naming_it_and_every_file_searched
         code, out, err = run_cli("patch", command, "verl-request-id", "--tree", str(tree))
         assert code == 2, (command, out, err)
         assert "capability 'request-id record'" in err
-        assert f"{AGENT_LOOP}: {AGENT_LOOP} has no class AsyncLLMServerManager" in err
-        assert f"{LLM_SERVER}: {LLM_SERVER} has no class LLMServerClient" in err
+        assert f"searched {AGENT_LOOP} has no class AsyncLLMServerManager" in err
+        assert f"; {LLM_SERVER} has no class LLMServerClient" in err
     assert snapshot(tree) == before
 
 
