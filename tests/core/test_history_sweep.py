@@ -5,39 +5,73 @@ whose change can matter to a codemod (a patched file or top-level class added or
 version changed, an anchor line changed: `tests.support.history.anchor_commits`), plus the
 newest commits and the named ones below, goes through the full cycle in-process (diff, apply with
 branch + commit, status applied, second apply a no-op, byte-exact revert) with every capability
-patched — or is refused, for the reason committed in REFUSALS, and only there.
+patched — or is refused, for the reason committed in REFUSALS, and only there (where the sets
+that do apply are cycled instead).
 
 Codemods are pure str -> str, so each distinct (codemod, file text) is run once per session.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from rl_msprobe.codemods.base import Codemod
 from rl_msprobe.errors import UserError
-from tests.support.history import anchor_commits, checkout, clone, commits, full_cycle
+from tests.support.history import Commit, anchor_commits, checkout, clone, commits, full_cycle
 
 pytestmark = [pytest.mark.release, pytest.mark.history]
 
 LLM_SERVER = "verl/workers/rollout/llm_server.py"
 
-# project -> (sets for every commit, sets where a refusal is expected)
-SETS = {
-    "verl": (["verl-consistency"], ["verl-engine", "verl-prompts-only", "verl-request-id"]),
-    "vllm-ascend": (["vllm-ascend-dispatch-log"], []),
-}
+SETS = {"verl": ["verl-consistency"], "vllm-ascend": ["vllm-ascend-dispatch-log"]}
 
-# project -> (first commit that is not refused, the words the refusal must hold, why). Short on purpose:
-# only code that truly lacks a capability is refused.
+
+@dataclass(frozen=True)
+class Refusal:
+    """Commits from `first` up to (not including) `until` are refused, with `words` in the message;
+    the sets in `instead` (what does apply there) are cycled on them."""
+
+    first: str
+    until: str
+    words: tuple[str, ...]
+    instead: tuple[str, ...]
+    why: str
+
+
+# Short on purpose: only code that truly lacks a capability (or holds a trainer no codemod knows).
 REFUSALS = {
     "verl": (
-        "cf1371f",  # 2025-11-24 "[trainer] feat: refactor workers with model engine (#4211)"
-        ("capability 'engine runs the actor'", "verl/workers/engine_workers.py"),
-        "before it the actor always runs the legacy workers, so the engine hook would never dump it "
-        "(the parts verl-engine, verl-prompts-only and verl-request-id still apply and are cycled instead)",
+        Refusal(
+            "",  # from the v0.6.0 branch point
+            "cf1371f",  # 2025-11-24 "[trainer] feat: refactor workers with model engine (#4211)"
+            ("capability 'engine runs the actor'", "verl/workers/engine_workers.py"),
+            ("verl-engine", "verl-prompts-only", "verl-request-id"),
+            "no engine ActorRolloutRefWorker yet: the actor always runs the legacy workers, so the engine hook "
+            "would never dump it",
+        ),
+        Refusal(
+            "7ac7839",  # 2026-01-06 "[recipe] feat: migrate `recipe` to ... verl-recipe (#4795)"
+            "0e583d1",  # 2026-02-06 "[recipe] refactor: refactor ray trainer for separate recipe use (#5184)"
+            ("fully_async_trainer.py", "FullyAsyncTrainer._fit_generate"),
+            ("verl-engine", "verl-request-id"),
+            "the fully-async trainer moved in from recipe/ recomputes old log-probs in "
+            "FullyAsyncRayPPOTrainer._process_batch_common, a trainer no codemod knows; from #5184 it "
+            "inherits the patched SeparateRayPPOTrainer",
+        ),
     ),
 }
+
+
+def _refusal(project: str, history: list[Commit], index: int) -> Refusal | None:
+    shas = [c.sha for c in history]
+    for refusal in REFUSALS.get(project, ()):
+        low = 0 if not refusal.first else next(i for i, s in enumerate(shas) if s.startswith(refusal.first))
+        high = next(i for i, s in enumerate(shas) if s.startswith(refusal.until))
+        if low <= index < high:
+            return refusal
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +105,20 @@ def test_every_anchor_commit_is_patched_or_refused_for_its_reason(project, tmp_p
     picked |= {c.sha for c in history[-5:]}  # always the newest
     if project == "verl":  # the silent gap of issue 10: main of 2026-04-30 (0.8.0.dev) between two clients
         picked.add([c for c in history if c.date <= "2026-04-30"][-1].sha)
-    sets, fallback = SETS[project]
-    first_ok, words, _ = REFUSALS.get(project, ("", (), ""))
-    refusing = bool(first_ok)
     results = {}
-    for commit in history:
-        refusing = refusing and not commit.sha.startswith(first_ok)
+    for index, commit in enumerate(history):
         if commit.sha not in picked:
             continue
         checkout(repo, commit.sha)
-        if refusing:
+        refusal = _refusal(project, history, index)
+        if refusal:
             with pytest.raises(UserError) as info:
-                full_cycle(repo, project, sets)
-            assert all(w in str(info.value) for w in words), (commit, str(info.value))
-            results[commit.sha] = full_cycle(repo, project, fallback)
+                full_cycle(repo, project, SETS[project])
+            assert all(w in str(info.value) for w in refusal.words), (commit, str(info.value))
+            results[commit.sha] = full_cycle(repo, project, list(refusal.instead))
         else:
             try:
-                results[commit.sha] = full_cycle(repo, project, sets)
+                results[commit.sha] = full_cycle(repo, project, SETS[project])
             except UserError as exc:
                 pytest.fail(f"{project} {commit.sha[:9]} {commit.date} {commit.subject}: {exc}")
         assert all(results[commit.sha]["capabilities"].values()), (commit, results[commit.sha])
