@@ -8,23 +8,26 @@ manifest are kept in `<tree>/.rl-msprobe/` so revert can restore the exact bytes
 
 from __future__ import annotations
 
+import codecs
 import difflib
-import hashlib
 import json
 import os
+import re
 import stat
-import tempfile
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_msprobe import __version__
+from rl_msprobe import __version__, journal
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import NewFile, PatchSet, Piece
 from rl_msprobe.targets import Target
 
-STATE_DIR = ".rl-msprobe"
+STATE_DIR = journal.STATE_DIR
 MANIFEST = "manifest.json"
 
 
@@ -64,17 +67,29 @@ class Plan:
 
 
 def decode(data: bytes, path: str) -> str:
+    if data.startswith(codecs.BOM_UTF8):
+        raise UserError(
+            f"{path}: starts with a UTF-8 byte-order mark; rl-msprobe patches plain UTF-8 sources. Remove the "
+            "mark (e.g. `sed -i '1s/^\\xEF\\xBB\\xBF//' FILE`) and run again."
+        )
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(
             f"{path}: not UTF-8 text (byte {exc.start}); rl-msprobe only patches UTF-8 sources."
         ) from exc
+    lone_cr = re.search("\r(?!\n)", text)
+    if lone_cr:
+        line = text.count("\n", 0, lone_cr.start()) + 1
+        raise UserError(
+            f"{path}:{line}: a carriage return without a line feed (old Mac line endings); rl-msprobe patches "
+            "files with LF or CRLF line endings. Convert the file (e.g. `sed -i 's/\\r/\\n/g' FILE`) and run again."
+        )
+    return text
 
 
 def _read(root: Path, rel: str) -> bytes | None:
-    path = root / rel
-    return path.read_bytes() if path.is_file() else None
+    return journal.read(root / rel)
 
 
 def _unique_pieces(sets: list[PatchSet]) -> list[tuple[PatchSet, Piece]]:
@@ -136,7 +151,14 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
             continue
         _, current, labels = texts.get(piece.path, (before, None, []))
         source = current if current is not None else decode(before or b"", piece.path)
-        texts[piece.path] = (before, item.apply(source, target.version), [*labels, piece.label])
+        try:
+            after_text = item.apply(source, target.version)
+        except RuntimeError as exc:  # the codemod's own self-check: never write what it cannot vouch for
+            raise UserError(
+                f"{target.root / piece.path}: {exc}; rl-msprobe cannot patch this file safely. Nothing was "
+                "changed; please report it with the file."
+            ) from exc
+        texts[piece.path] = (before, after_text, [*labels, piece.label])
     for rel, (before, after_text, labels) in texts.items():
         if after_text is None:
             continue
@@ -148,7 +170,7 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
     return plan
 
 
-def plan_revert(target: Target, sets: list[PatchSet]) -> Plan:
+def plan_revert(target: Target, sets: list[PatchSet], state: Path | None = None) -> Plan:
     """Every change reverting `sets` would make (marked lines dropped, added files removed)."""
     plan = Plan(target, sets)
     texts: dict[str, tuple[bytes, str, list[str]]] = {}
@@ -167,7 +189,7 @@ def plan_revert(target: Target, sets: list[PatchSet]) -> Plan:
         after = after_text.encode("utf-8")
         if after != before:
             plan.changes.append(FileChange(rel, before, after, tuple(labels)))
-    _prefer_saved_originals(target.root, plan)
+    _prefer_saved_originals(state or journal.state_dir(target.root, None), plan)
     plan.changes.sort(key=lambda c: c.path)
     return plan
 
@@ -220,7 +242,8 @@ def set_status(reports: list[PieceReport]) -> Status:
 
 
 def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
-    """The JSON document of `patch status`."""
+    """The JSON document of `patch status` (a killed run's journal is finished first, and reported)."""
+    recovered = recovery_for_status(target)
     doc_sets = []
     for patch_set in sets:
         if not patch_set.is_native(target.version):
@@ -234,7 +257,10 @@ def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
                 "notes": patch_set.notes_for(target.version),
             }
         )
-    return {"tree": str(target.root), "project": target.project, "version": target.version, "sets": doc_sets}
+    doc = {"tree": str(target.root), "project": target.project, "version": target.version, "sets": doc_sets}
+    if recovered:
+        doc["journal"] = recovered
+    return doc
 
 
 def all_applied(doc: dict[str, Any]) -> bool:
@@ -312,47 +338,33 @@ def _preflight(root: Path, changes: list[FileChange]) -> None:
             raise UserError(f"{parent}: folder is not writable; nothing was changed.")
 
 
-def _write_one(root: Path, rel: str, data: bytes | None) -> None:
-    path = root / rel
-    if data is None:
-        if path.exists():
-            path.unlink()
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_all(root: Path, changes: list[FileChange], checked: bool = False) -> None:
     """Write every change or none: a failure part-way restores what was already written.
 
-    `checked`: the caller already ran the preflight (apply does, before it makes a branch).
+    `checked`: the caller already ran the preflight.
     """
     if not checked:
         _preflight(root, changes)
     done: list[FileChange] = []
     try:
         for change in changes:
-            _write_one(root, change.path, change.after)
+            journal.write_file(root / change.path, change.after)
             done.append(change)
     except OSError as exc:
         for change in reversed(done):
-            _write_one(root, change.path, change.before)
+            journal.write_file(root / change.path, change.before)
         raise UserError(
             f"{root / change.path}: could not be written ({exc.strerror}); every file was restored."
         ) from exc
 
 
-# ---------------------------------------------------------------- git / manifest
+def _write_entries(entries: list[journal.Entry]) -> None:
+    for entry in entries:
+        journal.write_file(entry.path, entry.after, durable=True)
+        journal.checkpoint(f"write:{entry.label}")
+
+
+# ---------------------------------------------------------------- the tree: git or not, lock, journal
 
 
 def open_repo(root: Path) -> Any | None:
@@ -365,13 +377,199 @@ def open_repo(root: Path) -> Any | None:
         return None
 
 
+def _git(repo: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(repo.working_tree_dir), *args], capture_output=True, text=True, check=False
+    )
+
+
+def _ignored_by(repo: Any, target: Target) -> bool:
+    """The package folder is ignored by the enclosing repo (a venv inside a project) and none of it is tracked."""
+    top = Path(repo.working_tree_dir).resolve()
+    try:
+        rel = target.package_dir.resolve().relative_to(top).as_posix()
+    except ValueError:
+        return False
+    if _git(repo, "check-ignore", "-q", "--", rel).returncode != 0:
+        return False
+    return not _git(repo, "ls-files", "--", rel).stdout.strip()
+
+
+@dataclass
+class Tree:
+    """How a tree is written: its git repo (None: files + manifest), its state folder, and why."""
+
+    repo: Any | None
+    state: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def _tree(target: Target, writing: bool) -> Tree:
+    repo = open_repo(target.root)
+    notes = []
+    if repo is not None and repo.working_tree_dir is not None and _ignored_by(repo, target):
+        notes.append(
+            f"{target.package_dir} is ignored by the git repository at {repo.working_tree_dir} (.gitignore): "
+            "patched without git, originals kept beside it for an exact revert."
+        )
+        repo = None
+    if repo is not None and writing and not repo.head.is_valid():
+        raise UserError(
+            f"{repo.working_tree_dir}: a git repository with no commits yet; rl-msprobe commits on top of the "
+            "upstream files. Commit them first (git add -A && git commit -m upstream) and run again."
+        )
+    state = journal.state_dir(target.root, Path(repo.git_dir) if repo is not None else None)
+    return Tree(repo, state, notes)
+
+
+@contextmanager
+def _locked(target: Target) -> Iterator[tuple[Tree, dict[str, Any] | None]]:
+    """Hold the tree's lock and first finish (or undo) whatever a killed run left half-done."""
+    tree = _tree(target, writing=True)
+    if tree.repo is None:
+        _state_writable(tree.state)
+    with journal.tree_lock(tree.state):
+        yield tree, _recover(tree)
+
+
+def _state_writable(state: Path) -> None:
+    if state.exists() and not journal.writable_dir(state):
+        raise UserError(
+            f"{state}: rl-msprobe's state folder is read-only, so the originals could not be kept; make it "
+            "writable (chmod u+w) and run again. Nothing was changed."
+        )
+
+
+def _recover(tree: Tree) -> dict[str, Any] | None:
+    """An unfinished journal: complete it when its commit was made, else put every file back."""
+    doc = journal.load(tree.state)
+    if doc is None:
+        return None
+    info = doc.get("git")
+    if info and tree.repo is not None and _committed(tree.repo, info):
+        outcome = "completed"
+    else:
+        try:
+            _roll_back(tree, doc)
+        except (OSError, _git_error()) as exc:
+            raise UserError(
+                f"an interrupted rl-msprobe {doc['op']} (pid {doc['pid']}) could not be undone ({exc}); "
+                f"fix that and run again (journal in {tree.state / journal.JOURNAL})."
+            ) from exc
+        outcome = "rolled back"
+    journal.finish(tree.state)
+    return {
+        "op": doc["op"],
+        "pid": doc["pid"],
+        "outcome": outcome,
+        "files": [f["label"] for f in doc["files"]],
+    }
+
+
+def _git_error() -> type[Exception]:
+    import git
+
+    return git.GitCommandError
+
+
+def _committed(repo: Any, info: dict[str, Any]) -> bool:
+    ref = f"refs/heads/{info['branch']}" if info.get("branch") else "HEAD"
+    try:
+        commit = repo.commit(ref)
+    except Exception:  # noqa: BLE001 - no such ref: nothing was committed
+        return False
+    return [p.hexsha for p in commit.parents] == [info["from_head"]] and str(commit.message).strip() == str(
+        info["message"]
+    ).strip()
+
+
+def _roll_back(tree: Tree, doc: dict[str, Any]) -> None:
+    """Files, index and branch back to how the journal found them."""
+    journal.roll_back_files(tree.state, doc)
+    info = doc.get("git")
+    repo = tree.repo
+    if not info or repo is None:
+        return
+    if info["paths"]:
+        repo.git.reset("-q", "--", *info["paths"])
+    name = info.get("branch")
+    if not name:
+        return
+    if not repo.head.is_detached and repo.active_branch.name == name:
+        if info["from_branch"]:
+            repo.git.checkout("-q", info["from_branch"])
+        else:
+            repo.git.checkout("-q", "--detach", info["from_head"])
+    if name in [h.name for h in repo.heads] and repo.commit(name).hexsha == info["from_head"]:
+        repo.git.branch("-D", name)
+
+
+def _undo(tree: Tree, exc: BaseException) -> None:
+    """The operation failed part-way: put everything back now, or leave the journal for the next run."""
+    doc = journal.load(tree.state)
+    try:
+        if doc is not None:
+            _roll_back(tree, doc)
+            journal.finish(tree.state)
+    except (OSError, UserError, _git_error()) as err:
+        raise UserError(
+            f"{_why(exc)}, and undoing it failed too ({_why(err)}). The tree is recorded in "
+            f"{tree.state / journal.JOURNAL}: the next rl-msprobe command on it finishes undoing it."
+        ) from exc
+    if isinstance(exc, (OSError, _git_error())):
+        raise UserError(f"{_why(exc)}; every file was restored, nothing was changed.") from exc
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return f"{exc.filename or 'a file'}: could not be written ({exc.strerror})"
+    stderr = getattr(exc, "stderr", None)
+    if stderr:
+        return f"git failed: {str(stderr).strip()[-300:]}"
+    return str(exc)
+
+
+def recovery_for_status(target: Target) -> dict[str, Any] | None:
+    """`status` finishes a killed run's journal when it can take the lock, and says so; else reports it."""
+    if target.readonly:
+        return None
+    try:
+        tree = _tree(target, writing=False)
+    except UserError:
+        return None
+    if not (tree.state / journal.JOURNAL / "journal.json").exists():
+        return None
+    with journal.tree_lock(tree.state, wait=False) as fd:
+        if fd is None:
+            return {"outcome": "in progress", "pid": journal.holder(tree.state)}
+        try:
+            return _recover(tree)
+        except UserError as exc:
+            return {"outcome": "unfinished", "detail": str(exc)}
+
+
+# ---------------------------------------------------------------- git / manifest
+
+
 def _repo_paths(repo: Any, root: Path, changes: list[FileChange]) -> list[str]:
     top = Path(repo.working_tree_dir).resolve()
-    return [str((root / c.path).resolve().relative_to(top)) for c in changes]
+    out = []
+    for change in changes:
+        real = (root / change.path).resolve()
+        try:
+            out.append(real.relative_to(top).as_posix())
+        except ValueError:
+            raise UserError(
+                f"{root / change.path}: a symlink to {real}, outside the git repository {top}; rl-msprobe cannot "
+                "commit it there. Replace the link by the file, or patch the tree it points into. Nothing was "
+                "changed."
+            ) from None
+    return out
 
 
 def _commit(repo: Any, paths: list[str], message: str) -> str:
     repo.git.add("-A", "--", *paths)
+    journal.checkpoint("staged")
     env = {}
     reader = repo.config_reader()
     if not reader.has_option("user", "name"):
@@ -379,12 +577,25 @@ def _commit(repo: Any, paths: list[str], message: str) -> str:
     if not reader.has_option("user", "email"):
         env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
     with repo.git.custom_environment(**env):
-        repo.git.commit("-m", message, "--", *paths)
+        repo.git.commit("-q", "-m", message, "--", *paths)
+    journal.checkpoint("committed")
     return repo.head.commit.hexsha
 
 
 def default_branch(sets: list[PatchSet]) -> str:
     return "rl-msprobe/" + "+".join(s.name for s in sets)
+
+
+def _check_branch_name(repo: Any, name: str) -> None:
+    if _git(repo, "check-ref-format", "--branch", name).returncode != 0:
+        raise UserError(
+            f"--branch {name!r}: not a valid git branch name (see `git check-ref-format`); pass another name."
+        )
+    if name in [h.name for h in repo.heads]:
+        raise UserError(
+            f"branch {name} already exists in {repo.working_tree_dir}; check it out, delete it, "
+            "or pass --branch NAME."
+        )
 
 
 def _message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str:
@@ -420,73 +631,101 @@ def _check_git_clean(repo: Any, root: Path, changes: list[FileChange], allow_dir
         )
 
 
-def _manifest_path(root: Path) -> Path:
-    return root / STATE_DIR / MANIFEST
+def _manifest_path(state: Path) -> Path:
+    return state / MANIFEST
 
 
-def _load_manifest(root: Path) -> dict[str, Any]:
-    path = _manifest_path(root)
-    if not path.is_file():
+def _load_manifest(state: Path) -> dict[str, Any]:
+    path = _manifest_path(state)
+    data = journal.read(path)
+    if data is None:
         return {"tool": __version__, "files": {}}
+    fix = f"remove {path.parent} to start afresh (revert by hand first)."
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(data)
     except ValueError as exc:
-        raise UserError(f"{path}: unreadable manifest ({exc}); remove it to start afresh.") from exc
+        raise UserError(f"{path}: unreadable manifest ({exc}); {fix}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files", {}), dict):
+        raise UserError(f'{path}: not an rl-msprobe manifest ("files" must map paths to entries); {fix}')
+    for rel, entry in doc.get("files", {}).items():
+        ok = isinstance(entry, dict) and all(
+            isinstance(entry.get(k), (str, type(None))) for k in ("original_sha256", "applied_sha256")
+        )
+        if not ok or not isinstance(entry.get("sets", []), list):
+            raise UserError(f"{path}: entry files.{rel} is not an rl-msprobe manifest entry; {fix}")
+    return doc
 
 
-def _sha(data: bytes | None) -> str | None:
-    return hashlib.sha256(data).hexdigest() if data is not None else None
+def _dump_manifest(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _record_originals(root: Path, plan: Plan) -> None:
-    manifest = _load_manifest(root)
+def _apply_state(state: Path, plan: Plan) -> list[journal.Entry]:
+    """Outside git: the manifest and saved originals after applying `plan` (written with the files)."""
+    manifest = _load_manifest(state)
     files = manifest.setdefault("files", {})
+    entries = []
     for change in plan.changes:
         entry = files.get(change.path)
         if entry is None:
-            entry = {"original_sha256": _sha(change.before), "existed": change.before is not None}
+            entry = {"original_sha256": journal.sha(change.before), "existed": change.before is not None}
             if change.before is not None:
-                saved = root / STATE_DIR / "originals" / change.path
-                saved.parent.mkdir(parents=True, exist_ok=True)
-                saved.write_bytes(change.before)
+                saved = state / "originals" / change.path
+                entries.append(
+                    journal.Entry(saved, journal.read(saved), change.before, f"originals/{change.path}")
+                )
             files[change.path] = entry
-        entry["applied_sha256"] = _sha(change.after)
+        entry["applied_sha256"] = journal.sha(change.after)
         entry["sets"] = sorted(set(entry.get("sets", [])) | {s.name for s in plan.sets})
     manifest["tool"] = __version__
-    path = _manifest_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    path = _manifest_path(state)
+    entries.append(journal.Entry(path, journal.read(path), _dump_manifest(manifest), MANIFEST))
+    return entries
 
 
-def _prefer_saved_originals(root: Path, plan: Plan) -> None:
+def _revert_state(state: Path, plan: Plan) -> list[journal.Entry]:
+    """Outside git: the manifest without the reverted files, their saved originals removed."""
+    path = _manifest_path(state)
+    if journal.read(path) is None:
+        return []
+    manifest = _load_manifest(state)
+    files = manifest.get("files", {})
+    entries = []
+    for change in plan.changes:
+        files.pop(change.path, None)
+        saved = state / "originals" / change.path
+        data = journal.read(saved)
+        if data is not None:
+            entries.append(journal.Entry(saved, data, None, f"originals/{change.path}"))
+    after = _dump_manifest(manifest) if files else None
+    entries.append(journal.Entry(path, journal.read(path), after, MANIFEST))
+    return entries
+
+
+def _tidy_state(state: Path) -> None:
+    """Empty folders of saved originals go; with no manifest left, the lock release removes the rest."""
+    originals = state / "originals"
+    if not originals.is_dir():
+        return
+    for folder in sorted((p for p in originals.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if not any(originals.iterdir()):
+        originals.rmdir()
+
+
+def _prefer_saved_originals(state: Path, plan: Plan) -> None:
     """Outside git: a file unchanged since apply, whose every set is being reverted, gets its saved bytes."""
-    files = _load_manifest(root).get("files", {})
+    files = _load_manifest(state).get("files", {})
     reverting = {s.name for s in plan.sets} | {i for s in plan.sets for i in s.includes}
     for index, change in enumerate(plan.changes):
         entry = files.get(change.path)
-        saved = root / STATE_DIR / "originals" / change.path
-        if not entry or not saved.is_file() or entry.get("applied_sha256") != _sha(change.before):
+        saved = state / "originals" / change.path
+        if not entry or not saved.is_file() or entry.get("applied_sha256") != journal.sha(change.before):
             continue
         if set(entry.get("sets", [])) - reverting:
             continue
         plan.changes[index] = FileChange(change.path, change.before, saved.read_bytes(), change.pieces)
-
-
-def _forget_originals(root: Path, plan: Plan) -> None:
-    manifest = _load_manifest(root)
-    files = manifest.get("files", {})
-    for change in plan.changes:
-        files.pop(change.path, None)
-        saved = root / STATE_DIR / "originals" / change.path
-        if saved.is_file():
-            saved.unlink()
-    state = root / STATE_DIR
-    if files:
-        _manifest_path(root).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    elif state.exists():
-        import shutil
-
-        shutil.rmtree(state)
 
 
 # ---------------------------------------------------------------- apply / revert
@@ -514,6 +753,23 @@ def _writable(target: Target) -> None:
         )
 
 
+def _tree_entries(root: Path, changes: list[FileChange]) -> list[journal.Entry]:
+    return [journal.Entry(root / c.path, c.before, c.after, c.path) for c in changes if c.before != c.after]
+
+
+def _run(tree: Tree, op: str, entries: list[journal.Entry], extra: dict[str, Any], steps: Any) -> Any:
+    """Journal first, then the steps; any failure puts everything back (or leaves it to the next run)."""
+    journal.begin(tree.state, op, entries, extra)
+    try:
+        journal.checkpoint("journal")
+        out = steps()
+    except BaseException as exc:
+        _undo(tree, exc)
+        raise
+    journal.finish(tree.state)
+    return out
+
+
 def apply(
     target: Target,
     sets: list[PatchSet],
@@ -523,67 +779,137 @@ def apply(
 ) -> dict[str, Any]:
     """Apply `sets` to the tree: all files or none; on git a branch and a commit."""
     _writable(target)
-    plan = plan_apply(target, sets)
-    result = _result(plan)
-    if not plan.changes:
-        return result
-    repo = open_repo(target.root)
-    if repo is not None:
-        _check_git_clean(repo, target.root, plan.changes, allow_dirty)
-        _preflight(target.root, plan.changes)
-        original_branch = None if repo.head.is_detached else repo.active_branch.name
-        name = branch or default_branch(sets)
-        new_branch = make_branch and original_branch != name
-        if new_branch:
-            if name in [h.name for h in repo.heads]:
-                raise UserError(
-                    f"branch {name} already exists in {repo.working_tree_dir}; check it out, delete it, "
-                    "or pass --branch NAME."
-                )
-            repo.git.checkout("-b", name)
-        paths = _repo_paths(repo, target.root, plan.changes)
-        written = False
-        try:
-            write_all(target.root, plan.changes, checked=True)
-            written = True
-            sha = _commit(repo, paths, _message("apply", target, sets, plan))
-        except BaseException:
-            if written:  # the commit failed: unstage and put every file back
-                repo.git.reset("-q", "--", *paths)
-                for change in plan.changes:
-                    _write_one(target.root, change.path, change.before)
-            if new_branch and original_branch:
-                repo.git.checkout("-q", original_branch)
-                repo.git.branch("-D", name)
-            raise
-        result["git"] = {"branch": repo.active_branch.name, "commit": sha, "from_branch": original_branch}
-    else:
-        write_all(target.root, plan.changes)
-        _record_originals(target.root, plan)
-        result["manifest"] = str(_manifest_path(target.root))
+    with _locked(target) as (tree, recovered):
+        repo = tree.repo
+        if branch and repo is not None:
+            _check_branch_name(repo, branch)
+        plan = plan_apply(target, sets)
+        result = _result(plan)
+        result["recovered"] = recovered
+        result["tree_notes"] = tree.notes
+        if not plan.changes:
+            return result
+        if repo is not None:
+            result["git"] = _apply_git(tree, target, sets, plan, branch, make_branch, allow_dirty)
+        else:
+            _preflight(target.root, plan.changes)
+            entries = _tree_entries(target.root, plan.changes) + _apply_state(tree.state, plan)
+            _run(tree, "apply", entries, {"git": None}, lambda: _write_entries(entries))
+            result["manifest"] = str(_manifest_path(tree.state))
     return result
+
+
+def _apply_git(
+    tree: Tree,
+    target: Target,
+    sets: list[PatchSet],
+    plan: Plan,
+    branch: str | None,
+    make_branch: bool,
+    allow_dirty: bool,
+) -> dict[str, Any]:
+    repo = tree.repo
+    _check_git_clean(repo, target.root, plan.changes, allow_dirty)
+    paths = _repo_paths(repo, target.root, plan.changes)
+    _preflight(target.root, plan.changes)
+    original_branch = None if repo.head.is_detached else repo.active_branch.name
+    name = branch or default_branch(sets)
+    new_branch = make_branch and original_branch != name
+    if new_branch:
+        _check_branch_name(repo, name)
+    message = _message("apply", target, sets, plan)
+    info = {
+        "from_branch": original_branch,
+        "from_head": repo.head.commit.hexsha,
+        "branch": name if new_branch else None,
+        "paths": paths,
+        "message": message,
+    }
+    entries = _tree_entries(target.root, plan.changes)
+
+    def steps() -> str:
+        if new_branch:
+            repo.git.checkout("-q", "-b", name)
+            journal.checkpoint("branch")
+        _write_entries(entries)
+        return _commit(repo, paths, message)
+
+    sha = _run(tree, "apply", entries, {"git": info}, steps)
+    return {"branch": repo.active_branch.name, "commit": sha, "from_branch": original_branch}
 
 
 def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
     """Revert `sets`: files byte-identical to before the apply; on git a revert commit on the current branch."""
     _writable(target)
-    plan = plan_revert(target, sets)
-    result = _result(plan)
-    if not plan.changes:
-        return result
-    repo = open_repo(target.root)
-    if repo is not None:
-        write_all(target.root, plan.changes)
-        paths = _repo_paths(repo, target.root, plan.changes)
-        known = set(repo.git.ls_files("--", *paths).splitlines())
-        tracked = [p for p in paths if p in known]
-        if tracked:
-            sha = _commit(repo, tracked, _message("revert", target, sets, plan))
-            result["git"] = {
-                "branch": None if repo.head.is_detached else repo.active_branch.name,
-                "commit": sha,
-            }
-    else:
-        write_all(target.root, plan.changes)
-        _forget_originals(target.root, plan)
+    with _locked(target) as (tree, recovered):
+        repo = tree.repo
+        plan = plan_revert(target, sets, None if repo is not None else tree.state)
+        deleted = _deleted_helpers(repo, target, sets) if repo is not None else []
+        result = _result(plan)
+        result["recovered"] = recovered
+        result["tree_notes"] = tree.notes
+        if not plan.changes and not deleted:
+            return result
+        if repo is not None:
+            result["git"] = _revert_git(tree, target, sets, plan, deleted)
+            result["changed"] = sorted([*result["changed"], *deleted])
+            result["noop"] = False
+        else:
+            entries = _tree_entries(target.root, plan.changes) + _revert_state(tree.state, plan)
+            _preflight(target.root, plan.changes)
+            _run(tree, "revert", entries, {"git": None}, lambda: _write_entries(entries))
+            _tidy_state(tree.state)
     return result
+
+
+def _deleted_helpers(repo: Any, target: Target, sets: list[PatchSet]) -> list[str]:
+    """Files a set adds that the user deleted but the branch still has: the revert commit removes them too."""
+    out = []
+    for _, piece in _unique_pieces(sets):
+        if isinstance(piece.item, NewFile) and not (target.root / piece.path).exists():
+            rel = _repo_paths(repo, target.root, [FileChange(piece.path, None, None)])[0]
+            if _git(repo, "cat-file", "-e", f"HEAD:{rel}").returncode == 0:
+                out.append(piece.path)
+    return out
+
+
+def _revert_git(
+    tree: Tree, target: Target, sets: list[PatchSet], plan: Plan, deleted: list[str]
+) -> dict[str, Any] | None:
+    repo = tree.repo
+    paths = _repo_paths(repo, target.root, plan.changes)
+    gone = _repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
+    if paths:
+        edited = sorted(
+            line[3:]
+            for line in _git(repo, "status", "--porcelain", "--", *paths).stdout.splitlines()
+            if not line.startswith("??")
+        )
+        if edited:
+            raise UserError(
+                f"{', '.join(edited)}: uncommitted changes in files the revert would commit; commit or stash "
+                "them first (rl-msprobe never mixes your edits into its commit). Nothing was changed."
+            )
+    _preflight(target.root, plan.changes)
+    known = set(repo.git.ls_files("--", *paths).splitlines()) if paths else set()
+    tracked = [p for p in paths if p in known] + gone
+    message = _message("revert", target, sets, plan)
+    if deleted:
+        message += "".join(f"  {p} (deleted by hand before the revert)\n" for p in deleted)
+    info = {
+        "from_branch": None if repo.head.is_detached else repo.active_branch.name,
+        "from_head": repo.head.commit.hexsha,
+        "branch": None,
+        "paths": tracked,
+        "message": message,
+    }
+    entries = _tree_entries(target.root, plan.changes)
+
+    def steps() -> str | None:
+        _write_entries(entries)
+        return _commit(repo, tracked, message) if tracked else None
+
+    sha = _run(tree, "revert", entries, {"git": info}, steps)
+    if sha is None:
+        return None
+    return {"branch": info["from_branch"], "commit": sha}

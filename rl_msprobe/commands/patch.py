@@ -43,6 +43,24 @@ def _newest(project: str) -> str | None:
     return max(versions, key=Version)
 
 
+def _echo_recovered(journal: dict | None) -> None:
+    """Say what became of a run that was killed part-way (its journal was found)."""
+    if not journal:
+        return
+    if journal["outcome"] == "in progress":
+        click.echo(
+            f"note: another rl-msprobe (pid {journal['pid']}) is patching this tree right now.", err=True
+        )
+    elif journal["outcome"] == "unfinished":
+        click.echo(f"note: {journal['detail']}", err=True)
+    else:
+        click.echo(
+            f"note: an interrupted `patch {journal['op']}` (pid {journal['pid']}) was found and "
+            f"{journal['outcome']} first ({', '.join(journal['files'])}).",
+            err=True,
+        )
+
+
 @click.group()
 def patch() -> None:
     """Source patch sets for verl, SGLang, vLLM and vLLM-Ascend trees.
@@ -156,10 +174,14 @@ def apply(
         raise UserError("pass --branch NAME or --no-branch, not both.")
     target, sets = _target_and_sets(set_names, tree, python)
     result = workspace.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
-    result["notes"] = [note for s in sets for note in s.notes_for(target.version)]
+    result["notes"] = [
+        *result.pop("tree_notes"),
+        *(note for s in sets for note in s.notes_for(target.version)),
+    ]
     if as_json:
         emit_json(result)
         return
+    _echo_recovered(result.get("recovered"))
     if result["noop"]:
         click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; nothing changed.")
     else:
@@ -188,9 +210,13 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
 
     target, sets = _target_and_sets(set_names, tree, python)
     result = workspace.revert(target, sets)
+    result["notes"] = result.pop("tree_notes")
     if as_json:
         emit_json(result)
         return
+    _echo_recovered(result.get("recovered"))
+    for note in result["notes"]:
+        click.echo(f"note: {note}")
     if result["noop"]:
         click.echo(f"{', '.join(result['sets'])}: not applied to {target.describe()}; nothing changed.")
         return
@@ -233,6 +259,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
         emit_json(doc)
     else:
         click.echo(f"{target.describe()}")
+        _echo_recovered(doc.get("journal"))
         for entry in doc["sets"]:
             click.echo(f"{entry['name']}: {entry['status']}")
             for f in entry["files"]:
