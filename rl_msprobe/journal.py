@@ -226,11 +226,11 @@ def tree_lock(state: Path, wait: bool = True) -> Iterator[int | None]:
 
 
 def _release(state: Path, fd: int) -> None:
-    """Unlock; a state folder holding nothing else goes away (the tree is left as it was found)."""
+    """Unlock and remove the lock file (a waiting run notices and locks afresh); an empty folder goes too,
+    so the tree is left as it was found."""
     try:
-        rest = [p for p in state.iterdir() if p.name != LOCK]
-        if not rest:
-            (state / LOCK).unlink()
+        (state / LOCK).unlink()
+        if not any(state.iterdir()):
             state.rmdir()
     except OSError:
         pass

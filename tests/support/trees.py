@@ -112,3 +112,35 @@ DISPATCH_LOG_KEYS = [
     "total_num_scheduled_tokens",
     "requests",
 ]
+
+
+def release_subset(project: str, version: str, dest: Path, paths: list[str], with_git: bool = True) -> Path:
+    """A small writable tree: only `paths` (plus the package's __init__ and version files) of a real release.
+
+    For tests that patch many scratch trees (crash and concurrency sweeps): the same upstream bytes as
+    `scratch_copy`, copied in milliseconds.
+    """
+    root = fetch_release(project, version)
+    package = root / paths[0].split("/")[0]
+    wanted = [*paths, f"{package.name}/__init__.py", f"{package.name}/version/version"]
+    for rel in wanted:
+        if (root / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, dest / rel)
+    return init_repo(dest) if with_git else dest
+
+
+def tree_state(root: Path) -> dict[str, object]:
+    """Everything a patch command may change: the files (state folder included), branches, HEAD, status."""
+    state: dict[str, object] = {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+    if (root / ".git").exists():
+        state["git:branches"] = git(root, "branch", "--format=%(refname:short)")
+        state["git:commits"] = git(root, "rev-list", "--count", "HEAD")
+        state["git:head"] = git(root, "rev-parse", "--abbrev-ref", "HEAD")
+        state["git:status"] = git(root, "status", "--porcelain")
+        state["git:tree"] = git(root, "rev-parse", "HEAD^{tree}")
+    return state
