@@ -267,8 +267,11 @@ class Entry:
 
 def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> None:
     """Record the operation durably before anything of it happens; refuses (exit 2) when it cannot."""
+    global _faulting
+    _faulting = False
     folder = state / JOURNAL
     try:
+        checkpoint("journal-write")
         blobs = folder / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
         files = []
@@ -333,6 +336,7 @@ def blob(state: Path, digest: str | None) -> bytes | None:
 
 def roll_back_files(state: Path, doc: dict[str, Any]) -> list[str]:
     """Every file of the journal back to its bytes before; refuses to undo a file someone changed since."""
+    checkpoint("rollback")
     changed = []
     for item in doc["files"]:
         path = Path(item["path"])

@@ -539,13 +539,13 @@ def recovery_for_status(target: Target) -> dict[str, Any] | None:
         return None
     if not (tree.state / journal.JOURNAL / "journal.json").exists():
         return None
-    with journal.tree_lock(tree.state, wait=False) as fd:
-        if fd is None:
-            return {"outcome": "in progress", "pid": journal.holder(tree.state)}
-        try:
+    try:
+        with journal.tree_lock(tree.state, wait=False) as fd:
+            if fd is None:
+                return {"outcome": "in progress", "pid": journal.holder(tree.state)}
             return _recover(tree)
-        except UserError as exc:
-            return {"outcome": "unfinished", "detail": str(exc)}
+    except UserError as exc:
+        return {"outcome": "unfinished", "detail": str(exc)}
 
 
 # ---------------------------------------------------------------- git / manifest

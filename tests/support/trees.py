@@ -5,6 +5,7 @@ apply no-op -> byte-exact revert -> branch and commit)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -131,16 +132,25 @@ def release_subset(project: str, version: str, dest: Path, paths: list[str], wit
 
 
 def tree_state(root: Path) -> dict[str, object]:
-    """Everything a patch command may change: the files (state folder included), branches, HEAD, status."""
-    state: dict[str, object] = {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and ".git" not in p.relative_to(root).parts
-    }
+    """Everything a patch command may change: files (a symlink as its link), branches, HEAD, index, status."""
+    state: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if ".git" in rel.parts:
+            continue
+        if p.is_symlink():
+            state[str(rel)] = f"symlink -> {os.readlink(p)}"
+        elif p.is_file():
+            state[str(rel)] = p.read_bytes()
     if (root / ".git").exists():
-        state["git:branches"] = git(root, "branch", "--format=%(refname:short)")
-        state["git:commits"] = git(root, "rev-list", "--count", "HEAD")
-        state["git:head"] = git(root, "rev-parse", "--abbrev-ref", "HEAD")
-        state["git:status"] = git(root, "status", "--porcelain")
-        state["git:tree"] = git(root, "rev-parse", "HEAD^{tree}")
+        for key, args in {
+            "branches": ["branch", "--format=%(refname:short)"],
+            "commits": ["rev-list", "--count", "HEAD"],
+            "head": ["rev-parse", "--abbrev-ref", "HEAD"],
+            "status": ["status", "--porcelain"],
+            "tree": ["rev-parse", "HEAD^{tree}"],
+            "index": ["ls-files", "--stage"],
+        }.items():
+            proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+            state[f"git:{key}"] = (proc.returncode, proc.stdout)
     return state
