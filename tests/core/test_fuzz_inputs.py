@@ -13,11 +13,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.trees import release_subset, run_cli, tree_state
 
+pytestmark = pytest.mark.release
 SET = "verl-engine"
 PATHS = [
     "verl/utils/rl_msprobe_hooks.py",

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.trees import git, init_repo, release_subset, run_cli, tree_state
 
+pytestmark = pytest.mark.release
 SET = "verl-engine"
 HELPER = "verl/utils/rl_msprobe_hooks.py"
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
