@@ -241,3 +241,21 @@ def test_tree_ignored_by_the_enclosing_repo_is_patched_without_git(tmp_path: Pat
     assert run_cli("patch", "status", SET, "--tree", str(site))[0] == 0
     assert revert(site)[0] == 0
     assert tree_state(site) == before
+
+
+def test_tree_folder_not_writable_keeps_its_state_in_the_user_cache(
+    plain: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("RL_MSPROBE_CACHE", str(tmp_path / "cache"))
+    before = tree_state(plain)
+    plain.chmod(0o555)  # the package folders stay writable; the folder holding them does not
+    try:
+        code, out, err = run_cli("patch", "apply", SET, "--tree", str(plain), "--json")
+        assert code == 0, err
+        manifest = Path(json.loads(out)["manifest"])
+        assert manifest.is_file() and manifest.is_relative_to(tmp_path / "cache")
+        assert not (plain / ".rl-msprobe").exists()
+        assert revert(plain)[0] == 0
+    finally:
+        plain.chmod(0o755)
+    assert tree_state(plain) == before and not manifest.exists()
