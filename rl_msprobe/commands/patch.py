@@ -1,4 +1,5 @@
-"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace`."""
+"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace` (plans,
+status) and `rl_msprobe.writer` (apply, revert)."""
 
 from __future__ import annotations
 
@@ -167,13 +168,13 @@ def apply(
     as_json: bool,
 ) -> None:
     """Apply SET... to the tree: every file or none. Applying an applied set changes nothing."""
-    from rl_msprobe import workspace
+    from rl_msprobe import writer
     from rl_msprobe.errors import UserError
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
     target, sets = _target_and_sets(set_names, tree, python)
-    result = workspace.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+    result = writer.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
     result["notes"] = [
         *result.pop("tree_notes"),
         *(note for s in sets for note in s.notes_for(target.version)),
@@ -206,10 +207,10 @@ def apply(
 @handles_user_errors
 def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_json: bool) -> None:
     """Revert SET...: the files are byte-identical to before the apply (git: a revert commit)."""
-    from rl_msprobe import workspace
+    from rl_msprobe import writer
 
     target, sets = _target_and_sets(set_names, tree, python)
-    result = workspace.revert(target, sets)
+    result = writer.revert(target, sets)
     result["notes"] = result.pop("tree_notes")
     if as_json:
         emit_json(result)
