@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import stat
 import tempfile
@@ -80,8 +81,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_file(path: Path, data: bytes | None, durable: bool = False) -> None:
-    """Replace `path` by `data` atomically (None: remove it); a symlink stays a link, its target is written."""
+def write_file(path: Path, data: bytes | None, durable: bool = False, step: str = "") -> None:
+    """Replace `path` by `data` atomically (None: remove it); a symlink stays a link, its target is written.
+
+    `step`: the checkpoint name between the temporary file and the replace (tests kill there).
+    """
     if path.is_symlink():
         path = path.resolve()
     if data is None:
@@ -98,6 +102,8 @@ def write_file(path: Path, data: bytes | None, durable: bool = False) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)
+        if step:
+            checkpoint(step)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -170,12 +176,16 @@ def _holder(path: Path) -> str:
 def _try_lock(state: Path) -> int | None:
     """An fd holding the lock, or None when another process holds it."""
     path = state / LOCK
-    while True:
+    for attempt in range(100):
         try:
             state.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
-            continue
+            if attempt < 99:
+                continue
+            raise UserError(
+                f"{state}: could not be created; check the tree's folder and run again."
+            ) from None
         except OSError as exc:
             raise UserError(
                 f"{state}: cannot hold rl-msprobe's lock and journal ({exc.strerror}); make it writable "
@@ -193,6 +203,7 @@ def _try_lock(state: Path) -> int | None:
         if same:
             return fd
         os.close(fd)
+    return None
 
 
 @contextmanager
@@ -291,7 +302,10 @@ def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> 
         doc = {"op": op, "pid": os.getpid(), "started": time.time(), "files": files, **extra}
         write_file(folder / "journal.json", json.dumps(doc, indent=1).encode(), durable=True)
     except OSError as exc:
-        _drop(folder)
+        try:
+            _drop(folder)
+        except OSError:
+            pass  # a partial journal without journal.json is dropped by the next run
         raise UserError(
             f"{state}: could not record the {op} before doing it ({exc.strerror}); make room or make it "
             "writable and run again. Nothing was changed."
@@ -301,6 +315,8 @@ def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> 
 def load(state: Path) -> dict[str, Any] | None:
     path = state / JOURNAL / "journal.json"
     if not path.is_file():
+        if path.parent.exists():  # killed while recording or dropping: nothing was written yet, or all was
+            _drop(path.parent)
         return None
     try:
         doc = json.loads(path.read_text())
@@ -348,7 +364,19 @@ def roll_back_files(state: Path, doc: dict[str, Any]) -> list[str]:
             )
     for item in reversed(doc["files"]):
         path = Path(item["path"])
+        _remove_temporaries(path)
         if sha(read(path)) != item["before"]:
             write_file(path, blob(state, item["before"]))
             changed.append(item["label"])
     return changed
+
+
+def _remove_temporaries(path: Path) -> None:
+    """The temporary files `write_file` makes beside `path` (a run killed mid-write leaves one)."""
+    real = path.resolve() if path.is_symlink() else path
+    folder = real.parent
+    pattern = re.compile(rf"\.{re.escape(real.name)}\.[a-z0-9_]{{8}}")
+    if folder.is_dir():
+        for sibling in folder.iterdir():
+            if pattern.fullmatch(sibling.name) and sibling.is_file():
+                sibling.unlink()

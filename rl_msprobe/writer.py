@@ -54,7 +54,7 @@ def _preflight(root: Path, changes: list[FileChange]) -> None:
 
 def _write_entries(entries: list[journal.Entry]) -> None:
     for entry in entries:
-        journal.write_file(entry.path, entry.after, durable=True)
+        journal.write_file(entry.path, entry.after, durable=True, step=f"replace:{entry.label}")
         journal.checkpoint(f"write:{entry.label}")
 
 

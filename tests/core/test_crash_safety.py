@@ -101,7 +101,8 @@ def steps_of(op: str, tree: Path) -> list[str]:
     log = tree.parent / f"{tree.name}.steps"
     code = wait(fork_cli(["patch", op, SET, "--tree", str(tree)], {"RL_MSPROBE_STEPS_LOG": str(log)}))
     assert code == 0
-    steps = [s for s in log.read_text().split() if s != "journal-write"]  # before it: nothing to recover
+    # before journal-write nothing is recorded; replace:* (a temporary file beside each write) has its own test
+    steps = [s for s in log.read_text().split() if s != "journal-write" and not s.startswith("replace:")]
     writes = [s for s in steps if s.startswith("write:")]
     keep = {writes[0], writes[len(writes) // 2], writes[-1]}  # each write step is alike: first, middle, last
     return [s for s in steps if not s.startswith("write:") or s in keep]
@@ -157,6 +158,18 @@ def test_killed_apply_is_undone_by_the_next_apply_which_then_applies(templates, 
     assert code == 0, err
     assert json.loads(out)["recovered"]["outcome"] == "rolled back"
     assert tree_state(tree) == t.applied_state
+
+
+@pytest.mark.parametrize("kind", ["git", "plain"])
+def test_kill_mid_write_leaves_no_temporary_file(kind, templates, tmp_path):
+    t = templates[kind]
+    tree = _copy(t.original, tmp_path / "t")
+    step = f"replace:{PATHS[1]}"
+    assert wait(fork_cli(["patch", "apply", SET, "--tree", str(tree)], {"RL_MSPROBE_FAULT_AT": step})) == -9
+    assert any(p.name.startswith(".transformer_impl.py.") for p in (tree / PATHS[1]).parent.iterdir())
+    status, doc = status_of(tree)
+    assert doc["journal"]["outcome"] == "rolled back" and status == 1
+    assert tree_state(tree) == t.original_state
 
 
 def test_external_kill_while_paused_after_branch(templates, tmp_path):
