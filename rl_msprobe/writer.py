@@ -227,6 +227,11 @@ def recovery_for_status(target: Target) -> dict[str, Any] | None:
     """`status` finishes a killed run's journal when it can take the lock, and says so; else reports it."""
     if target.readonly:
         return None
+    repo = open_repo(target.root)
+    places = [target.root / journal.STATE_DIR, journal.cache_state_dir(target.root)]
+    places += [Path(repo.git_dir) / "rl-msprobe"] if repo is not None else []
+    if not any((p / journal.JOURNAL).exists() for p in places):
+        return None  # the common case, without asking git anything more
     try:
         tree = _tree(target, writing=False)
     except UserError:
