@@ -71,8 +71,15 @@ class EnvReport:
         return doc
 
 
-def _argv(python: str) -> list[str]:
-    argv = shlex.split(python)
+def python_argv(python: str) -> list[str]:
+    """The --python value as an argv (it may be `docker exec -i NAME python3`); exit 2 when it cannot be."""
+    try:
+        argv = shlex.split(python)
+    except ValueError as exc:
+        raise UserError(
+            f"--python {python}: cannot be read as a command ({exc}); check its quotes, "
+            "e.g. --python 'docker exec -i NAME python3'."
+        ) from None
     if not argv:
         raise UserError(
             "--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`."
@@ -82,7 +89,7 @@ def _argv(python: str) -> list[str]:
 
 def probe(python: str, timeout: float = 300) -> EnvReport:
     """Run the import check in that interpreter (msprobe's import takes a few seconds)."""
-    argv = _argv(python)
+    argv = python_argv(python)
     try:
         proc = subprocess.run(
             [*argv, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, check=False
@@ -90,6 +97,10 @@ def probe(python: str, timeout: float = 300) -> EnvReport:
     except FileNotFoundError as exc:
         raise UserError(
             f"--python {python}: {exc.filename} was not found. Pass the interpreter that runs verl."
+        ) from None
+    except OSError as exc:
+        raise UserError(
+            f"--python {python}: cannot be run ({exc.strerror}). Pass the interpreter that runs verl."
         ) from None
     except subprocess.TimeoutExpired:
         raise UserError(f"--python {python}: no answer within {timeout:.0f} s.") from None
@@ -113,7 +124,7 @@ def probe(python: str, timeout: float = 300) -> EnvReport:
 def install(python: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
     """`PY -m pip install mindstudio-probe`, with that interpreter's own pip."""
     return subprocess.run(
-        [*_argv(python), "-m", "pip", "install", "--disable-pip-version-check", PACKAGE],
+        [*python_argv(python), "-m", "pip", "install", "--disable-pip-version-check", PACKAGE],
         capture_output=True,
         text=True,
         timeout=timeout,

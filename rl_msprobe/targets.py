@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -166,11 +165,9 @@ _FIND_SPEC = (
 
 def locate_with_python(python: str, packages: list[str]) -> dict[str, str | None]:
     """Ask an interpreter (maybe `docker exec -i NAME python3`) where packages live, without importing them."""
-    argv = shlex.split(python)
-    if not argv:
-        raise UserError(
-            "--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`."
-        )
+    from rl_msprobe.env import python_argv
+
+    argv = python_argv(python)
     try:
         proc = subprocess.run(
             [*argv, "-c", _FIND_SPEC, *packages], capture_output=True, text=True, timeout=120, check=False
@@ -181,6 +178,10 @@ def locate_with_python(python: str, packages: list[str]) -> dict[str, str | None
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise UserError(f"--python {python}: no answer within 120 s.") from exc
+    except OSError as exc:
+        raise UserError(
+            f"--python {python}: cannot be run ({exc.strerror}). Pass a working interpreter."
+        ) from exc
     if proc.returncode != 0:
         raise UserError(f"--python {python} failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
     try:

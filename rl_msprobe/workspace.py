@@ -1,30 +1,26 @@
 """Plan -> diff -> atomic apply / revert / status of patch sets on one upstream tree.
 
-Everything is computed in memory first (`plan_apply`, `plan_revert`); writing is one
-all-or-nothing step (`write_all`). On a git checkout apply makes a branch and a commit and
-revert makes a revert commit on the current branch; elsewhere the originals and a
-manifest are kept in `<tree>/.rl-msprobe/` so revert can restore the exact bytes.
+Everything is computed in memory first (`plan_apply`, `plan_revert`); writing it is one
+all-or-nothing step for the user (`rl_msprobe.writer`: lock, journal, then git branch and
+commit, or the files plus the originals and a manifest in `<tree>/.rl-msprobe/`).
 """
 
 from __future__ import annotations
 
+import codecs
 import difflib
-import hashlib
 import json
-import os
-import stat
-import tempfile
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_msprobe import __version__
+from rl_msprobe import __version__, journal
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import NewFile, PatchSet, Piece, shape
 from rl_msprobe.targets import Target
 
-STATE_DIR = ".rl-msprobe"
 MANIFEST = "manifest.json"
 
 
@@ -69,17 +65,29 @@ class Plan:
 
 
 def decode(data: bytes, path: str) -> str:
+    if data.startswith(codecs.BOM_UTF8):
+        raise UserError(
+            f"{path}: starts with a UTF-8 byte-order mark; rl-msprobe patches plain UTF-8 sources. Remove the "
+            "mark (e.g. `sed -i '1s/^\\xEF\\xBB\\xBF//' FILE`) and run again."
+        )
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(
             f"{path}: not UTF-8 text (byte {exc.start}); rl-msprobe only patches UTF-8 sources."
         ) from exc
+    lone_cr = re.search("\r(?!\n)", text)
+    if lone_cr:
+        line = text.count("\n", 0, lone_cr.start()) + 1
+        raise UserError(
+            f"{path}:{line}: a carriage return without a line feed (old Mac line endings); rl-msprobe patches "
+            "files with LF or CRLF line endings. Convert the file (e.g. `sed -i 's/\\r/\\n/g' FILE`) and run again."
+        )
+    return text
 
 
 def _read(root: Path, rel: str) -> bytes | None:
-    path = root / rel
-    return path.read_bytes() if path.is_file() else None
+    return journal.read(root / rel)
 
 
 def _unique_pieces(sets: list[PatchSet]) -> list[tuple[PatchSet, Piece]]:
@@ -161,7 +169,14 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
             continue
         _, current, labels = texts.get(piece.path, (before, None, []))
         source = current if current is not None else decode(before or b"", piece.path)
-        texts[piece.path] = (before, item.apply(source, target.version), [*labels, piece.label])
+        try:
+            after_text = item.apply(source, target.version)
+        except RuntimeError as exc:  # the codemod's own self-check: never write what it cannot vouch for
+            raise UserError(
+                f"{target.root / piece.path}: {exc}; rl-msprobe cannot patch this file safely. Nothing was "
+                "changed; please report it with the file."
+            ) from exc
+        texts[piece.path] = (before, after_text, [*labels, piece.label])
     for rel, (before, after_text, labels) in texts.items():
         if after_text is None:
             continue
@@ -175,7 +190,7 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
     return plan
 
 
-def plan_revert(target: Target, sets: list[PatchSet]) -> Plan:
+def plan_revert(target: Target, sets: list[PatchSet], state: Path | None = None) -> Plan:
     """Every change reverting `sets` would make (marked lines dropped, added files removed)."""
     plan = Plan(target, sets)
     texts: dict[str, tuple[bytes, str, list[str]]] = {}
@@ -194,7 +209,7 @@ def plan_revert(target: Target, sets: list[PatchSet]) -> Plan:
         after = after_text.encode("utf-8")
         if after != before:
             plan.changes.append(FileChange(rel, before, after, tuple(labels)))
-    _prefer_saved_originals(target.root, plan)
+    _prefer_saved_originals(state or journal.state_dir(target.root, None), plan)
     plan.changes.sort(key=lambda c: c.path)
     return plan
 
@@ -251,7 +266,11 @@ def set_status(reports: list[PieceReport]) -> Status:
 
 
 def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
-    """The JSON document of `patch status`; raises when a set's capability has no site in the tree."""
+    """The JSON document of `patch status` (a killed run's journal is finished first, and reported);
+    raises when a set's capability has no site in the tree."""
+    from rl_msprobe.writer import recovery_for_status
+
+    recovered = recovery_for_status(target)
     read = _text_reader(target.root)
     doc_sets = []
     for patch_set in sets:
@@ -273,7 +292,7 @@ def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
             }
         )
     warnings = shape.untested_warnings(sets, target.version, "what its code has decides (see capabilities)")
-    return {
+    doc = {
         "tree": str(target.root),
         "project": target.project,
         "version": target.version,
@@ -281,6 +300,9 @@ def collect_status(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
         "warnings": warnings,
         "sets": doc_sets,
     }
+    if recovered:
+        doc["journal"] = recovered
+    return doc
 
 
 def all_applied(doc: dict[str, Any]) -> bool:
@@ -338,300 +360,43 @@ def summarize(diff_text: str) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- writing
+# ---------------------------------------------------------------- the manifest (outside git)
 
 
-def _preflight(root: Path, changes: list[FileChange]) -> None:
-    """Refuse before writing anything when any file could not be written."""
-    for change in changes:
-        path = root / change.path
-        if path.exists():
-            mode = path.stat().st_mode
-            if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
-                raise UserError(
-                    f"{path}: read-only; make it writable (chmod u+w) and run again. Nothing was changed."
-                )
-        parent = path.parent
-        while not parent.exists():
-            parent = parent.parent
-        if not os.access(parent, os.W_OK):
-            raise UserError(f"{parent}: folder is not writable; nothing was changed.")
+def _manifest_path(state: Path) -> Path:
+    return state / MANIFEST
 
 
-def _write_one(root: Path, rel: str, data: bytes | None) -> None:
-    path = root / rel
+def _load_manifest(state: Path) -> dict[str, Any]:
+    path = _manifest_path(state)
+    data = journal.read(path)
     if data is None:
-        if path.exists():
-            path.unlink()
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_all(root: Path, changes: list[FileChange], checked: bool = False) -> None:
-    """Write every change or none: a failure part-way restores what was already written.
-
-    `checked`: the caller already ran the preflight (apply does, before it makes a branch).
-    """
-    if not checked:
-        _preflight(root, changes)
-    done: list[FileChange] = []
-    try:
-        for change in changes:
-            _write_one(root, change.path, change.after)
-            done.append(change)
-    except OSError as exc:
-        for change in reversed(done):
-            _write_one(root, change.path, change.before)
-        raise UserError(
-            f"{root / change.path}: could not be written ({exc.strerror}); every file was restored."
-        ) from exc
-
-
-# ---------------------------------------------------------------- git / manifest
-
-
-def open_repo(root: Path) -> Any | None:
-    """The git repository holding the tree, or None (GitPython is imported only here)."""
-    import git
-
-    try:
-        return git.Repo(root, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return None
-
-
-def _repo_paths(repo: Any, root: Path, changes: list[FileChange]) -> list[str]:
-    top = Path(repo.working_tree_dir).resolve()
-    return [str((root / c.path).resolve().relative_to(top)) for c in changes]
-
-
-def _commit(repo: Any, paths: list[str], message: str) -> str:
-    repo.git.add("-A", "--", *paths)
-    env = {}
-    reader = repo.config_reader()
-    if not reader.has_option("user", "name"):
-        env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")
-    if not reader.has_option("user", "email"):
-        env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
-    with repo.git.custom_environment(**env):
-        repo.git.commit("-m", message, "--", *paths)
-    return repo.head.commit.hexsha
-
-
-def default_branch(sets: list[PatchSet]) -> str:
-    return "rl-msprobe/" + "+".join(s.name for s in sets)
-
-
-def _message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str:
-    lines = [
-        f"rl-msprobe: {verb} {', '.join(s.name for s in sets)}",
-        "",
-        f"Sets: {', '.join(s.name for s in sets)}",
-        f"Upstream: {target.project} {target.version or 'unknown'}",
-        f"Tool: rl-msprobe {__version__}",
-        "Files:",
-        *(f"  {c.path} ({', '.join(c.pieces)})" for c in plan.changes),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _check_git_clean(repo: Any, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:
-    dirty = [item.a_path for item in repo.index.diff(None)] + [
-        item.a_path for item in repo.index.diff("HEAD")
-    ]
-    if not dirty:
-        return
-    if not allow_dirty:
-        raise UserError(
-            f"{repo.working_tree_dir}: uncommitted changes ({', '.join(sorted(set(dirty))[:5])}); commit or stash "
-            "them, or pass --allow-dirty (your changes are then left as they are)."
-        )
-    touched = set(_repo_paths(repo, root, changes))
-    clash = sorted(touched & set(dirty))
-    if clash:
-        raise UserError(
-            f"{', '.join(clash)}: has uncommitted changes and would be patched; commit or stash it first "
-            "(even with --allow-dirty rl-msprobe never mixes your edits into its commit)."
-        )
-
-
-def _manifest_path(root: Path) -> Path:
-    return root / STATE_DIR / MANIFEST
-
-
-def _load_manifest(root: Path) -> dict[str, Any]:
-    path = _manifest_path(root)
-    if not path.is_file():
         return {"tool": __version__, "files": {}}
+    fix = f"remove {path.parent} to start afresh (revert by hand first)."
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(data)
     except ValueError as exc:
-        raise UserError(f"{path}: unreadable manifest ({exc}); remove it to start afresh.") from exc
+        raise UserError(f"{path}: unreadable manifest ({exc}); {fix}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("files", {}), dict):
+        raise UserError(f'{path}: not an rl-msprobe manifest ("files" must map paths to entries); {fix}')
+    for rel, entry in doc.get("files", {}).items():
+        ok = isinstance(entry, dict) and all(
+            isinstance(entry.get(k), (str, type(None))) for k in ("original_sha256", "applied_sha256")
+        )
+        if not ok or not isinstance(entry.get("sets", []), list):
+            raise UserError(f"{path}: entry files.{rel} is not an rl-msprobe manifest entry; {fix}")
+    return doc
 
 
-def _sha(data: bytes | None) -> str | None:
-    return hashlib.sha256(data).hexdigest() if data is not None else None
-
-
-def _record_originals(root: Path, plan: Plan) -> None:
-    manifest = _load_manifest(root)
-    files = manifest.setdefault("files", {})
-    for change in plan.changes:
-        entry = files.get(change.path)
-        if entry is None:
-            entry = {"original_sha256": _sha(change.before), "existed": change.before is not None}
-            if change.before is not None:
-                saved = root / STATE_DIR / "originals" / change.path
-                saved.parent.mkdir(parents=True, exist_ok=True)
-                saved.write_bytes(change.before)
-            files[change.path] = entry
-        entry["applied_sha256"] = _sha(change.after)
-        entry["sets"] = sorted(set(entry.get("sets", [])) | {s.name for s in plan.sets})
-    manifest["tool"] = __version__
-    path = _manifest_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-
-def _prefer_saved_originals(root: Path, plan: Plan) -> None:
+def _prefer_saved_originals(state: Path, plan: Plan) -> None:
     """Outside git: a file unchanged since apply, whose every set is being reverted, gets its saved bytes."""
-    files = _load_manifest(root).get("files", {})
+    files = _load_manifest(state).get("files", {})
     reverting = {s.name for s in plan.sets} | {i for s in plan.sets for i in s.includes}
     for index, change in enumerate(plan.changes):
         entry = files.get(change.path)
-        saved = root / STATE_DIR / "originals" / change.path
-        if not entry or not saved.is_file() or entry.get("applied_sha256") != _sha(change.before):
+        saved = state / "originals" / change.path
+        if not entry or not saved.is_file() or entry.get("applied_sha256") != journal.sha(change.before):
             continue
         if set(entry.get("sets", [])) - reverting:
             continue
         plan.changes[index] = FileChange(change.path, change.before, saved.read_bytes(), change.pieces)
-
-
-def _forget_originals(root: Path, plan: Plan) -> None:
-    manifest = _load_manifest(root)
-    files = manifest.get("files", {})
-    for change in plan.changes:
-        files.pop(change.path, None)
-        saved = root / STATE_DIR / "originals" / change.path
-        if saved.is_file():
-            saved.unlink()
-    state = root / STATE_DIR
-    if files:
-        _manifest_path(root).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    elif state.exists():
-        import shutil
-
-        shutil.rmtree(state)
-
-
-# ---------------------------------------------------------------- apply / revert
-
-
-def _result(plan: Plan) -> dict[str, Any]:
-    """The JSON document of `patch apply` / `patch revert` (git and noop filled in later)."""
-    return {
-        "tree": str(plan.target.root),
-        "project": plan.target.project,
-        "version": plan.target.version,
-        "sets": [s.name for s in plan.sets],
-        "changed": [c.path for c in plan.changes],
-        "skipped": [r.to_json() for r in plan.skipped],
-        "git": None,
-        "noop": not plan.changes,
-        "tested": not plan.warnings,
-        "warnings": plan.warnings,
-    }
-
-
-def _writable(target: Target) -> None:
-    if target.readonly:
-        raise UserError(
-            f"{target.origin}: a fetched release is read-only (diff and status only); pass --tree PATH or "
-            "--python PY to patch the tree that runs."
-        )
-
-
-def apply(
-    target: Target,
-    sets: list[PatchSet],
-    branch: str | None = None,
-    make_branch: bool = True,
-    allow_dirty: bool = False,
-) -> dict[str, Any]:
-    """Apply `sets` to the tree: all files or none; on git a branch and a commit."""
-    _writable(target)
-    plan = plan_apply(target, sets)
-    result = _result(plan)
-    if not plan.changes:
-        return result
-    repo = open_repo(target.root)
-    if repo is not None:
-        _check_git_clean(repo, target.root, plan.changes, allow_dirty)
-        _preflight(target.root, plan.changes)
-        original_branch = None if repo.head.is_detached else repo.active_branch.name
-        name = branch or default_branch(sets)
-        new_branch = make_branch and original_branch != name
-        if new_branch:
-            if name in [h.name for h in repo.heads]:
-                raise UserError(
-                    f"branch {name} already exists in {repo.working_tree_dir}; check it out, delete it, "
-                    "or pass --branch NAME."
-                )
-            repo.git.checkout("-b", name)
-        paths = _repo_paths(repo, target.root, plan.changes)
-        written = False
-        try:
-            write_all(target.root, plan.changes, checked=True)
-            written = True
-            sha = _commit(repo, paths, _message("apply", target, sets, plan))
-        except BaseException:
-            if written:  # the commit failed: unstage and put every file back
-                repo.git.reset("-q", "--", *paths)
-                for change in plan.changes:
-                    _write_one(target.root, change.path, change.before)
-            if new_branch and original_branch:
-                repo.git.checkout("-q", original_branch)
-                repo.git.branch("-D", name)
-            raise
-        result["git"] = {"branch": repo.active_branch.name, "commit": sha, "from_branch": original_branch}
-    else:
-        write_all(target.root, plan.changes)
-        _record_originals(target.root, plan)
-        result["manifest"] = str(_manifest_path(target.root))
-    return result
-
-
-def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
-    """Revert `sets`: files byte-identical to before the apply; on git a revert commit on the current branch."""
-    _writable(target)
-    plan = plan_revert(target, sets)
-    result = _result(plan)
-    if not plan.changes:
-        return result
-    repo = open_repo(target.root)
-    if repo is not None:
-        write_all(target.root, plan.changes)
-        paths = _repo_paths(repo, target.root, plan.changes)
-        known = set(repo.git.ls_files("--", *paths).splitlines())
-        tracked = [p for p in paths if p in known]
-        if tracked:
-            sha = _commit(repo, tracked, _message("revert", target, sets, plan))
-            result["git"] = {
-                "branch": None if repo.head.is_detached else repo.active_branch.name,
-                "commit": sha,
-            }
-    else:
-        write_all(target.root, plan.changes)
-        _forget_originals(target.root, plan)
-    return result

@@ -1,4 +1,5 @@
-"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace`."""
+"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace` (plans,
+status) and `rl_msprobe.writer` (apply, revert)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,24 @@ def _newest(project: str) -> str | None:
 def _warn(warnings: list[str]) -> None:
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
+
+
+def _echo_recovered(journal: dict | None) -> None:
+    """Say what became of a run that was killed part-way (its journal was found)."""
+    if not journal:
+        return
+    if journal["outcome"] == "in progress":
+        click.echo(
+            f"note: another rl-msprobe (pid {journal['pid']}) is patching this tree right now.", err=True
+        )
+    elif journal["outcome"] == "unfinished":
+        click.echo(f"note: {journal['detail']}", err=True)
+    else:
+        click.echo(
+            f"note: an interrupted `patch {journal['op']}` (pid {journal['pid']}) was found and "
+            f"{journal['outcome']} first ({', '.join(journal['files'])}).",
+            err=True,
+        )
 
 
 @click.group()
@@ -160,17 +179,21 @@ def apply(
     as_json: bool,
 ) -> None:
     """Apply SET... to the tree: every file or none. Applying an applied set changes nothing."""
-    from rl_msprobe import workspace
+    from rl_msprobe import writer
     from rl_msprobe.errors import UserError
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
     target, sets = _target_and_sets(set_names, tree, python)
-    result = workspace.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
-    result["notes"] = [note for s in sets for note in s.notes_for(target.version)]
+    result = writer.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+    result["notes"] = [
+        *result.pop("tree_notes"),
+        *(note for s in sets for note in s.notes_for(target.version)),
+    ]
     if as_json:
         emit_json(result)
         return
+    _echo_recovered(result.get("recovered"))
     if result["noop"]:
         click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; nothing changed.")
     else:
@@ -196,13 +219,17 @@ def apply(
 @handles_user_errors
 def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_json: bool) -> None:
     """Revert SET...: the files are byte-identical to before the apply (git: a revert commit)."""
-    from rl_msprobe import workspace
+    from rl_msprobe import writer
 
     target, sets = _target_and_sets(set_names, tree, python)
-    result = workspace.revert(target, sets)
+    result = writer.revert(target, sets)
+    result["notes"] = result.pop("tree_notes")
     if as_json:
         emit_json(result)
         return
+    _echo_recovered(result.get("recovered"))
+    for note in result["notes"]:
+        click.echo(f"note: {note}")
     if result["noop"]:
         click.echo(f"{', '.join(result['sets'])}: not applied to {target.describe()}; nothing changed.")
         return
@@ -246,6 +273,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     else:
         click.echo(f"{target.describe()}")
         _warn(doc["warnings"])
+        _echo_recovered(doc.get("journal"))
         for entry in doc["sets"]:
             click.echo(f"{entry['name']}: {entry['status']}")
             for f in entry["files"]:

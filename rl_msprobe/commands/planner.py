@@ -26,6 +26,8 @@ def _read_script(path: str) -> tuple[str, str]:
         raise UserError(f"{path}: no such file. Pass the verl launch script.") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a folder. Pass the verl launch script.") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror}). Pass a readable launch script.") from None
     try:
         return data.decode("utf-8"), abs_path
     except UnicodeDecodeError as exc:
@@ -220,6 +222,11 @@ def detect(script: str, hint: str | None, as_json: bool) -> None:
 @click.option(
     "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Overwrite files in the way that rl-msprobe did not write (or that were edited).",
+)
 @json_option
 @handles_user_errors
 def prepare(
@@ -238,6 +245,7 @@ def prepare(
     trees: tuple[str, ...],
     python: str | None,
     no_env_check: bool,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Write a derived launch script and its msprobe configs; never touch SCRIPT.
@@ -291,11 +299,14 @@ def prepare(
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:
-        _write(result.derived_path, result.derived_text, executable=True)
-        for _role, (cfg_path, doc) in result.configs.items():
-            _write(cfg_path, msprobe_config.dumps(doc))
-    if Path(path).read_text(encoding="utf-8") != text:  # pragma: no cover - defensive
-        raise UserError(f"{path} changed while preparing; nothing of it was written by rl-msprobe.")
+        from rl_msprobe import outputs
+
+        files = [outputs.Output(result.derived_path, result.derived_text, executable=True)]
+        files += [outputs.Output(cfg, msprobe_config.dumps(doc)) for cfg, doc in result.configs.values()]
+        record_dir = (
+            os.path.dirname(files[-1].path) if len(files) > 1 else os.path.dirname(result.derived_path)
+        )
+        outputs.write(files, record_dir, path, text.encode("utf-8"), force)
     doc = result.to_json()
     if as_json:
         emit_json(doc)
@@ -333,16 +344,6 @@ def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | N
     args = [a for a in argv[argv.index("prepare") + 1 :] if a != "--json"]
     args = [path if a and os.path.abspath(a) == path else a for a in args]
     return shlex.join(["rl-msprobe", "prepare", *args])
-
-
-def _write(path: str, text: str, executable: bool = False) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    if executable:
-        tmp.chmod(0o755)
-    os.replace(tmp, target)
 
 
 @click.command()

@@ -88,20 +88,20 @@ def test_status_through_a_lifecycle(tree):
     assert _status(tree)[1] == "absent"
 
 
-def test_missing_files_required_or_optional(tmp_path):
-    """Inside its version range a trainer file is required; fully_async_trainer.py is optional."""
+def test_missing_trainer_files_follow_the_tree_and_a_missing_capability_refuses(tmp_path):
+    """Shape decides: a trainer file the tree lacks is a trainer that cannot run (skipped, named);
+    with no trainer site left at all, the trim capability has no patched site: exit 2."""
     tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
     (tree / "verl/experimental/fully_async_policy/fully_async_trainer.py").unlink()
-    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json")
+    (tree / V1).unlink()
+    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json", "--exit-code")
     assert code == 1, err
     skipped = {s["codemod"]: s["detail"] for s in json.loads(out)["skipped"]}
     assert "not in this tree" in skipped["verl-fully-async-trainer"]
+    assert "not in this tree" in skipped["verl-v1-trainer"]
 
-    (tree / V1).unlink()
+    (tree / "verl/trainer/ppo/ray_trainer.py").unlink()
     code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree))
-    assert code == 2 and V1 in err and "missing" in err and "0.9.1" in err
-    code, out, err = run_cli("patch", "status", "verl-prompts-only", "--tree", str(tree), "--json")
-    (entry,) = json.loads(out)["sets"]
-    assert code == 1 and entry["status"] == "conflict"
-    (v1,) = [f for f in entry["files"] if f["codemod"] == "verl-v1-trainer"]
-    assert v1["status"] == "conflict" and "missing" in v1["detail"]
+    assert code == 2 and "PROMPTS_ONLY trim" in err and "ray_trainer.py" in err, err
+    code, out, err = run_cli("patch", "status", "verl-prompts-only", "--tree", str(tree))
+    assert code == 2 and "PROMPTS_ONLY trim" in err, err

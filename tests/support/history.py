@@ -135,7 +135,7 @@ def checkout(repo: Path, sha: str) -> None:
 def full_cycle(repo: Path, project: str, set_names: list[str]) -> dict:
     """Diff, apply (branch + commit), status applied, byte-exact revert on the checked-out commit,
     in-process. Returns {"tested": bool, "capabilities": {name: sites}}; raises UserError on a refusal."""
-    from rl_msprobe import workspace
+    from rl_msprobe import workspace, writer
     from rl_msprobe.patches import resolve_sets
     from rl_msprobe.targets import resolve_tree
 
@@ -144,7 +144,7 @@ def full_cycle(repo: Path, project: str, set_names: list[str]) -> dict:
     plan = workspace.plan_apply(target, sets)  # raises on a missing anchor or capability
     assert plan.changes, "a tree with every capability found has something to patch"
     originals = {c.path: c.before for c in plan.changes}
-    result = workspace.apply(target, sets)
+    result = writer.apply(target, sets)
     assert result["git"] and sorted(result["changed"]) == sorted(originals)
     for change in plan.changes:
         if change.path.endswith(".py"):
@@ -152,7 +152,7 @@ def full_cycle(repo: Path, project: str, set_names: list[str]) -> dict:
     doc = workspace.collect_status(target, sets)
     assert workspace.all_applied(doc), [s["status"] for s in doc["sets"]]
     assert workspace.plan_apply(target, sets).changes == [], "a second apply changes nothing"
-    workspace.revert(target, sets)
+    writer.revert(target, sets)
     for path, before in originals.items():
         now = (repo / path).read_bytes() if (repo / path).exists() else None
         assert now == before, f"{path}: not byte-exact after revert"

@@ -5,6 +5,7 @@ apply no-op -> byte-exact revert -> branch and commit)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -112,3 +113,44 @@ DISPATCH_LOG_KEYS = [
     "total_num_scheduled_tokens",
     "requests",
 ]
+
+
+def release_subset(project: str, version: str, dest: Path, paths: list[str], with_git: bool = True) -> Path:
+    """A small writable tree: only `paths` (plus the package's __init__ and version files) of a real release.
+
+    For tests that patch many scratch trees (crash and concurrency sweeps): the same upstream bytes as
+    `scratch_copy`, copied in milliseconds.
+    """
+    root = fetch_release(project, version)
+    package = root / paths[0].split("/")[0]
+    wanted = [*paths, f"{package.name}/__init__.py", f"{package.name}/version/version"]
+    for rel in wanted:
+        if (root / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, dest / rel)
+    return init_repo(dest) if with_git else dest
+
+
+def tree_state(root: Path) -> dict[str, object]:
+    """Everything a patch command may change: files (a symlink as its link), branches, HEAD, index, status."""
+    state: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if ".git" in rel.parts:
+            continue
+        if p.is_symlink():
+            state[str(rel)] = f"symlink -> {os.readlink(p)}"
+        elif p.is_file():
+            state[str(rel)] = p.read_bytes()
+    if (root / ".git").exists():
+        for key, args in {
+            "branches": ["branch", "--format=%(refname:short)"],
+            "commits": ["rev-list", "--count", "HEAD"],
+            "head": ["rev-parse", "--abbrev-ref", "HEAD"],
+            "status": ["status", "--porcelain"],
+            "tree": ["rev-parse", "HEAD^{tree}"],
+            "index": ["ls-files", "--stage"],
+        }.items():
+            proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+            state[f"git:{key}"] = (proc.returncode, proc.stdout)
+    return state

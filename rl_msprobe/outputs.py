@@ -1,0 +1,95 @@
+"""The writing step of `prepare`: the derived script and configs, never at the cost of a user's file.
+
+A file is overwritten only when rl-msprobe wrote it and nobody changed it since: every write is
+recorded (sha256) in `.rl-msprobe-prepared.json` beside the configs. Anything else in the way (a
+script of the same name, an edited config, a symlink) is refused unless --force. Paths are
+resolved first, so no output can land on the original script through a symlink.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl_msprobe import journal
+from rl_msprobe.errors import UserError
+
+RECORD = ".rl-msprobe-prepared.json"
+
+
+@dataclass(frozen=True)
+class Output:
+    path: str
+    text: str
+    executable: bool = False
+
+
+def _load_record(path: Path) -> dict[str, str]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) else None
+    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
+
+
+def _key(record: Path, path: str) -> str:
+    return os.path.relpath(os.path.abspath(path), record.parent)
+
+
+def _ours(record: dict[str, str], key: str, path: str) -> bool:
+    if os.path.islink(path):
+        return False
+    return record.get(key) == journal.sha(journal.read(Path(path)))
+
+
+def write(outputs: list[Output], record_dir: str, original: str, original_bytes: bytes, force: bool) -> None:
+    """Write every output or none of them; refuses (exit 2) before writing when any would cost user bytes."""
+    record_path = Path(record_dir) / RECORD
+    record = _load_record(record_path)
+    real_original = os.path.realpath(original)
+    for out in outputs:
+        if os.path.realpath(out.path) == real_original:
+            raise UserError(
+                f"{out.path}: is the original script {original} (through a symlink); rl-msprobe never "
+                "overwrites it. Pass --out with another folder. Nothing was written."
+            )
+    theirs = [
+        out.path
+        for out in outputs
+        if os.path.lexists(out.path) and not _ours(record, _key(record_path, out.path), out.path)
+    ]
+    if theirs and not force:
+        raise UserError(
+            f"{', '.join(theirs)}: already exist{'s' if len(theirs) == 1 else ''} and rl-msprobe did not write "
+            "it (or it was edited since). Move it away, pass --out DIR, or pass --force to overwrite. "
+            "Nothing was written."
+        )
+    if journal.read(Path(original)) != original_bytes:
+        raise UserError(f"{original} changed while preparing; run prepare again. Nothing was written.")
+    temps: list[tuple[str, str]] = []
+    try:
+        for out in outputs:
+            folder = os.path.dirname(os.path.abspath(out.path))
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out.path)}.", dir=folder)
+            temps.append((tmp, out.path))
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(out.text)
+            os.chmod(tmp, 0o755 if out.executable else 0o644)
+        for tmp, path in temps:
+            os.replace(tmp, path)
+    except OSError as exc:
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise UserError(f"{exc.filename or record_dir}: could not be written ({exc.strerror}).") from exc
+    for out in outputs:
+        record[_key(record_path, out.path)] = journal.sha(out.text.encode("utf-8")) or ""
+    try:
+        journal.write_file(record_path, (json.dumps({"files": record}, indent=1) + "\n").encode())
+    except OSError:
+        pass  # only costs a --force next time
