@@ -92,7 +92,9 @@ def test_missing_files_required_or_optional(tmp_path):
     """Inside its version range a trainer file is required; fully_async_trainer.py is optional."""
     tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
     (tree / "verl/experimental/fully_async_policy/fully_async_trainer.py").unlink()
-    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json")
+    code, out, err = run_cli(
+        "patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json", "--exit-code"
+    )
     assert code == 1, err
     skipped = {s["codemod"]: s["detail"] for s in json.loads(out)["skipped"]}
     assert "not in this tree" in skipped["verl-fully-async-trainer"]

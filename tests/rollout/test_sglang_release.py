@@ -45,7 +45,7 @@ def test_full_cycle(version, tmp_path):
 def test_marked_lines_on_the_newest_patched_release():
     """What lands where on 0.5.10.post1: the import, create after the counter, start, finish."""
     code, out, err = run_cli(
-        "patch", "diff", "sglang-dump", "--tree", "release:sglang==0.5.10.post1", "--json"
+        "patch", "diff", "sglang-dump", "--tree", "release:sglang==0.5.10.post1", "--json", "--exit-code"
     )
     assert code == 1, err
     diff = json.loads(out)["diff"]
