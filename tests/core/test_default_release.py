@@ -20,7 +20,7 @@ def _full_cycle_matrices() -> dict[str, list[str]]:
 
     return {
         "verl": list(verl_matrix.VERSIONS),
-        "sglang": list(test_sglang_release.VERSIONS),
+        "sglang": list(test_sglang_release.FULL_CYCLE),
         "vllm": list(test_vllm_releases.FULL_CYCLE),
         "vllm-ascend": [v for v, _, _ in test_vllm_ascend_release.FULL_CYCLE],
     }
