@@ -9,6 +9,7 @@ import base64
 import hashlib
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -122,9 +123,12 @@ def _stand_in_wheel(folder: Path) -> Path:
 
 
 def test_install_fails_then_succeeds_with_that_interpreters_pip(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bare_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    python = make_venv(tmp_path / "venv")
+    # a copy of the cached bare venv (its python is a symlink, pip runs as `python -m pip`):
+    # seconds instead of a new venv's ensurepip, and the cached one stays without msprobe
+    shutil.copytree(bare_python.parent.parent, tmp_path / "venv", symlinks=True)
+    python = tmp_path / "venv" / "bin" / "python"
     house = tmp_path / "wheelhouse"
     house.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
