@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from rl_msprobe.patches.vllm_ascend import NEWEST_TESTED
+from rl_msprobe.patches.releases import newest_tested
 from rl_msprobe.targets import detect_version, fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
@@ -20,7 +20,7 @@ release = pytest.mark.release
 
 # newest on the index when this was written (`pip index versions vllm-ascend --pre`); also the
 # set's default release (`rl-msprobe patch list`)
-NEWEST_PRE_RELEASE = NEWEST_TESTED
+NEWEST_PRE_RELEASE = newest_tested()["vllm-ascend"]
 # (version, log lines before a dump finish point, attach lines after a debugger creation)
 FULL_CYCLE = [
     ("0.12.0rc1", 4, 1),  # stop() in `if need_dump:` blocks
