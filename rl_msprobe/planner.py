@@ -18,7 +18,7 @@ from typing import Any
 from rl_msprobe import __version__, msprobe_config
 from rl_msprobe.errors import UserError
 from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
-from rl_msprobe.launch.overrides import Overrides
+from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
 from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
 from rl_msprobe.modes import consistency, inference, training
@@ -30,6 +30,7 @@ from rl_msprobe.modes.base import (
     Requirements,
     Violation,
     check_requirements,
+    env_in_script,
 )
 
 MODE_MODULES = {"training": training, "inference": inference, "consistency": consistency}
@@ -146,6 +147,56 @@ def check(
     return CheckReport(chosen, detection, check_requirements(ctx, req), [*script.notes, *req.notes])
 
 
+@dataclass(frozen=True)
+class Change:
+    """One value prepare changes in the derived script, with the rule and the reason `check` gives."""
+
+    rule: str
+    key: str
+    found: str
+    required: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "rule": self.rule,
+            "key": self.key,
+            "found": self.found,
+            "required": self.required,
+            "why": self.why,
+        }
+
+    def line(self) -> str:
+        return f"[{self.rule}] {self.key}: {self.found or '-'} -> {self.required or '-'} ({self.why})"
+
+
+def changes_made(ctx: Context, req: Requirements) -> list[Change]:
+    """Every value the derived script writes that the original does not already hold, and every key
+    it takes out, each with its rule and the reason `check` gives for it (so the two agree)."""
+    changes: list[Change] = []
+    for s in req.settings:
+        found = ctx.overrides.get(s.key)
+        if found is not None and same_value(found.value, s.value):
+            continue
+        value, origin = ctx.value(s.key)
+        before = "set at run time" if origin == "runtime" else _found_text(value, origin)
+        changes.append(Change(s.rule, s.key, before, format_value(s.value), s.why))
+    for e in req.env:
+        exported = env_in_script(ctx, e.name)
+        if exported == e.value:
+            continue
+        changes.append(Change(e.rule, e.name, "not set" if exported is None else exported, e.value, e.why))
+    for key, why in req.removals:
+        found = ctx.overrides.get(key)
+        before = format_value(found.value) if found is not None else "set"
+        changes.append(Change("removed", key, before, "not set", why))
+    return changes
+
+
+def _found_text(value: Any, origin: str) -> str:
+    return f"not set (verl's default: {format_value(value)})" if origin == "default" else format_value(value)
+
+
 @dataclass
 class Plan:
     mode: str
@@ -164,6 +215,7 @@ class Plan:
     refused: bool = False
     diff: str = ""
     env: list[tuple[str, str, str]] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +228,7 @@ class Plan:
             "violations": [v.to_json() for v in self.violations],
             "unverifiable": self.unverifiable,
             "warnings": self.warnings,
+            "changes": [c.to_json() for c in self.changes],
             "notes": self.notes,
             "detection": self.detection.to_json(),
             "versions": self.versions,
@@ -292,6 +345,7 @@ def plan(
         base.refused = True
         return base
 
+    changes = changes_made(ctx, req)  # before render: it reads the original's overrides
     env = [(e.name, e.value, e.why) for e in req.env]
     tokens = [Token(s.key, s.value, s.prefix) for s in req.settings]
     # every environment variable also goes to the Ray workers through ray.init's runtime_env
@@ -339,6 +393,7 @@ def plan(
                         Violation(f"msprobe_config.{spec.role}", problem.key, "", "", problem.message)
                     )
     base.violations = result.violations
+    base.changes = changes
     base.unverifiable = [u for u in result.unverifiable if "does not exist (yet)" not in u]
     base.warnings = result.warnings
     return base

@@ -6,6 +6,14 @@ import os
 
 from hypothesis import settings
 
+# the CI skip gate: a skip for any reason but a missing accelerator fails the run under CI
+from tests.support.skip_gate import (  # noqa: F401  (pytest finds the hooks here)
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 # CI runs the same generated examples every time (a fixed seed), so a property failure there is
 # reproducible; locally hypothesis explores new examples on each run.
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -25,23 +25,16 @@ sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
 
 def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str | None):
     from rl_msprobe.patches import resolve_sets
+    from rl_msprobe.patches.releases import default_release
     from rl_msprobe.targets import resolve_target
 
     sets = resolve_sets(set_names)
-    project = sets[0].project
-    default = _newest(project) if not tree and not python else None
-    return resolve_target(tree, python, project, default_version=default), sets
+    default = default_release(sets[0]) if not tree and not python else None  # one project per call
+    return resolve_target(tree, python, sets[0].project, default_version=default), sets
 
 
-def _newest(project: str) -> str | None:
-    from rl_msprobe.patches import all_sets
-
-    versions = [s.max_version for s in all_sets() if s.project == project and s.max_version]
-    if not versions:
-        return None
-    from packaging.version import Version
-
-    return max(versions, key=Version)
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _warn(warnings: list[str]) -> None:
@@ -73,7 +66,8 @@ def patch() -> None:
 
     A tree is --tree PATH (a checkout, an editable install or site-packages), --python PY
     (the tree that interpreter imports), or --tree release:verl==0.9.1 (fetched; diff and
-    status only). Without either, diff and status use the newest supported release.
+    status only). Without either, diff and status use the set's default release: the newest
+    release its tests run on (`patch list` shows it).
     """
 
 
@@ -81,14 +75,16 @@ def patch() -> None:
 @json_option
 @handles_user_errors
 def list_sets(as_json: bool) -> None:
-    """List the patch sets, their projects, version ranges and pieces."""
+    """List the patch sets: project, supported versions, the default release (used without --tree)."""
     from rl_msprobe.patches import all_sets
+    from rl_msprobe.patches.releases import default_release
 
     doc = [
         {
             "name": s.name,
             "project": s.project,
             "versions": s.range_text(),
+            "default_release": default_release(s),
             "native_since": s.native_since,
             "optional": s.optional,
             "description": s.description,
@@ -99,10 +95,12 @@ def list_sets(as_json: bool) -> None:
     if as_json:
         emit_json(doc)
         return
-    for entry in doc:
-        click.echo(
-            f"{entry['name']:<26} {entry['project']:<12} {entry['versions']:<22} {entry['description']}"
-        )
+    header = {"name": "SET", "project": "PROJECT", "versions": "VERSIONS", "default_release": "DEFAULT"}
+    rows = [header, *doc]
+    widths = {key: max(len(str(row[key])) for row in rows) for key in header}
+    for row in rows:
+        cells = [f"{row[key]:<{widths[key]}}" for key in header]
+        click.echo("  ".join([*cells, row.get("description", "DESCRIPTION")]).rstrip())
 
 
 @patch.command()
@@ -112,12 +110,26 @@ def list_sets(as_json: bool) -> None:
 @click.option(
     "--stat", "show_stat", is_flag=True, help="Print the summary (files, hunks, +/-) instead of the diff."
 )
+@click.option(
+    "--exit-code",
+    "exit_code",
+    is_flag=True,
+    help="Exit 1 when changes are pending, 0 when none (like `git diff --exit-code`).",
+)
 @json_option
 @handles_user_errors
 def diff(
-    set_names: tuple[str, ...], tree: str | None, python: str | None, show_stat: bool, as_json: bool
+    set_names: tuple[str, ...],
+    tree: str | None,
+    python: str | None,
+    show_stat: bool,
+    exit_code: bool,
+    as_json: bool,
 ) -> None:
-    """Print the unified diff applying SET... would make. Exit 1 when changes are pending, 0 when none."""
+    """Print the unified diff applying SET... would make (stdout; the summary line goes to stderr).
+
+    Exit 0 like `git diff`; with --exit-code, 1 when changes are pending and 0 when none.
+    """
     from rl_msprobe import workspace
 
     target, sets = _target_and_sets(set_names, tree, python)
@@ -143,7 +155,7 @@ def diff(
         )
     elif show_stat:
         for f in summary["files"]:
-            click.echo(f"{f['path']}: {f['hunks']} hunks, +{f['added']} -{f['removed']}")
+            click.echo(f"{f['path']}: {_plural(f['hunks'], 'hunk')}, +{f['added']} -{f['removed']}")
     else:
         click.echo(text, nl=False)
     if not as_json:
@@ -151,11 +163,11 @@ def diff(
             click.echo(f"# {r.piece}: not applicable here: {r.detail}", err=True)
         _warn(plan.warnings)
         click.echo(
-            f"# {target.describe()}: {len(summary['files'])} files, {summary['hunks']} hunks, "
-            f"+{summary['added']} -{summary['removed']}",
+            f"# {target.describe()}: {_plural(len(summary['files']), 'file')}, "
+            f"{_plural(summary['hunks'], 'hunk')}, +{summary['added']} -{summary['removed']}",
             err=True,
         )
-    sys.exit(1 if plan.pending else 0)
+    sys.exit(1 if exit_code and plan.pending else 0)
 
 
 @patch.command()

@@ -316,7 +316,8 @@ def prepare(
             _echo_violations(doc["violations"])
         else:
             click.echo(result.diff, nl=False)
-            click.echo(f"\nwrote {result.derived_path}")
+            _echo_list("changed (rule: the value it needs, and why)", [c.line() for c in result.changes])
+            click.echo(f"wrote {result.derived_path}")
             for role, cfg in doc["configs"].items():
                 click.echo(f"wrote {cfg}  ({role} msprobe config)")
             _echo_violations(doc["violations"])

@@ -43,7 +43,7 @@ VERSIONS = [v for v in sorted(EXPECTED) if not v.startswith("0.6.")]
 
 
 def _diff_json(tree, *sets):
-    code, out, err = run_cli("patch", "diff", *sets, "--tree", str(tree), "--json")
+    code, out, err = run_cli("patch", "diff", *sets, "--tree", str(tree), "--json", "--exit-code")
     assert code == 1, err
     return json.loads(out)
 

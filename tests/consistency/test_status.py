@@ -89,12 +89,14 @@ def test_status_through_a_lifecycle(tree):
 
 
 def test_missing_trainer_files_follow_the_tree_and_a_missing_capability_refuses(tmp_path):
-    """Shape decides: a trainer file the tree lacks is a trainer that cannot run (skipped, named);
-    with no trainer site left at all, the trim capability has no patched site: exit 2."""
+    """Shape decides: an optional trainer file the tree lacks is a trainer that cannot run (skipped,
+    named); RayPPOTrainer's file is required by the trim capability: without it, exit 2 naming it."""
     tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
     (tree / "verl/experimental/fully_async_policy/fully_async_trainer.py").unlink()
     (tree / V1).unlink()
-    code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json", "--exit-code")
+    code, out, err = run_cli(
+        "patch", "diff", "verl-prompts-only", "--tree", str(tree), "--json", "--exit-code"
+    )
     assert code == 1, err
     skipped = {s["codemod"]: s["detail"] for s in json.loads(out)["skipped"]}
     assert "not in this tree" in skipped["verl-fully-async-trainer"]
@@ -102,6 +104,9 @@ def test_missing_trainer_files_follow_the_tree_and_a_missing_capability_refuses(
 
     (tree / "verl/trainer/ppo/ray_trainer.py").unlink()
     code, out, err = run_cli("patch", "diff", "verl-prompts-only", "--tree", str(tree))
-    assert code == 2 and "PROMPTS_ONLY trim" in err and "ray_trainer.py" in err, err
-    code, out, err = run_cli("patch", "status", "verl-prompts-only", "--tree", str(tree))
-    assert code == 2 and "PROMPTS_ONLY trim" in err, err
+    assert code == 2 and "ray_trainer.py: missing" in err, err
+    code, out, err = run_cli("patch", "status", "verl-prompts-only", "--tree", str(tree), "--json")
+    (entry,) = json.loads(out)["sets"]
+    assert code == 1 and entry["status"] == "conflict"
+    (legacy,) = [f for f in entry["files"] if f["codemod"] == "verl-ray-trainer"]
+    assert legacy["status"] == "conflict" and "missing" in legacy["detail"]

@@ -31,7 +31,9 @@ def test_full_cycle(version, tmp_path):
 
 @pytest.mark.parametrize("version", ["0.6.0", "0.9.1"])
 def test_diff_on_fetched_release_touches_both_engines(version):
-    code, out, _ = run_cli("patch", "diff", "verl-engine", "--tree", f"release:verl=={version}", "--json")
+    code, out, _ = run_cli(
+        "patch", "diff", "verl-engine", "--tree", f"release:verl=={version}", "--json", "--exit-code"
+    )
     assert code == 1
     doc = json.loads(out)
     assert {f["path"] for f in doc["summary"]["files"]} == ENGINE_FILES
@@ -59,7 +61,8 @@ def test_non_git_tree_keeps_originals_and_reverts_exactly(tmp_path):
 
 
 def test_default_tree_is_newest_release():
+    """The README's main job: exit 0 like `git diff`, the diff on stdout, the summary on stderr."""
     code, out, err = run_cli("patch", "diff", "verl-engine")
-    assert code == 1
+    assert code == 0, err
     assert "verl 0.9.1" in err
     assert "+from verl.utils import rl_msprobe_hooks" in out

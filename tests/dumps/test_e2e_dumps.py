@@ -171,21 +171,30 @@ def _chromium() -> str | None:
 
 
 def test_html_screenshot_shows_the_plot(sides: dict[str, Path]) -> None:
-    """Optional: needs Chromium (`apt-get install chromium`)."""
+    """The report in a real browser: headless Chromium (Debian `chromium`, which `.ci/run` installs)."""
     browser = _chromium()
     if browser is None:
-        pytest.skip("Chromium is not installed; the HTML screenshot check is optional")
+        pytest.skip(
+            "Chromium is not installed, so report.html was NOT checked in a browser "
+            "(Debian/Ubuntu: apt-get install chromium; .ci/run installs it)"
+        )
     html = sides["base"] / "out_perturbed" / "report.html"
     if not html.exists():
         _compare(sides, "train_perturbed", "out_perturbed")
     shot = sides["base"] / "report_screenshot.png"
-    subprocess.run(
+    proc = subprocess.run(
         [
             browser,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            # a closed network: no background connections, updates, sync or QUIC lookups
             "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
+            "--no-first-run",
+            f"--user-data-dir={sides['base'] / 'chromium-profile'}",  # a new empty profile
             "--disable-dev-shm-usage",
             "--hide-scrollbars",
             "--window-size=1200,1400",
@@ -193,10 +202,11 @@ def test_html_screenshot_shows_the_plot(sides: dict[str, Path]) -> None:
             html.as_uri(),
         ],
         capture_output=True,
+        text=True,
         timeout=120,
         check=False,
     )
-    assert shot.exists(), "Chromium wrote no screenshot"
+    assert shot.exists(), f"Chromium wrote no screenshot: {proc.stderr[-2000:]}"
     import matplotlib.image as mpimg
     import numpy as np
 

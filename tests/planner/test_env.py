@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,13 +37,26 @@ def bare_python() -> Path:
 
 @pytest.fixture(scope="module")
 def msprobe_python() -> Path:
-    try:
-        import importlib.metadata
+    """A second interpreter that sees the msprobe the test interpreter has, wherever the suite runs.
 
-        importlib.metadata.version("mindstudio-probe")
-    except importlib.metadata.PackageNotFoundError:
+    A `--system-site-packages` venv would see the *base* interpreter's packages, not those of a
+    venv or container the suite runs in; instead a plain venv gets a .pth file naming the folders
+    the running interpreter imports msprobe (and its dependencies) from.
+    """
+    spec = importlib.util.find_spec("msprobe")
+    if spec is None or not spec.submodule_search_locations:
         pytest.skip("mindstudio-probe is not installed in the test interpreter (pip install -e '.[msprobe]')")
-    return make_venv(cache_dir() / "venvs" / "planner-env-system", system_site=True)
+    python = make_venv(cache_dir() / "venvs" / "planner-env-sees-msprobe")
+    folders = [str(Path(p).parent) for p in spec.submodule_search_locations]
+    folders += [p for p in sys.path if p.endswith("-packages") and p not in folders]
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "rl_msprobe_test_outer_site.pth").write_text("\n".join(dict.fromkeys(folders)) + "\n")
+    return python
 
 
 def run_env(*args: str) -> tuple[int, dict]:
@@ -108,9 +123,12 @@ def _stand_in_wheel(folder: Path) -> Path:
 
 
 def test_install_fails_then_succeeds_with_that_interpreters_pip(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bare_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    python = make_venv(tmp_path / "venv")
+    # a copy of the cached bare venv (its python is a symlink, pip runs as `python -m pip`):
+    # seconds instead of a new venv's ensurepip, and the cached one stays without msprobe
+    shutil.copytree(bare_python.parent.parent, tmp_path / "venv", symlinks=True)
+    python = tmp_path / "venv" / "bin" / "python"
     house = tmp_path / "wheelhouse"
     house.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")

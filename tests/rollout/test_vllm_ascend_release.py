@@ -12,14 +12,15 @@ import json
 import pytest
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
+from rl_msprobe.patches.releases import newest_tested
 from rl_msprobe.targets import detect_version, fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 release = pytest.mark.release
 
-NEWEST_PRE_RELEASE = (
-    "0.30.0rc2"  # newest on the index when this was written (`pip index versions vllm-ascend --pre`)
-)
+# newest on the index when this was written (`pip index versions vllm-ascend --pre`); also the
+# set's default release (`rl-msprobe patch list`)
+NEWEST_PRE_RELEASE = newest_tested()["vllm-ascend"]
 # (version, log lines before a dump finish point, attach lines after a debugger creation)
 FULL_CYCLE = [
     ("0.12.0rc1", 4, 1),  # stop() in `if need_dump:` blocks
@@ -65,7 +66,9 @@ def test_sdist_only_release_is_unpacked_not_built():
 @release
 def test_diff_on_fetched_newest_pre_release():
     spec = f"release:vllm-ascend=={NEWEST_PRE_RELEASE}"
-    code, out, err = run_cli("patch", "diff", "vllm-ascend-dispatch-log", "--tree", spec, "--json")
+    code, out, err = run_cli(
+        "patch", "diff", "vllm-ascend-dispatch-log", "--tree", spec, "--json", "--exit-code"
+    )
     assert code == 1, err
     doc = json.loads(out)
     assert doc["version"] == NEWEST_PRE_RELEASE

@@ -53,7 +53,7 @@ def test_lines_land_where_intended(version):
 
 
 def test_default_release_for_diff_is_the_newest():
-    code, out, err = run_cli("patch", "diff", "vllm-dump", "--json")
+    code, out, err = run_cli("patch", "diff", "vllm-dump", "--json", "--exit-code")
     assert code == 1, err
     doc = json.loads(out)
     assert doc["version"] == FULL_CYCLE[-1]

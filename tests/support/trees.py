@@ -53,7 +53,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 def full_cycle(tree: Path, sets: list[str]) -> dict:
     """Run the whole cycle on a scratch git tree and assert each step; returns the status JSON."""
     before = snapshot(tree)
-    code, diff, err = run_cli("patch", "diff", *sets, "--tree", str(tree))
+    code, diff, err = run_cli("patch", "diff", *sets, "--tree", str(tree), "--exit-code")
     assert code == 1, f"diff should report pending changes: {err}"
     patch_file = tree.parent / f"{tree.name}.patch"
     patch_file.write_text(diff)
@@ -80,7 +80,7 @@ def full_cycle(tree: Path, sets: list[str]) -> dict:
     code, out, _ = run_cli("patch", "apply", *sets, "--tree", str(tree), "--json")
     assert code == 0 and json.loads(out)["noop"] is True
     assert snapshot(tree) == after_apply
-    code, _, _ = run_cli("patch", "diff", *sets, "--tree", str(tree))
+    code, _, _ = run_cli("patch", "diff", *sets, "--tree", str(tree), "--exit-code")
     assert code == 0, "no changes may be pending after apply"
 
     code, out, err = run_cli("patch", "revert", *sets, "--tree", str(tree), "--json")

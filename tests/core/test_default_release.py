@@ -1,0 +1,64 @@
+"""Every patch set has a default release (used by `patch diff SET` with no tree, shown by
+`patch list`), and it is a release the suite runs the full patch cycle on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_msprobe.codemods.base import version_in_range
+from rl_msprobe.patches import all_sets
+from rl_msprobe.patches.releases import default_release
+from tests.support.trees import run_cli
+
+
+def _full_cycle_matrices() -> dict[str, list[str]]:
+    """project -> the releases its release tests run the full cycle (diff, apply, revert) on."""
+    from tests.core import test_release_matrix as verl_matrix
+    from tests.rollout import test_sglang_release, test_vllm_ascend_release, test_vllm_releases
+
+    return {
+        "verl": list(verl_matrix.VERSIONS),
+        "sglang": list(test_sglang_release.FULL_CYCLE),
+        "vllm": list(test_vllm_releases.FULL_CYCLE),
+        "vllm-ascend": [v for v, _, _ in test_vllm_ascend_release.FULL_CYCLE],
+    }
+
+
+@pytest.mark.parametrize("patch_set", all_sets(), ids=lambda s: s.name)
+def test_default_is_the_newest_fully_tested_release(patch_set):
+    version = default_release(patch_set)
+    tested = _full_cycle_matrices()[patch_set.project]
+    assert version == tested[-1], f"{patch_set.name}: default {version}, newest tested {tested[-1]}"
+    assert version_in_range(version, patch_set.min_version, patch_set.max_version)
+    assert not patch_set.is_native(version)
+
+
+def test_patch_list_shows_the_default_in_aligned_columns():
+    code, out, _ = run_cli("patch", "list", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {e["name"]: e["default_release"] for e in doc} == {s.name: default_release(s) for s in all_sets()}
+    code, out, _ = run_cli("patch", "list")
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["SET", "PROJECT", "VERSIONS", "DEFAULT", "DESCRIPTION"]
+    # every column starts at the same offset on every row (the header's)
+    starts = [lines[0].index(word) for word in ("PROJECT", "VERSIONS", "DEFAULT", "DESCRIPTION")]
+    for line, entry in zip(lines[1:], doc, strict=True):
+        cells = [entry["project"], entry["versions"], entry["default_release"], entry["description"]]
+        assert [line.index(cell, start) for cell, start in zip(cells, starts)] == starts, line
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("patch_set", all_sets(), ids=lambda s: s.name)
+def test_diff_with_no_tree_works_for_every_set(patch_set):
+    """`patch diff SET` (no --tree): the default release, exit 0 like git, the diff on stdout and
+    the summary on stderr (--exit-code is exercised by every full cycle in tests/support/trees.py)."""
+    code, out, err = run_cli("patch", "diff", patch_set.name)
+    assert code == 0, err
+    assert out.startswith("diff --git ") and "\n+" in out
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith(f"# {patch_set.project} {default_release(patch_set)} at ")
+    files, hunks = out.count("diff --git "), sum(line.startswith("@@ ") for line in out.splitlines())
+    assert f": {files} file{'s' * (files != 1)}, {hunks} hunk{'s' * (hunks != 1)}, +" in summary, summary
