@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rl_msprobe import planner
@@ -143,6 +144,20 @@ def test_vllm_gpu_gets_the_patch_and_v1_runner(tmp_path: Path) -> None:
         value(p, "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path")
         == p.configs["generate"][0]
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_upstream_vllm_gets_no_dump_config_path_it_would_ignore(tmp_path: Path, device: str) -> None:
+    text = (
+        (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text().replace(" $@", f" trainer.device={device} $@")
+    )
+    p = planner.plan(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    assert p.patch_sets == ["vllm-dump"] and not p.violations
+    assert f"export MSPROBE_ROLLOUT_CONFIG={p.configs['generate'][0]}" in p.derived_text
+    assert "additional_config" not in "\n".join(
+        line for line in p.derived_text.splitlines() if not line.lstrip().startswith("#")
+    )
+    assert any("dump_config_path is not set" in note for note in p.notes)
 
 
 def test_vllm_ascend_needs_no_patch(tmp_path: Path) -> None:
