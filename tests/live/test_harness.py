@@ -61,3 +61,11 @@ def test_the_lock_serialises_live_jobs(tmp_path: Path, monkeypatch):
                 held = True
     thread.join(5)
     assert held and order == ["first", "second"]
+
+
+def test_the_lock_is_reentrant_in_one_thread(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(live_job, "lock_path", lambda: tmp_path / "live-job.lock")
+    with live_job.live_job_lock(), live_job.live_job_lock():  # a session, then live_job.run inside it
+        pass
+    with live_job.live_job_lock():  # released: taken again
+        pass

@@ -41,6 +41,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -282,16 +283,29 @@ def lock_path() -> Path:
     return cache_dir() / "live-job.lock"
 
 
+_HELD = threading.local()  # flock is per open file: a thread re-enters without a second open
+
+
 @contextlib.contextmanager
 def live_job_lock():
-    """One live job at a time on this machine (~7.5 GB RAM, both cores)."""
+    """One live job at a time on this machine (~7.5 GB RAM, both cores); re-entrant in a process.
+    A test that patches the shared venv takes vllm_cpu.patch_lock() first, then this one."""
+    if getattr(_HELD, "depth", 0):
+        _HELD.depth += 1
+        try:
+            yield
+        finally:
+            _HELD.depth -= 1
+        return
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
+        _HELD.depth = 1
         try:
             yield
         finally:
+            _HELD.depth = 0
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 

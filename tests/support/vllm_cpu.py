@@ -157,6 +157,24 @@ def cached_folder(dest: Path, key: dict, python: Path, script: str, *args: str, 
 
 
 @contextlib.contextmanager
+def patch_lock():
+    """Held while the shared venv is patched (apply ... revert). Take it BEFORE the live-job lock
+    of tests/support/live_job.py, never after: one order for everyone, no deadlock."""
+    with (venv_dir().parent / f"{venv_dir().name}.patch.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ROOT but Python's bytecode caches (rewritten by any import)."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+@contextlib.contextmanager
 def patched(python: Path, *sets: str):
     """The venv's installed vLLM patched with SETS (default vllm-dump) through rl-msprobe's own
     CLI (`rl-msprobe patch apply SETS --python PY`), reverted to the byte afterwards. Holds a
@@ -165,9 +183,7 @@ def patched(python: Path, *sets: str):
     from tests.support.trees import run_cli
 
     sets = sets or ("vllm-dump",)
-    lock_path = venv_dir().parent / f"{venv_dir().name}.patch.lock"
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with patch_lock():
         code, out, err = run_cli("patch", "apply", *sets, "--python", str(python), "--json")
         if code != 0:
             raise RuntimeError(f"rl-msprobe patch apply {' '.join(sets)} --python {python} failed: {err}")
