@@ -60,6 +60,7 @@ class EnvReport:
             "python_version": self.python_version,
             "msprobe_version": self.version,
             "installed_now": self.installed_now,
+            "installed": f"{PACKAGE}=={self.version}" if self.installed_now and self.version else None,
             "install_attempted": self.install_attempted,
             "error": self.error,
             "steps": self.steps,

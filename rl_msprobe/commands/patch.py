@@ -265,11 +265,17 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     set for the tree's project.
     """
     from rl_msprobe import workspace
-    from rl_msprobe.patches import all_sets
+    from rl_msprobe.patches import all_sets, get_set
     from rl_msprobe.targets import resolve_tree
 
-    if set_names:
-        target, sets = _target_and_sets(set_names, tree, python)
+    if set_names and python and not tree:
+        # one interpreter imports every project's tree: one target per project, in the order named
+        by_project: dict[str, list[str]] = {}
+        for name in dict.fromkeys(set_names):
+            by_project.setdefault(get_set(name).project, []).append(name)
+        groups = [_target_and_sets(tuple(names), None, python) for names in by_project.values()]
+    elif set_names:
+        groups = [_target_and_sets(set_names, tree, python)]
     else:
         from rl_msprobe.errors import UserError
 
@@ -278,20 +284,22 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
                 "without SET, pass --tree PATH (and not --python) so rl-msprobe can tell the project."
             )
         target = resolve_tree(tree)
-        sets = [s for s in all_sets() if s.project == target.project and not s.includes]
-    doc = workspace.collect_status(target, sets)
+        groups = [(target, [s for s in all_sets() if s.project == target.project and not s.includes])]
+    docs = [workspace.collect_status(target, sets) for target, sets in groups]
+    doc = docs[0] if len(docs) == 1 else {"trees": docs, "sets": [s for d in docs for s in d["sets"]]}
     if as_json:
         emit_json(doc)
     else:
-        click.echo(f"{target.describe()}")
-        _warn(doc["warnings"])
-        _echo_recovered(doc.get("journal"))
-        for entry in doc["sets"]:
-            click.echo(f"{entry['name']}: {entry['status']}")
-            for f in entry["files"]:
-                click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
-            for cap in entry["capabilities"]:
-                click.echo(f"  capability found: {cap['name']} ({', '.join(cap['sites'])})")
-            for note in entry["notes"]:
-                click.echo(f"  note: {note}")
+        for (target, _), tree_doc in zip(groups, docs, strict=True):
+            click.echo(f"{target.describe()}")
+            _warn(tree_doc["warnings"])
+            _echo_recovered(tree_doc.get("journal"))
+            for entry in tree_doc["sets"]:
+                click.echo(f"{entry['name']}: {entry['status']}")
+                for f in entry["files"]:
+                    click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
+                for cap in entry["capabilities"]:
+                    click.echo(f"  capability found: {cap['name']} ({', '.join(cap['sites'])})")
+                for note in entry["notes"]:
+                    click.echo(f"  note: {note}")
     sys.exit(0 if workspace.all_applied(doc) else 1)

@@ -146,9 +146,15 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
         emit_json(report.to_json())
     else:
         where = f"{report.executable} (Python {report.python_version})" if report.executable else python
-        if report.ok:
-            verb = "installed and importable" if report.installed_now else "importable"
-            click.echo(f"msprobe {report.version or '(version unknown)'} is {verb} in {where}.")
+        if report.ok and report.installed_now:
+            click.echo(
+                f"msprobe was missing in {where}: INSTALLED {env_mod.PACKAGE} {report.version or ''} there "
+                f"(`{python} -m pip install {env_mod.PACKAGE}`); it imports now."
+            )
+        elif report.ok:
+            click.echo(
+                f"msprobe {report.version or '(version unknown)'} is importable in {where}; nothing installed."
+            )
         else:
             click.echo(f"msprobe is NOT importable in {where}: {report.error}")
             if no_install:

@@ -170,8 +170,10 @@ def _check_files(paths: list[Path], jobs: int) -> list[str | None]:
 
 
 def detect_mode(roots: list[Path]) -> str:
+    """consistency needs a training side: its update-actor log or a second folder. The vllm-dump
+    patch writes a dispatch log in inference mode too, so that log alone means inference."""
     logs = {p.name for r in roots for p in walk_files(r, {DISPATCH_LOG, TRAIN_LOG}, max_depth=3)}
-    if logs:
+    if TRAIN_LOG in logs or (logs and len(roots) > 1):
         return "consistency"
     if any(ref.stage for r in roots for ref in find_dumps(r)[:50]):
         return "training"

@@ -43,7 +43,7 @@ class Detection:
     mode: str = "unknown"
     rollout: str = "unknown"
     train_backend: str = "unknown"
-    device: str = "unknown"  # gpu | npu | unknown
+    device: str = "unknown"  # gpu | npu | cpu | unknown
     fully_async: bool = False
     pd_disaggregation: bool = False
     config_name: str | None = None
@@ -231,7 +231,7 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
     code = _code_text(script.text)
     device = overrides.get("trainer.device")
     if device is not None and isinstance(device.value, str):
-        det.device = "npu" if device.value.lower() == "npu" else "gpu"
+        det.device = {"npu": "npu", "cpu": "cpu"}.get(device.value.lower(), "gpu")
         det.reasons.append(f"device {det.device}: trainer.device={device.value}")
     elif re.search(
         r"ASCEND_RT_VISIBLE_DEVICES|Ascend/[\w./-]*set_env\.sh|\bHCCL_\w+|torch_npu|vllm[_-]ascend", code

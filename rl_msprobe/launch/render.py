@@ -155,8 +155,9 @@ def render(
             insertion = "".join(f" {tok}" for tok in appended)
         edits.append(Edit(last_word.end, last_word.end, insertion))
     block = [*header]
-    if env:
-        for name, value, why in env:
+    own = _exported_before(script, set(names))  # set in place above; exporting again is noise
+    for name, value, why in env:
+        if name not in own:
             block.append(f"export {name}={shell_quote(value)}  # {why}")
     if block:
         block_text = "\n".join(block) + "\n"
@@ -165,6 +166,20 @@ def render(
             block_text = "\n" + block_text
         edits.append(Edit(pos, pos, block_text))
     return apply_edits(text, edits)
+
+
+def _exported_before(script: LaunchScript, names: set[str]) -> set[str]:
+    """NAMES the script itself exports, unconditionally, only before its verl command."""
+    assert script.command is not None
+    command_line = script.line_of(script.command.statement.start)
+    own = set()
+    for name in names:
+        var = script.variables.get(name)
+        if var is None or not var.exported or var.conditional or not var.assignments:
+            continue
+        if all(line < command_line for *_, line in var.assignments):
+            own.add(name)
+    return own
 
 
 def comment(text: str) -> str:

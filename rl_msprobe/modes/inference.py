@@ -107,18 +107,24 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         req.notes.append(
             f"vLLM-Ascend {ascend} reads additional_config.dump_config (renamed dump_config_path in 0.13)."
         )
-    req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, key, ROLLOUT_ENV))
-    req.add(
-        Setting(
-            "inference.vllm_dump_config",
-            key,
-            path,
-            "++",
-            "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ is needed",
-            accept=is_abs_path,
-            required="an absolute path to the generate config",
-        )
+    # trainer.device=cuda|cpu: vLLM's own model runner runs, which ignores additional_config
+    upstream = ctx.detection.device in ("gpu", "cpu") and ascend is None
+    req.configs.append(
+        ConfigSpec("generate", "config_generate.json", dump_root, None if upstream else key, ROLLOUT_ENV)
     )
+    if not upstream:
+        req.add(
+            Setting(
+                "inference.vllm_dump_config",
+                key,
+                path,
+                "++",
+                "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ "
+                "is needed",
+                accept=is_abs_path,
+                required="an absolute path to the generate config",
+            )
+        )
     gpu = ctx.detection.device != "npu" and ascend is None
     req.env.append(
         EnvVar(
@@ -126,7 +132,7 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
             ROLLOUT_ENV,
             path,
             "read by the vllm-dump patch in upstream (GPU) vLLM's model runner",
-            required=ctx.detection.device == "gpu",
+            required=upstream,
             accept=os.path.isabs,
         )
     )
@@ -136,7 +142,7 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
             "VLLM_USE_V2_MODEL_RUNNER",
             "0",
             "the vllm-dump patch covers the V1 GPU model runner only; newer vLLM uses V2 by default",
-            required=ctx.detection.device == "gpu",
+            required=upstream,
         )
     )
     if gpu:
@@ -146,6 +152,11 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
             "vllm-dump patch to the vLLM tree that runs; it reads MSPROBE_ROLLOUT_CONFIG, and "
             "VLLM_USE_V2_MODEL_RUNNER=0 keeps vLLM on the V1 runner the patch covers. On Ascend (vLLM-Ascend) "
             "skip the patch: vLLM-Ascend reads dump_config_path itself."
+            + (
+                f" trainer.device={ctx.detection.device}: no vLLM-Ascend, so {key} is not set."
+                if upstream
+                else ""
+            )
         )
     else:
         req.notes.append(

@@ -41,6 +41,18 @@ def _true(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
+KL_KEYS = ("algorithm.use_kl_in_reward", "actor_rollout_ref.actor.use_kl_loss")
+
+
+def _reference_runs(ctx: Context) -> bool | None:
+    """verl builds a reference model only for a KL term (its need_reference_policy: either KL_KEYS
+    switch on; both default off). None when the script leaves one to run time."""
+    found = [ctx.value(key) for key in KL_KEYS]
+    if any(origin == "runtime" for _, origin in found):
+        return None
+    return any(_true(value) for value, _ in found)
+
+
 def _save_path_ok(value: Any) -> bool:
     # verl passes {save_path}/step_N/STAGE to msprobe as dump_path, which must match msprobe's pattern
     return is_abs_path(value) and bool(DUMP_PATH_RE.match(value))
@@ -107,7 +119,9 @@ def requirements(ctx: Context) -> Requirements:
         req.violations.append(too_old_verl)
     # keep what a script already sets correctly unless the user asked otherwise
     bypass = str(ctx.value("algorithm.rollout_correction.bypass_mode")[0]).lower() == "true"
-    default_stages = [s for s in STAGES if not (bypass and s == "actor_compute_log_prob")]
+    no_ref = _reference_runs(ctx) is False
+    skipped = {"actor_compute_log_prob"} if bypass else set()
+    default_stages = [s for s in STAGES if s not in skipped and not (no_ref and s == "ref_compute_log_prob")]
     if bypass and not ctx.options.stages:
         req.notes.append(
             "algorithm.rollout_correction.bypass_mode is on (fully-async's default): verl reuses the rollout's "
@@ -173,6 +187,15 @@ def requirements(ctx: Context) -> Requirements:
     )
     found_stages = _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok)
     chosen = found_stages if found_stages is not None and ctx.options.stages is None else stages
+    if no_ref:
+        req.notes.append(
+            "No reference model runs (algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are off): "
+            + (
+                "ref_compute_log_prob is asked for but never runs, so its dumps will be missing."
+                if "ref_compute_log_prob" in chosen
+                else "ref_compute_log_prob never runs and is left out of the stages."
+            )
+        )
     if "ref_compute_log_prob" in chosen:
         req.add(
             Setting(

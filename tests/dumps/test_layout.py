@@ -103,3 +103,13 @@ def test_many_dumps_checked_in_processes(tmp_path: Path) -> None:
     serial, parallel = check_layout([tmp_path], jobs=1), check_layout([tmp_path], jobs=2)
     assert serial.problems == parallel.problems
     assert [p["where"] for p in parallel.problems] == [str(tmp_path / "step33" / "rank0" / "dump.json")]
+
+
+def test_inference_folder_with_its_dispatch_log_is_inference(tmp_path: Path) -> None:
+    # the vllm-dump patch writes dispatch_log.jsonl beside the rollout dumps in inference mode too
+    for step in (0, 1):
+        write_dump(tmp_path / "4242" / f"step{step}" / "rank0")
+    (tmp_path / "4242" / "dispatch_log.jsonl").write_text('{"step": 0, "request_ids": ["a"]}\n')
+    assert detect_mode([tmp_path]) == "inference"
+    report = check_layout([tmp_path])
+    assert report.mode == "inference" and report.ok, _whats(report)

@@ -87,3 +87,12 @@ def test_runtime_rollout_name() -> None:
 )
 def test_train_backend(args: str, backend: str) -> None:
     assert detect(parse_script(f"python3 -m verl.trainer.main_ppo {args}\n")).train_backend == backend
+
+
+@pytest.mark.parametrize(
+    ("value", "device"), [("cpu", "cpu"), ("npu", "npu"), ("cuda", "gpu"), ("CPU", "cpu")]
+)
+def test_trainer_device_names_the_device(value: str, device: str) -> None:
+    det = detect(parse_script(PLAIN.rstrip("\n") + f" trainer.device={value}\n"))
+    assert det.device == device
+    assert f"device {device}: trainer.device={value}" in det.reasons

@@ -138,12 +138,22 @@ def test_install_fails_then_succeeds_with_that_interpreters_pip(
     assert code == 1 and doc["install_attempted"] is True and doc["installed_now"] is False
     assert "pip install failed" in doc["error"] and len(doc["manual_commands"]) == 2
     assert not importable(python)
-    # with the package available: installed by that interpreter's pip, then verified
+    # with the package available: installed by that interpreter's pip, then verified, and said so
     _stand_in_wheel(house)
+    result = CliRunner().invoke(main, ["env", "--python", str(python)], catch_exceptions=False)
+    assert result.exit_code == 0 and importable(python), result.output
+    assert (
+        "INSTALLED mindstudio-probe 0.0.1" in result.output
+        and "pip install mindstudio-probe" in result.output
+    )
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "mindstudio-probe"], check=True)
     code, doc = run_env("--python", str(python))
     assert code == 0, doc
     assert doc["installed_now"] is True and doc["msprobe_version"] == "0.0.1"
+    assert doc["installed"] == "mindstudio-probe==0.0.1"
     assert importable(python)
+    result = CliRunner().invoke(main, ["env", "--python", str(python)], catch_exceptions=False)
+    assert "nothing installed" in result.output and "INSTALLED" not in result.output
     # the tool's own interpreter was not touched
     assert (
         "0.0.1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rl_msprobe import planner
@@ -143,6 +144,20 @@ def test_vllm_gpu_gets_the_patch_and_v1_runner(tmp_path: Path) -> None:
         value(p, "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path")
         == p.configs["generate"][0]
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_upstream_vllm_gets_no_dump_config_path_it_would_ignore(tmp_path: Path, device: str) -> None:
+    text = (
+        (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text().replace(" $@", f" trainer.device={device} $@")
+    )
+    p = planner.plan(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    assert p.patch_sets == ["vllm-dump"] and not p.violations
+    assert f"export MSPROBE_ROLLOUT_CONFIG={p.configs['generate'][0]}" in p.derived_text
+    assert "additional_config" not in "\n".join(
+        line for line in p.derived_text.splitlines() if not line.lstrip().startswith("#")
+    )
+    assert any("dump_config_path is not set" in note for note in p.notes)
 
 
 def test_vllm_ascend_needs_no_patch(tmp_path: Path) -> None:
@@ -319,10 +334,59 @@ def test_consistency_turns_bypass_mode_off(tmp_path: Path) -> None:
 
 def test_fully_async_training_leaves_out_the_bypassed_stage(tmp_path: Path) -> None:
     p = plan("run_fully_async_qwen2_5_vllm.sh", "training", tmp_path)
-    assert value(p, "global_profiler.global_tool_config.precision_debugger.stages") == [
-        "ref_compute_log_prob",
-        "actor_update",
-    ]
+    # no KL term in this script either: no reference model, so no ref_compute_log_prob
+    assert value(p, "global_profiler.global_tool_config.precision_debugger.stages") == ["actor_update"]
     assert any("bypass_mode" in n for n in p.notes)
     c = plan("run_fully_async_qwen2_5_vllm.sh", "consistency", tmp_path)
     assert value(c, "algorithm.rollout_correction.bypass_mode") is False
+
+
+def test_variables_the_script_exports_are_set_in_place_not_exported_again(tmp_path: Path) -> None:
+    text = (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text()
+    text = text.replace(
+        "set -x\n", "set -x\nexport TORCHDYNAMO_DISABLE=1\nexport VLLM_USE_V2_MODEL_RUNNER=1\nFOO=1\n"
+    )
+    text = text.replace(" $@", " trainer.device=cuda $@")
+    p = planner.plan(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    lines = p.derived_text.splitlines()
+    assert [x for x in lines if x.startswith("export TORCHDYNAMO_DISABLE")] == [
+        "export TORCHDYNAMO_DISABLE=1"
+    ]
+    assert [x for x in lines if x.startswith("export VLLM_USE_V2_MODEL_RUNNER")] == [
+        "export VLLM_USE_V2_MODEL_RUNNER=0"  # the script's own line, set to the required value
+    ]
+    assert sum(x.startswith("export MSPROBE_ROLLOUT_CONFIG=") for x in lines) == 1  # not in the script
+    checked = planner.check(p.derived_text, str(tmp_path / "derived.sh"), mode="inference")
+    assert not checked.result.violations, checked.result.violations
+
+
+@pytest.mark.parametrize(
+    ("kl", "ref_runs"),
+    [
+        ("actor_rollout_ref.actor.use_kl_loss=False", False),
+        (
+            "actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=True",
+            True,
+        ),  # the later one wins
+        ("actor_rollout_ref.actor.use_kl_loss=$KL", None),  # decided at run time: keep the stage
+    ],
+)
+def test_ref_stage_only_where_a_reference_model_runs(tmp_path: Path, kl: str, ref_runs: bool | None) -> None:
+    text = (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text()
+    text = text.replace("actor_rollout_ref.actor.use_kl_loss=True", kl).replace(
+        "algorithm.use_kl_in_reward=False", ""
+    )
+    p = planner.plan(text, str(tmp_path / "run.sh"), mode="training", out_dir=str(tmp_path))
+    stages = value(p, "global_profiler.global_tool_config.precision_debugger.stages")
+    assert ("ref_compute_log_prob" in stages) is (ref_runs is not False)
+    assert (value(p, "actor_rollout_ref.ref.profiler.enable") is True) is (ref_runs is not False)
+    assert any("No reference model runs" in n for n in p.notes) is (ref_runs is False)
+    asked = planner.plan(
+        text,
+        str(tmp_path / "run.sh"),
+        mode="training",
+        out_dir=str(tmp_path),
+        stages=["ref_compute_log_prob"],
+    )
+    missing = [n for n in asked.notes if "its dumps will be missing" in n]
+    assert bool(missing) is (ref_runs is False)
