@@ -28,6 +28,20 @@ _RANK = re.compile(r"^(?:rank(\d*)|proc(\d+))$")
 _PID = re.compile(r"^\d+$")
 
 
+def load_json(path: Path) -> object:
+    """Parse a JSON file; UserError (exit 2) naming the file when it cannot be read or parsed,
+    including JSON nested too deeply for Python's parser (RecursionError)."""
+    from rl_msprobe.errors import UserError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to read; not an msprobe dump.json.") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read it as JSON ({exc}).") from None
+
+
 @dataclass(frozen=True, order=True)
 class DumpRef:
     """One `dump.json` and what its path says about it (None where the level is absent)."""
@@ -152,6 +166,8 @@ def check_dump_file(path: Path) -> str | None:
             doc = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"unparsable: {exc}"
+    except RecursionError:
+        return "unparsable: JSON nested too deeply"
     if not isinstance(doc, dict) or "data" not in doc:
         return "no top-level `data` (not an msprobe dump.json)"
     if not doc["data"]:

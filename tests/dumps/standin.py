@@ -243,12 +243,14 @@ def fsdp_like(hf) -> nn.Module:
 
 # ---------------------------------------------------------------- the two processes
 def msprobe_config(dump_path: str) -> dict:
-    """L0 forward dumps; task from $STANDIN_TASK (tensor: cosine; statistics: msprobe's default)."""
+    """Forward dumps; task from $STANDIN_TASK (tensor: cosine; statistics: msprobe's default),
+    level from $STANDIN_LEVEL (L0 default; `mix` is what `prepare` writes)."""
     task = os.environ.get("STANDIN_TASK", "tensor")
     section = {"scope": [], "list": [], "data_mode": ["forward"]}
     if task == "statistics":
         section["summary_mode"] = "statistics"
-    return {"task": task, "dump_path": dump_path, "rank": [], "step": [], "level": "L0", task: section}
+    level = os.environ.get("STANDIN_LEVEL", "L0")
+    return {"task": task, "dump_path": dump_path, "rank": [], "step": [], "level": level, task: section}
 
 
 def debugger(out: str, dump_path: str):

@@ -92,10 +92,10 @@ def test_dumps_help_stays_light() -> None:
 
 
 def test_compare_without_msprobe_says_how_to_install(tmp_path: Path, monkeypatch) -> None:
-    import rl_msprobe.dumps.compare as compare
+    import rl_msprobe.dumps.runners as runners
 
-    monkeypatch.setattr(compare.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(compare.shutil, "which", lambda name: None)
+    monkeypatch.setattr(runners.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(runners.shutil, "which", lambda name: None)
     a, b = write_dump(tmp_path / "a" / "step0" / "rank0"), write_dump(tmp_path / "b" / "step0" / "rank0")
     res = _run("compare", str(a.parent), str(b.parent), "--out", str(tmp_path / "o"))
-    assert res.exit_code == 2 and "pip install mindstudio-probe" in res.output
+    assert res.exit_code == 2 and "pip install mindstudio-probe" in res.output and "--python" in res.output
