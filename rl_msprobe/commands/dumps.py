@@ -106,7 +106,8 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
             click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
         if len(result.unmatched) > SHOW:
             click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
-        click.echo("lines: " + ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())))
+        for label, lines in (("used lines", result.used_lines()), ("skipped lines", result.skipped_lines())):
+            click.echo(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
         click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
     sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
 

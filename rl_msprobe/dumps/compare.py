@@ -120,7 +120,8 @@ class CompareRun:
         }
         if self.correlation is not None:
             doc["unmatched"] = [u.to_json() for u in self.correlation.unmatched]
-            doc["skipped_lines"] = dict(self.correlation.skipped)
+            doc["skipped_lines"] = self.correlation.skipped_lines()
+            doc["used_lines"] = self.correlation.used_lines()
         return doc
 
 
