@@ -192,7 +192,7 @@ def _clear(pairs: Path) -> None:
             old.unlink()
 
 
-def _compare_args(train: Path, rollout: Path, backend: str, out_dir: Path) -> list[str]:
+def compare_args(train: Path, rollout: Path, backend: str, out_dir: Path) -> list[str]:
     return [
         "compare",
         "-tp",
@@ -244,7 +244,7 @@ def run_one(
         return result
     result.notes = given.notes
     log = out_dir / "msprobe.log"
-    rc = runner.run(_compare_args(given.train, given.rollout, backend, out_dir), log, timeout)
+    rc = runner.run(compare_args(given.train, given.rollout, backend, out_dir), log, timeout)
     result.seconds = time.monotonic() - start
     csvs = sorted(out_dir.glob("compare_result_*.csv"))
     if rc != 0 or not csvs:

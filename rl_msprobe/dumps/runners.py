@@ -88,7 +88,8 @@ class WorkerRunner:
         self.python = python
         self.stderr_log = stderr_log
         self.proc: subprocess.Popen | None = None
-        self.import_seconds: float | None = None
+        self.import_seconds: float | None = None  # msprobe's import in the current worker
+        self.pair_seconds: float | None = None  # the last pair, measured inside the worker
 
     def _read(self, timeout: float | None) -> dict | None:
         """The next reply line, or None when the worker died or `timeout` passed."""
@@ -161,6 +162,7 @@ class WorkerRunner:
             what = "timeout" if timed_out else f"the msprobe worker died during this pair (exit {code})"
             _log_failure(log, what)
             return what
+        self.pair_seconds = float(reply.get("seconds") or 0.0)
         return int(reply.get("rc", 1))
 
     def _stop(self) -> None:

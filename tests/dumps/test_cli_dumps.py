@@ -144,6 +144,7 @@ def test_pairs_folder_of_an_earlier_run_is_renewed(tmp_path: Path) -> None:
     assert (pairs / "mine.txt").exists()
 
 
+@pytest.mark.e2e
 def test_compare_worker_survives_a_failing_pair(tmp_path: Path) -> None:
     """A pair msprobe fails on is reported with msprobe's own last lines; the worker goes on."""
     pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")

@@ -11,7 +11,9 @@ mlp.down_proj on the training side is the first divergence.
 
 The FSDP2 variant does it on what `prepare` writes by default (statistics, level mix) with the
 real FSDP2 `fully_shard` on the training side, both sides and msprobe itself in the shared job
-venv (`dumps compare --python`).
+venv (`dumps compare --python`). Measured 2026-11-30: CONSISTENT with 60 matched rows per pair
+(85% of the rollout's modules), and DIVERGENT first at layer 1's mlp when perturbed; the two
+FSDP2 tests took 10 min wall on this 2-core machine under a load average of ~25.
 """
 
 from __future__ import annotations

@@ -275,3 +275,27 @@ def test_real_msprobe_fsdp2_mix_dumps(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert res.exit_code == 1 and doc["verdict"].startswith("DIVERGENT"), doc["verdict"]
     assert doc["pairs"][0]["summary"]["first_divergence"]["layer"] == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_worker_writes_the_same_rows_as_a_process_per_pair(tmp_path: Path) -> None:
+    """Issue 14: the long-lived worker path and the former one-process-per-pair path give
+    byte-identical CSV rows for the same pairs (a divergent and a consistent one)."""
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    from rl_msprobe.dumps.compare import compare_pairs, plain_pairs
+
+    for n, scale in ((0, 1.0), (1, 3.0)):
+        train, rollout = _sides(tmp_path / f"s{n}", down_scale=scale)
+        for side, src in (("train", train), ("gen", rollout)):
+            dest = tmp_path / side / f"step{n}" / "rank0"
+            dest.mkdir(parents=True)
+            (dest / "dump.json").write_bytes(src.read_bytes())
+    pairs = plain_pairs(tmp_path / "gen", tmp_path / "train")
+    assert len(pairs) == 2
+    rows = {}
+    for label, per_process in (("worker", False), ("process", True)):
+        results = compare_pairs(pairs, tmp_path / label, "fsdp", jobs=1, per_process=per_process)
+        assert [r.status for r in results] == ["consistent", "divergent"], [r.error for r in results]
+        rows[label] = [r.csv.read_bytes().splitlines() for r in results]
+    assert rows["worker"] == rows["process"]
