@@ -56,6 +56,8 @@ def verdict(run: CompareRun) -> str:
 def dtype_line(run: CompareRun) -> str:
     """The header line on dtypes: where training and rollout differ, on matched rows."""
     pairs = run.dtype_pairs()
+    if not any(r.summary and r.summary.matched_rows for r in run.results):
+        return "dtypes: not known (no row was matched)"
     if not pairs:
         return "dtypes: the same on both sides in every matched row"
     shown = ", ".join(f"{k} ({n} rows)" for k, n in list(pairs.items())[:4])

@@ -296,7 +296,7 @@ def apply_engine_conventions(rows: list[Row]) -> list[Row]:
     out = []
     for r in rows:
         note = ""
-        if r.comparable and not r.note:
+        if r.comparable:  # a waived row too: the engine convention is the truer reason
             cls = _rollout_class(r.rollout_name)
             if (
                 cls.endswith("DecoderLayer")
@@ -309,7 +309,8 @@ def apply_engine_conventions(rows: list[Row]) -> list[Row]:
             elif "Norm" in cls and r.tensor == "input.0" and (r.module, "input.1") in rollout_only:
                 note = "vLLM's fused add-RMSNorm takes hidden and residual as two inputs"
             elif (
-                r.tensor.startswith(("input", "kwargs"))
+                not r.note
+                and r.tensor.startswith(("input", "kwargs"))
                 and r.result in DIVERGENT
                 and _only_layout_complaints(r.message)
                 and (r.cosine is None or r.cosine >= 0.99999)

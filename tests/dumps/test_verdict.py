@@ -299,3 +299,36 @@ def test_worker_writes_the_same_rows_as_a_process_per_pair(tmp_path: Path) -> No
         assert [r.status for r in results] == ["consistent", "divergent"], [r.error for r in results]
         rows[label] = [r.csv.read_bytes().splitlines() for r in results]
     assert rows["worker"] == rows["process"]
+
+
+def test_fused_add_rmsnorm_inputs_are_not_comparable_with_their_reason(tmp_path: Path) -> None:
+    """vLLM's post_attention_layernorm takes (hidden, residual); the training norm takes their
+    sum: a shape-only complaint on input.0 is read by that convention, not as a 1-dim squeeze."""
+    norm_t, norm_r = "post_attention_layernorm.Qwen2RMSNorm", "post_attention_layernorm.RMSNorm"
+    complaint = json.dumps(
+        [
+            "error: The Required_Grad of NPU and Bench are inconsistent",
+            "error: The shape of NPU and Bench are inconsistent.",
+        ]
+    )
+    rows = [
+        [
+            FSDP1.format(l=1, m=norm_t, x="input.0"),
+            VLLM.format(l=1, m=norm_r, x="input.0"),
+            "torch.float32",
+            "torch.float32",
+            "[1, 4, 128]",
+            "[4, 128]",
+            "0.3",
+            "0.2",
+            "error",
+            complaint,
+        ],
+        ["N/A", VLLM.format(l=1, m=norm_r, x="input.1"), "N/A", "torch.float32", "N/A", "[4, 128]"]
+        + ["N/A", "N/A", "pass", "[]"],
+        *_matched(),
+    ]
+    r = _result(tmp_path, rows)
+    first = r.summary.rows[0]
+    assert not first.comparable and "fused add-RMSNorm" in first.note
+    assert r.status == "consistent"
