@@ -67,7 +67,11 @@ def copies(base: Path, train: Path, rollout: Path, n: int) -> tuple[Path, Path]:
 def import_seconds(repeat: int) -> float:
     code = "import time; t = time.perf_counter(); import msprobe.msprobe; print(time.perf_counter() - t)"
     runs = [
-        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+        float(
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]  # msprobe prints a CANN notice first
+        )
         for _ in range(repeat)
     ]
     return statistics.median(runs)

@@ -164,3 +164,21 @@ def test_compare_worker_survives_a_failing_pair(tmp_path: Path) -> None:
         assert "--consistent_check" in (tmp_path / "2.log").read_text()
     finally:
         runner.close()
+
+
+def test_compare_python_without_msprobe_says_so_per_pair(tmp_path: Path) -> None:
+    """`--python PY` whose PY cannot import msprobe (here: site-packages off): every pair fails
+    with that reason on the terminal, and the verdict is NOT COMPARED, never CONSISTENT."""
+    a, b = write_dump(tmp_path / "a" / "step0" / "rank0"), write_dump(tmp_path / "b" / "step0" / "rank0")
+    res = _run(
+        "compare",
+        str(a.parent),
+        str(b.parent),
+        "--out",
+        str(tmp_path / "o"),
+        "--python",
+        f"{sys.executable} -S",
+    )
+    assert res.exit_code == 1, res.output
+    assert "msprobe does not import in" in res.output and "No module named 'msprobe'" in res.output
+    assert "NOT COMPARED; 1 of 1 pair(s) failed to compare" in res.output
