@@ -182,3 +182,13 @@ def test_compare_python_without_msprobe_says_so_per_pair(tmp_path: Path) -> None
     assert res.exit_code == 1, res.output
     assert "msprobe does not import in" in res.output and "No module named 'msprobe'" in res.output
     assert "NOT COMPARED; 1 of 1 pair(s) failed to compare" in res.output
+
+
+def test_compare_never_reads_a_dump_outside_the_folder_given(tmp_path: Path) -> None:
+    a = write_dump(tmp_path / "a" / "step0" / "rank0")
+    outside = write_dump(tmp_path / "elsewhere")
+    (tmp_path / "b" / "step0" / "rank0").mkdir(parents=True)
+    (tmp_path / "b" / "step0" / "rank0" / "dump.json").symlink_to(outside)
+    res = _run("compare", str(a.parent.parent.parent), str(tmp_path / "b"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "is not inside" in res.output, res.output
+    assert not list((tmp_path / "o" / "pairs").glob("0*"))
