@@ -1,8 +1,9 @@
 """`dumps compare` cost against its floor, measured in the same run (issue 14).
 
 The floor for N pairs is one msprobe import plus N times the in-process work of one pair:
-`import msprobe.msprobe` timed in a fresh interpreter, and the compare of one pair timed inside
-a long-lived msprobe worker (median over repeats, after a warm-up). `dumps compare` then runs
+`import msprobe.msprobe, msprobe.pytorch.compare.pt_compare` (what a compare imports, torch
+included) timed in a fresh interpreter, and the compare of one pair timed inside a long-lived
+msprobe worker (median over repeats, after a warm-up pair). `dumps compare` then runs
 over N = 1, 10, 50 copies of that real pair, as a whole command (`python -m rl_msprobe ...`):
 
 - `-j 1`: aim total <= 1.3 x floor(N);
@@ -65,7 +66,11 @@ def copies(base: Path, train: Path, rollout: Path, n: int) -> tuple[Path, Path]:
 
 
 def import_seconds(repeat: int) -> float:
-    code = "import time; t = time.perf_counter(); import msprobe.msprobe; print(time.perf_counter() - t)"
+    """What one compare needs imported: msprobe's command module and its PyTorch compare (torch)."""
+    code = (
+        "import time; t = time.perf_counter(); import msprobe.msprobe, msprobe.pytorch.compare.pt_compare; "
+        "print(time.perf_counter() - t)"
+    )
     runs = [
         float(
             subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -116,6 +116,23 @@ def _hard_problems(result) -> bool:
     return any(u.why.startswith("missing dump") or ": not a JSON" in u.why for u in result.unmatched)
 
 
+def _warm_report_imports() -> None:
+    """Import the report's plotting (matplotlib, seconds) in a thread while msprobe compares:
+    this process only waits on its workers meanwhile."""
+    import threading
+
+    def warm() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # noqa: BLE001 - the report imports it again and says what is wrong
+            pass
+
+    threading.Thread(target=warm, name="warm-report", daemon=True).start()
+
+
 @dumps.command()
 @click.argument("rollout", type=_dir_or_file)
 @click.argument("train", type=_dir_or_file)
@@ -211,6 +228,7 @@ def compare(
         if python and not as_json:
             click.echo(f"msprobe runs in {python} (recorded by prepare in {record})", err=True)
     roots = (train.resolve() if train.is_dir() else None, rollout.resolve() if rollout.is_dir() else None)
+    _warm_report_imports()
     options = dict(
         python=python,
         per_process=per_process,

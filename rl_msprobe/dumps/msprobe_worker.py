@@ -57,6 +57,11 @@ def serve():
     start = time.monotonic()
     try:
         from msprobe.msprobe import main
+
+        try:  # what msprobe's compare imports on its first pair (torch); none of it is required here
+            import msprobe.pytorch.compare.pt_compare  # noqa: F401
+        except Exception:  # noqa: BLE001 - the pair itself reports it
+            pass
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
         reply.write(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 1
