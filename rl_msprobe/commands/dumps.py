@@ -116,6 +116,20 @@ def _hard_problems(result) -> bool:
     return any(u.why.startswith("missing dump") or ": not a JSON" in u.why for u in result.unmatched)
 
 
+def _running_verdict(tally: dict[str, int]) -> str | None:
+    """The verdict so far for the progress bar: `DIVERGENT so far (3 consistent, 1 divergent)`."""
+    if not tally:
+        return None
+    word = (
+        "DIVERGENT"
+        if tally.get("divergent")
+        else "NOT COMPARED"
+        if tally.get("failed") or tally.get("not compared")
+        else "CONSISTENT"
+    )
+    return f"{word} so far ({', '.join(f'{n} {k}' for k, n in sorted(tally.items()))})"
+
+
 def _warm_report_imports() -> None:
     """Import the report's plotting (matplotlib, seconds) in a thread while msprobe compares:
     this process only waits on its workers meanwhile."""
@@ -248,7 +262,7 @@ def compare(
             label="msprobe compare",
             file=sys.stderr,
             show_pos=True,
-            item_show_func=lambda _x: ", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or None,
+            item_show_func=lambda _x: _running_verdict(tally),
         ) as bar:
 
             def done(r) -> None:

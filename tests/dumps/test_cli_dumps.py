@@ -192,3 +192,12 @@ def test_compare_never_reads_a_dump_outside_the_folder_given(tmp_path: Path) -> 
     res = _run("compare", str(a.parent.parent.parent), str(tmp_path / "b"), "--out", str(tmp_path / "o"))
     assert res.exit_code == 1 and "is not inside" in res.output, res.output
     assert not list((tmp_path / "o" / "pairs").glob("0*"))
+
+
+def test_progress_shows_the_running_verdict() -> None:
+    from rl_msprobe.commands.dumps import _running_verdict
+
+    assert _running_verdict({}) is None
+    assert _running_verdict({"consistent": 2}) == "CONSISTENT so far (2 consistent)"
+    assert _running_verdict({"consistent": 1, "failed": 1}).startswith("NOT COMPARED so far")
+    assert _running_verdict({"divergent": 1, "failed": 1}) == "DIVERGENT so far (1 divergent, 1 failed)"
