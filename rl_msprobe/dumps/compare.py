@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -181,8 +182,6 @@ def _ours(path: Path) -> bool:
 
 def _clear(pairs: Path) -> None:
     """Remove this tool's own earlier pair folders (checked by `pairs_dir`) before a new run."""
-    import shutil
-
     for old in pairs.iterdir():
         if old.name == MARKER:
             continue
