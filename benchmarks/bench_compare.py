@@ -13,6 +13,14 @@ over N = 1, 10, 50 copies of that real pair, as a whole command (`python -m rl_m
 The pair is real: the stand-in rollout and training processes of tests/dumps/standin.py write
 msprobe statistics dumps at level mix (what `prepare` writes by default) of a tiny Qwen2.
 
+Measured 2026-11-30 on the shared 2-core machine (load average 16 -> 6 during the run, so the
+floor, taken first, is pessimistic): import 18.85 s, one pair 0.915 s in-process.
+  N=1:  -j1 20.8 s (1.05 x floor), -j2 15.5 s, one process per pair 22.8 s
+  N=10: -j1 19.2 s (0.69),         -j2 44.3 s, one process per pair 188.0 s (9.8 x the worker)
+  N=50: -j1 47.7 s (0.74),         -j2 51.2 s (1.23 x import + N x pair / 2)
+An earlier run under heavier load (floor without torch's import, so not comparable as a ratio):
+N=10 worker 54.9 s against 300.9 s for one process per pair.
+
 Run: python benchmarks/bench_compare.py [--sizes 1,10,50] [--per-process-sizes 1,10,50] [--repeat 5]
 """
 
