@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
 from rl_msprobe.errors import UserError
+
+if TYPE_CHECKING:
+    from rl_msprobe import outputs
 
 _PROJECT_PACKAGES = {"verl": "verl", "sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm_ascend"}
 
@@ -312,6 +316,12 @@ def prepare(
         record_dir = (
             os.path.dirname(files[-1].path) if len(files) > 1 else os.path.dirname(result.derived_path)
         )
+        if python and result.configs:
+            record = _python_record(python, [c for c, _ in result.configs.values()])
+            files.append(record)
+            result.notes.append(
+                f"recorded --python in {record.path}: `rl-msprobe dumps compare` runs msprobe there."
+            )
         outputs.write(files, record_dir, path, text.encode("utf-8"), force)
     doc = result.to_json()
     if as_json:
@@ -340,6 +350,19 @@ def prepare(
         _echo_list("warnings", result.warnings)
         _echo_list("notes", result.notes)
     sys.exit(1 if result.refused or result.violations else 0)
+
+
+def _python_record(python: str, config_paths: list[str]) -> outputs.Output:
+    """The training interpreter, left beside the configs; the default dump folders lie below
+    them, where `dumps compare` looks it up (rl_msprobe.dumps.compare.recorded_python)."""
+    import json
+
+    from rl_msprobe.dumps.compare import PYTHON_RECORD
+
+    record = os.path.join(os.path.dirname(config_paths[0]), PYTHON_RECORD)
+    from rl_msprobe import outputs
+
+    return outputs.Output(record, json.dumps({"python": python}) + "\n")
 
 
 def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | None:
