@@ -61,7 +61,8 @@ VERL_PROMPTS_ONLY = register(
     PatchSet(
         name="verl-prompts-only",
         project="verl",
-        description="PROMPTS_ONLY=1 trims responses before the old-log-prob recompute in every trainer of the version",
+        description="PROMPTS_ONLY=1: a prompts-only copy's log-prob forward (the dumped prefill) before the "
+        "old-log-prob recompute in every trainer of the version; the step trains on the full batch",
         pieces=(
             Piece(CONSISTENCY_FILE),
             Piece(VerlRayTrainer()),
@@ -91,8 +92,9 @@ VERL_PROMPTS_ONLY = register(
             "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
             "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer). Optional: FullyAsyncTrainer._fit_generate "
             "(where the tree ships fully_async_trainer.py).",
-            "The trimmed batch is meant for a consistency run of one step with DUMP_PHASE=log_prob: later phases "
-            "see zero response tokens.",
+            "The batch itself is never trimmed: the copy's forward is extra work per step (one prompt's "
+            "prefill), and the step's own recompute and update see the full responses, so the job runs to "
+            "its end. With PROMPTS_ONLY=1 the engine hook dumps only that copy's micro-batches.",
         ),
     )
 )
