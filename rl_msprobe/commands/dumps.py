@@ -106,7 +106,8 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
             click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
         if len(result.unmatched) > SHOW:
             click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
-        click.echo("lines: " + ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())))
+        for label, lines in (("used lines", result.used_lines()), ("skipped lines", result.skipped_lines())):
+            click.echo(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
         click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
     sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
 
@@ -126,25 +127,60 @@ def _hard_problems(result) -> bool:
     help="Folder for msprobe output and the report.",
 )
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
-@jobs_option("Parallel msprobe processes")
+@jobs_option("msprobe workers (each imports msprobe once and compares pair after pair)")
 @click.option(
     "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
 )
+@click.option(
+    "--python",
+    "python",
+    metavar="PY",
+    help="Interpreter that runs msprobe (the training one; may be `docker exec -i NAME python3`). "
+    "Default: the one `prepare --python` recorded, else this one.",
+)
+@click.option(
+    "--min-coverage",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Share of the rollout's modules msprobe must match to training ones; below it a pair is "
+    "NOT COMPARED (default 0.5).",
+)
+@click.option("--timeout", type=click.FloatRange(1), default=None, help="Seconds per pair (default: none).")
+@click.option("--per-process", is_flag=True, hidden=True, help="One msprobe process per pair (benchmarks).")
 @json_option
 @handles_user_errors
 def compare(
-    rollout: Path, train: Path, out: Path, backend: str, jobs: int | None, limit: int | None, as_json: bool
+    rollout: Path,
+    train: Path,
+    out: Path,
+    backend: str,
+    jobs: int | None,
+    limit: int | None,
+    python: str | None,
+    min_coverage: float | None,
+    timeout: float | None,
+    per_process: bool,
+    as_json: bool,
 ) -> None:
     """Run msprobe's consistency compare for every pair and write report.md / report.html.
 
     With logs (ROLLOUT and TRAIN are the two dump_path folders) the pairs come from `correlate`;
     without logs, two plain dump folders (or two dump.json files) are compared one to one.
-    Exit 0 consistent, 1 divergence found or a compare failed, 2 bad input.
+    Exit 0 consistent, 1 divergence found, a compare failed or NOT COMPARED (msprobe matched no
+    rows, or too few of the rollout's modules), 2 bad input.
     """
-    from rl_msprobe.dumps.compare import CompareRun, check_out_dir, compare_pairs, default_jobs, plain_pairs
+    from rl_msprobe.dumps.compare import (
+        MIN_COVERAGE,
+        CompareRun,
+        check_out_dir,
+        compare_pairs,
+        default_jobs,
+        plain_pairs,
+        recorded_python,
+    )
     from rl_msprobe.dumps.correlate import correlate as run_correlate
     from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
-    from rl_msprobe.dumps.report import pair_lines, verdict, write_report
+    from rl_msprobe.dumps.report import dtype_line, pair_lines, verdict, write_report
     from rl_msprobe.errors import UserError
 
     out = check_out_dir(out)
@@ -170,18 +206,45 @@ def compare(
             click.echo(f"comparing the first {limit} of {len(pairs)} pairs (--limit)", err=True)
         pairs = pairs[:limit]
     jobs = jobs or default_jobs()
+    if python is None:
+        python, record = recorded_python([rollout, train])
+        if python and not as_json:
+            click.echo(f"msprobe runs in {python} (recorded by prepare in {record})", err=True)
+    roots = (train.resolve() if train.is_dir() else None, rollout.resolve() if rollout.is_dir() else None)
+    options = dict(
+        python=python,
+        per_process=per_process,
+        roots=roots,
+        min_coverage=MIN_COVERAGE if min_coverage is None else min_coverage,
+        timeout=timeout,
+    )
     if as_json:
-        run.results = compare_pairs(pairs, out, backend, jobs)
+        run.results = compare_pairs(pairs, out, backend, jobs, **options)
     else:
-        click.echo(f"{len(pairs)} pair(s), {jobs} parallel msprobe process(es) -> {out}", err=True)
-        with click.progressbar(length=len(pairs), label="msprobe compare", file=sys.stderr) as bar:
-            run.results = compare_pairs(pairs, out, backend, jobs, on_done=lambda _r: bar.update(1))
+        what = "msprobe process(es) per pair" if per_process else "msprobe worker(s)"
+        click.echo(f"{len(pairs)} pair(s), {jobs} {what} -> {out}", err=True)
+        tally: dict[str, int] = {}
+
+        with click.progressbar(
+            length=len(pairs),
+            label="msprobe compare",
+            file=sys.stderr,
+            show_pos=True,
+            item_show_func=lambda _x: ", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or None,
+        ) as bar:
+
+            def done(r) -> None:
+                tally[r.status] = tally.get(r.status, 0) + 1
+                bar.update(1, r)
+
+            run.results = compare_pairs(pairs, out, backend, jobs, on_done=done, **options)
     paths = write_report(run)
     if as_json:
         emit_json(run.to_json())
     else:
         for line in pair_lines(run):
             click.echo(line)
+        click.echo(dtype_line(run))
         click.echo(verdict(run))
         click.echo(f"report: {paths['md']}\n        {paths['html']}")
     sys.exit(0 if run.consistent else 1)

@@ -295,6 +295,11 @@ def prepare(
         _write(result.derived_path, result.derived_text, executable=True)
         for _role, (cfg_path, doc) in result.configs.items():
             _write(cfg_path, msprobe_config.dumps(doc))
+        if python and result.configs:
+            record = _record_python(python, [c for c, _ in result.configs.values()])
+            result.notes.append(
+                f"recorded --python in {record}: `rl-msprobe dumps compare` runs msprobe there."
+            )
     if Path(path).read_text(encoding="utf-8") != text:  # pragma: no cover - defensive
         raise UserError(f"{path} changed while preparing; nothing of it was written by rl-msprobe.")
     doc = result.to_json()
@@ -323,6 +328,18 @@ def prepare(
         _echo_list("warnings", result.warnings)
         _echo_list("notes", result.notes)
     sys.exit(1 if result.refused or result.violations else 0)
+
+
+def _record_python(python: str, config_paths: list[str]) -> str:
+    """Leave the training interpreter beside the configs; the default dump folders lie below
+    them, where `dumps compare` looks it up (rl_msprobe.dumps.compare.recorded_python)."""
+    import json
+
+    from rl_msprobe.dumps.compare import PYTHON_RECORD
+
+    record = os.path.join(os.path.dirname(config_paths[0]), PYTHON_RECORD)
+    _write(record, json.dumps({"python": python}) + "\n")
+    return record
 
 
 def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | None:

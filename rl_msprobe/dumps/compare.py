@@ -1,46 +1,36 @@
-"""Run msprobe's own consistency compare for each pair, in parallel processes.
+"""Run msprobe's own consistency compare for each pair, `jobs` at a time.
 
 Each pair is one `msprobe compare -tp <train dump.json> -gp <rollout dump.json>
 --consistent_check --backend fsdp|megatron -o <out>/pairs/<nnn>_<id>` — the documented CLI,
-in its own process (msprobe keeps global state and logs to stdout). rl-msprobe never computes
-a metric itself; it reads the CSV msprobe writes (see `summary`).
+given the copies `inputs` prepares where msprobe could not match the dumps as they are, and
+run by `runners` (one long-lived msprobe worker per job, in the training interpreter with
+`--python`). rl-msprobe never computes a metric itself; it reads the CSV msprobe writes
+(see `summary`). It writes only into a `pairs/` folder it creates itself.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe.dumps import inputs
 from rl_msprobe.dumps.correlate import Correlation, Pair, Side
 from rl_msprobe.dumps.layout import DUMP_FILE, find_dumps
+from rl_msprobe.dumps.runners import ProcessRunner, WorkerRunner, interpreter
 from rl_msprobe.dumps.summary import PairSummary, summarize
 from rl_msprobe.errors import UserError
 
 BACKENDS = ("fsdp", "megatron")
+# below this share of the rollout's modules matched to training ones, a pair is NOT COMPARED
+MIN_COVERAGE = 0.5
 # msprobe refuses paths outside this alphabet (its file checks)
 _SAFE_PATH = re.compile(r"^[a-zA-Z0-9_.:/-]+$")
-
-
-def msprobe_command() -> list[str]:
-    """How to start msprobe: this interpreter's module if importable, else `msprobe` on PATH."""
-    if importlib.util.find_spec("msprobe") is not None:
-        return [sys.executable, "-m", "msprobe.msprobe"]
-    exe = shutil.which("msprobe")
-    if exe:
-        return [exe]
-    raise UserError(
-        "msprobe is not installed in this Python. Install it with `pip install mindstudio-probe` "
-        "(or `pip install 'rl-msprobe[msprobe]'`) and run again."
-    )
 
 
 @dataclass
@@ -52,12 +42,35 @@ class PairResult:
     summary: PairSummary | None = None
     error: str | None = None  # msprobe failed: the tail of its log
     seconds: float = 0.0
+    min_coverage: float = MIN_COVERAGE
+    notes: list[str] = field(default_factory=list)  # what the inputs given to msprobe changed
 
     @property
     def status(self) -> str:
-        if self.summary is None:
+        """failed | divergent | not compared (too few rows matched to say) | consistent."""
+        s = self.summary
+        if s is None:
             return "failed"
-        return "consistent" if self.summary.consistent else "divergent"
+        if not s.consistent:
+            return "divergent"  # a divergence on matched rows is a finding, whatever the coverage
+        if s.matched_rows == 0 or s.coverage < self.min_coverage:
+            return "not compared"
+        return "consistent"
+
+    @property
+    def not_compared_reason(self) -> str | None:
+        s = self.summary
+        if s is None or self.status != "not compared":
+            return None
+        if s.matched_rows == 0:
+            return (
+                f"msprobe matched 0 of {len(s.rows)} rows: no training name met a rollout name "
+                "(unknown wrapper or naming? the prepared input names are in the pair's inputs/ folder)"
+            )
+        return (
+            f"only {len(s.matched_modules & s.rollout_modules)} of {len(s.rollout_modules)} rollout "
+            f"modules matched a training module ({s.coverage:.0%} < {self.min_coverage:.0%})"
+        )
 
     def to_json(self, rows: bool = False) -> dict:
         return {
@@ -68,6 +81,8 @@ class PairResult:
             "csv": str(self.csv) if self.csv else None,
             "seconds": round(self.seconds, 2),
             "error": self.error,
+            "not_compared": self.not_compared_reason,
+            "inputs": self.notes,
             "summary": self.summary.to_json(rows=rows) if self.summary else None,
         }
 
@@ -83,17 +98,30 @@ class CompareRun:
     def consistent(self) -> bool:
         return bool(self.results) and all(r.status == "consistent" for r in self.results)
 
+    def dtype_pairs(self) -> dict[str, int]:
+        """`training -> rollout` dtype differences on matched rows, over all pairs."""
+        out: dict[str, int] = {}
+        for r in self.results:
+            for k, n in (r.summary.dtype_pairs() if r.summary else {}).items():
+                out[k] = out.get(k, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
     def to_json(self) -> dict:
+        from rl_msprobe.dumps.report import verdict
+
         doc = {
             "out": str(self.out),
             "backend": self.backend,
             "consistent": self.consistent,
+            "verdict": verdict(self),
+            "dtypes": self.dtype_pairs(),
             "pairs": [r.to_json() for r in self.results],
             "report": {"md": str(self.out / "report.md"), "html": str(self.out / "report.html")},
         }
         if self.correlation is not None:
             doc["unmatched"] = [u.to_json() for u in self.correlation.unmatched]
-            doc["skipped_lines"] = dict(self.correlation.skipped)
+            doc["skipped_lines"] = self.correlation.skipped_lines()
+            doc["used_lines"] = self.correlation.used_lines()
         return doc
 
 
@@ -113,44 +141,116 @@ def check_out_dir(out: Path) -> Path:
     return out
 
 
-def run_one(number: int, pair: Pair, out: Path, backend: str, timeout: float | None = None) -> PairResult:
-    """One msprobe compare in a child process; never raises for msprobe's own failures."""
-    out_dir = out / "pairs" / f"{number:03d}_{_slug(pair.request_id)}"
-    result = PairResult(number, pair, out_dir)
-    for side, path in (("train", pair.train.dump), ("rollout", pair.rollout.dump)):
-        if not path or not _SAFE_PATH.match(str(Path(path).resolve())):
-            result.error = f"{side} dump path {path!r} has characters msprobe refuses (spaces, +, ...)"
-            return result
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    cmd = msprobe_command() + [
+PAIRS = "pairs"
+MARKER = ".rl-msprobe-pairs"  # in a pairs/ folder this tool created
+
+
+def pairs_dir(out: Path) -> Path:
+    """A fresh `<out>/pairs/` for this run: created here, or one this tool created before (its
+    marker inside, nothing symlinked); anything else is refused, never deleted."""
+    pairs = out / PAIRS
+    if pairs.is_symlink() or (pairs.exists() and not (pairs / MARKER).is_file()):
+        raise UserError(
+            f"{pairs}: exists and was not created by rl-msprobe dumps compare; it is left alone. "
+            "Choose another --out (or move that folder away)."
+        )
+    if pairs.exists():
+        for old in pairs.iterdir():
+            if old.name != MARKER and not _ours(old):
+                raise UserError(
+                    f"{old}: not written by rl-msprobe dumps compare; {pairs} is left alone. "
+                    "Choose another --out."
+                )
+        _clear(pairs)
+    pairs.mkdir(parents=True, exist_ok=True)
+    (pairs / MARKER).write_text("folders below were written by rl-msprobe dumps compare\n")
+    return pairs
+
+
+_PAIR_DIR = re.compile(r"^\d{3,}_[A-Za-z0-9_.-]*$")
+_WORKER_LOG = re.compile(r"^worker\d+\.log$")
+
+
+def _ours(path: Path) -> bool:
+    if path.is_symlink():
+        return False
+    if path.is_dir():
+        return bool(_PAIR_DIR.match(path.name))
+    return path.is_file() and bool(_WORKER_LOG.match(path.name))
+
+
+def _clear(pairs: Path) -> None:
+    """Remove this tool's own earlier pair folders (checked by `pairs_dir`) before a new run."""
+    import shutil
+
+    for old in pairs.iterdir():
+        if old.name == MARKER:
+            continue
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+
+
+def _compare_args(train: Path, rollout: Path, backend: str, out_dir: Path) -> list[str]:
+    return [
         "compare",
         "-tp",
-        str(Path(pair.train.dump).resolve()),
+        str(train),
         "-gp",
-        str(Path(pair.rollout.dump).resolve()),
+        str(rollout),
         "--consistent_check",
         "--backend",
         backend,
         "-o",
         str(out_dir),
     ]
+
+
+def _inside(path: Path, root: Path | None) -> bool:
+    return root is None or path == root or root in path.parents
+
+
+def run_one(
+    number: int,
+    pair: Pair,
+    out: Path,
+    backend: str,
+    runner: ProcessRunner | WorkerRunner,
+    timeout: float | None = None,
+    roots: tuple[Path | None, Path | None] = (None, None),
+    min_coverage: float = MIN_COVERAGE,
+) -> PairResult:
+    """One msprobe compare through `runner`; never raises for a pair's own failure. `roots`
+    (train, rollout): the folders the dumps must lie under (resolved paths)."""
+    out_dir = out / PAIRS / f"{number:03d}_{_slug(pair.request_id)}"
+    result = PairResult(number, pair, out_dir, min_coverage=min_coverage)
+    dumps = {}
+    for side, path, root in (("train", pair.train.dump, roots[0]), ("rollout", pair.rollout.dump, roots[1])):
+        resolved = Path(path).resolve() if path else None
+        if resolved is None or not _inside(resolved, root):
+            result.error = f"{side} dump {path!r} is not inside {root}; not read"
+            return result
+        if not _SAFE_PATH.match(str(resolved)):
+            result.error = f"{side} dump path {path!r} has characters msprobe refuses (spaces, +, ...)"
+            return result
+        dumps[side] = resolved
+    out_dir.mkdir(parents=True)
     start = time.monotonic()
-    log = out_dir / "msprobe.log"
     try:
-        with open(log, "wb") as f:
-            f.write((" ".join(cmd) + "\n").encode())
-            f.flush()
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
+        given = inputs.prepare(dumps["train"], dumps["rollout"], out_dir / "inputs", backend)
+    except UserError as exc:
+        result.error = str(exc)
+        return result
+    result.notes = given.notes
+    log = out_dir / "msprobe.log"
+    rc = runner.run(_compare_args(given.train, given.rollout, backend, out_dir), log, timeout)
     result.seconds = time.monotonic() - start
     csvs = sorted(out_dir.glob("compare_result_*.csv"))
     if rc != 0 or not csvs:
-        tail = log.read_text(errors="replace").splitlines()[-8:]
-        result.error = f"msprobe compare exited {rc}; see {log}:\n" + "\n".join(tail)
+        tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-8:]
+        why = "exited 0 but wrote no compare_result CSV (it matched no row?)" if rc == 0 else f"exited {rc}"
+        result.error = f"msprobe compare {why} (log: {log}):\n" + "\n".join(tail)
         return result
     result.csv = csvs[-1]
     try:
@@ -166,20 +266,49 @@ def compare_pairs(
     backend: str,
     jobs: int = 1,
     on_done: Callable[[PairResult], None] | None = None,
+    *,
+    python: str | None = None,
+    per_process: bool = False,
+    roots: tuple[Path | None, Path | None] = (None, None),
+    min_coverage: float = MIN_COVERAGE,
+    timeout: float | None = None,
 ) -> list[PairResult]:
-    """Compare every pair (at most `jobs` msprobe processes at once); results in pair order."""
+    """Compare every pair, `jobs` at a time (one msprobe worker per job, or a process per pair
+    with `per_process`); results in pair order."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: msprobe's consistency compare knows {', '.join(BACKENDS)}.")
-    msprobe_command()  # fail early and plainly when msprobe is missing
+    argv = interpreter(python)  # fail early and plainly when msprobe cannot be found
     out.mkdir(parents=True, exist_ok=True)
+    pairs_dir(out)
+    local = threading.local()
+    runners: list[ProcessRunner | WorkerRunner] = []
+    lock = threading.Lock()
+
+    def runner() -> ProcessRunner | WorkerRunner:
+        r = getattr(local, "runner", None)
+        if r is None:
+            with lock:
+                n = len(runners)
+                r = ProcessRunner(argv) if per_process else WorkerRunner(argv, out / PAIRS / f"worker{n}.log")
+                runners.append(r)
+            local.runner = r
+        return r
+
+    def one(i: int, p: Pair) -> PairResult:
+        return run_one(i, p, out, backend, runner(), timeout, roots, min_coverage)
+
     results: list[PairResult] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, i, p, out, backend) for i, p in enumerate(pairs, 1)]
-        for fut in as_completed(futures):
-            res = fut.result()
-            results.append(res)
-            if on_done:
-                on_done(res)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(one, i, p) for i, p in enumerate(pairs, 1)]
+            for fut in as_completed(futures):
+                res = fut.result()
+                results.append(res)
+                if on_done:
+                    on_done(res)
+    finally:
+        for r in runners:
+            r.close()
     return sorted(results, key=lambda r: r.number)
 
 
@@ -218,6 +347,30 @@ def plain_pairs(rollout: Path, train: Path) -> list[Pair]:
         )
         for rk, tk in keys
     ]
+
+
+PYTHON_RECORD = "rl-msprobe-python.json"  # {"python": PY}, written by `prepare --python PY`
+
+
+def recorded_python(roots: list[Path], up: int = 3) -> tuple[str | None, Path | None]:
+    """The training interpreter `prepare` recorded next to its configs (the default dump folders
+    lie below them): looked up in each root and up to `up` folders above it."""
+    import json
+
+    for root in roots:
+        folder = root.resolve() if root.is_dir() else root.resolve().parent
+        for d in [folder, *folder.parents][: up + 1]:
+            record = d / PYTHON_RECORD
+            if record.is_file():
+                try:
+                    python = json.loads(record.read_text(encoding="utf-8")).get("python")
+                except (OSError, ValueError, AttributeError, RecursionError):
+                    raise UserError(
+                        f"{record}: not the JSON `prepare` writes; delete it or pass --python."
+                    ) from None
+                if isinstance(python, str) and python.strip():
+                    return python, record
+    return None, None
 
 
 def default_jobs() -> int:

@@ -25,6 +25,9 @@ from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_fil
 from rl_msprobe.errors import UserError
 
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_DIGITS = re.compile(r"^[0-9]{1,12}$")
+# outcomes of lines that *were* used for a pair (the rest are skipped_lines)
+USED = ("rollout: one-request prefill", "train: matched")
 
 
 def strip_request_id(request_id: str) -> str:
@@ -74,11 +77,19 @@ class Correlation:
     skipped: Counter = field(default_factory=Counter)  # reason -> log lines not considered for a pair
     logs: dict[str, list[str]] = field(default_factory=dict)
 
+    def skipped_lines(self) -> dict[str, int]:
+        """Log lines not used for a pair, by why (the `skipped` counter holds every outcome)."""
+        return {k: v for k, v in self.skipped.items() if k not in USED}
+
+    def used_lines(self) -> dict[str, int]:
+        return {k: v for k, v in self.skipped.items() if k in USED}
+
     def to_json(self) -> dict:
         return {
             "pairs": [p.to_json() for p in self.pairs],
             "unmatched": [u.to_json() for u in self.unmatched],
-            "skipped_lines": dict(self.skipped),
+            "skipped_lines": self.skipped_lines(),
+            "used_lines": self.used_lines(),
             "logs": self.logs,
         }
 
@@ -101,12 +112,18 @@ def find_logs(root: Path, name: str) -> list[Path]:
 
 
 def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'."""
+    """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'
+    (a line cut short by a killed process is expected); JSON nested too deeply is bad input."""
     loads = json.loads
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             try:
                 obj = loads(line)
+            except RecursionError:
+                raise UserError(
+                    f"{path}:{n}: JSON nested too deeply; not a line rl-msprobe's helpers write. "
+                    "Remove that line (or point at the folder the run wrote)."
+                ) from None
             except ValueError:
                 if line.strip():
                     bad.append(f"{path}:{n}: not a JSON line (cut short by a killed process?)")
@@ -126,6 +143,39 @@ def _continues_prefill(request: dict) -> bool:
         return int(request.get("tokens") or 0) > 1
     except (TypeError, ValueError):
         return False
+
+
+def _id(value: object, where: str, key: str, required: bool = True) -> int | None:
+    """A pid / step / rank from a log: digits only (they become folder names), else bad input."""
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not (
+        (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _DIGITS.match(value))
+    ):
+        raise UserError(
+            f"{where}: `{key}` is {value!r}; rl-msprobe's helpers write a non-negative integer there. "
+            "The log was edited or is not one of theirs: fix or remove that line."
+        )
+    return int(value)
+
+
+def _pid(line: dict, log: Path, where: str) -> int | None:
+    """The line's pid, else its {pid} folder's name, else None (a log straight in the root)."""
+    if "pid" in line:
+        return _id(line["pid"], where, "pid")
+    return int(log.parent.name) if _DIGITS.match(log.parent.name) else None
+
+
+def _requests(line: dict, where: str) -> list[dict]:
+    requests = line.get("requests")
+    if requests is None:
+        return []
+    if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
+        raise UserError(
+            f"{where}: `requests` is {type(requests).__name__} {str(requests)[:60]!r}; the dispatch log "
+            "holds a list of {request_id, type, tokens} objects there. Fix or remove that line."
+        )
+    return requests
 
 
 # A rollout candidate: (pid, rank, step, where) of the one-request prefill; `chunked` once a
@@ -158,7 +208,8 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             if phase != "prefill":
                 skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
                 continue
-            requests = line.get("requests") or ()
+            where = f"{log}:{n}"
+            requests = _requests(line, where)
             if len(requests) != 1:
                 skipped["rollout: prefill with several requests" if requests else "rollout: no requests"] += 1
                 for r in requests:
@@ -179,8 +230,12 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 skipped["rollout: repeated prefill of a request"] += 1
                 continue
             skipped["rollout: one-request prefill"] += 1
-            pid = line.get("pid", log.parent.name)
-            candidates[rid] = _Candidate(pid, line.get("rank"), line.get("step"), f"{log}:{n}")
+            candidates[rid] = _Candidate(
+                _pid(line, log, where),
+                _id(line.get("rank"), where, "rank", required=False),
+                _id(line.get("step"), where, "step"),
+                where,
+            )
 
     rollout_index, train_index = DumpIndex(rollout_root), DumpIndex(train_root)
     for log in train_logs:
@@ -229,7 +284,10 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                     )
                 )
                 continue
-            pid, rank, step = line.get("pid", log.parent.name), line.get("rank"), line.get("step")
+            where = f"{log}:{n}"
+            pid = _pid(line, log, where)
+            rank = _id(line.get("rank"), where, "rank", required=False)
+            step = _id(line.get("step"), where, "step")
             r_dump = rollout_index.find(cand.pid, cand.step, cand.rank)
             t_dump = train_index.find(pid, step, rank)
             if r_dump is None or t_dump is None:

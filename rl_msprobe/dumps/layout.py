@@ -28,6 +28,20 @@ _RANK = re.compile(r"^(?:rank(\d*)|proc(\d+))$")
 _PID = re.compile(r"^\d+$")
 
 
+def load_json(path: Path) -> object:
+    """Parse a JSON file; UserError (exit 2) naming the file when it cannot be read or parsed,
+    including JSON nested too deeply for Python's parser (RecursionError)."""
+    from rl_msprobe.errors import UserError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to read; not an msprobe dump.json.") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read it as JSON ({exc}).") from None
+
+
 @dataclass(frozen=True, order=True)
 class DumpRef:
     """One `dump.json` and what its path says about it (None where the level is absent)."""
@@ -98,6 +112,7 @@ class DumpIndex:
     def __init__(self, root: Path):
         self.root = root
         self._listing: dict[Path, frozenset[str]] = {}
+        self._real: Path | None = None
 
     def _names(self, d: Path) -> frozenset[str]:
         names = self._listing.get(d)
@@ -109,16 +124,25 @@ class DumpIndex:
             self._listing[d] = names
         return names
 
-    def find(self, pid: object, step: object, rank: object) -> Path | None:
+    def find(self, pid: int | None, step: int, rank: int | None) -> Path | None:
+        """The dump of (pid, step, rank), resolved and inside the root, or None. The ids are
+        validated integers (see correlate), so they cannot climb out of the root themselves."""
         step_dir = f"step{step}"
-        for base in (self.root / str(pid), self.root):
+        bases = (self.root / str(pid), self.root) if pid is not None else (self.root,)
+        for base in bases:
             if step_dir not in self._names(base):  # listed once per base folder
                 continue
             for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
                 path = base / step_dir / rank_dir / DUMP_FILE
-                if path.is_file():
+                if path.is_file() and self._inside(path):
                     return path
         return None
+
+    def _inside(self, path: Path) -> bool:
+        """False for a dump reached through a symlink that leads out of the root."""
+        if self._real is None:
+            self._real = self.root.resolve()
+        return self._real in path.resolve().parents
 
     def expected(self, pid: object, step: object, rank: object) -> Path:
         """The path the helpers would have written (for messages about a missing dump)."""
@@ -152,6 +176,8 @@ def check_dump_file(path: Path) -> str | None:
             doc = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"unparsable: {exc}"
+    except RecursionError:
+        return "unparsable: JSON nested too deeply"
     if not isinstance(doc, dict) or "data" not in doc:
         return "no top-level `data` (not an msprobe dump.json)"
     if not doc["data"]:
@@ -170,8 +196,10 @@ def _check_files(paths: list[Path], jobs: int) -> list[str | None]:
 
 
 def detect_mode(roots: list[Path]) -> str:
+    """consistency when a training log is there (or a dispatch log with two folders given): a
+    vllm-dump inference folder holds a dispatch log of its own."""
     logs = {p.name for r in roots for p in walk_files(r, {DISPATCH_LOG, TRAIN_LOG}, max_depth=3)}
-    if logs:
+    if TRAIN_LOG in logs or (DISPATCH_LOG in logs and len(roots) == 2):
         return "consistency"
     if any(ref.stage for r in roots for ref in find_dumps(r)[:50]):
         return "training"

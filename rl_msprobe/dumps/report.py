@@ -25,22 +25,42 @@ def _row_where(r: Row) -> str:
 
 
 def verdict(run: CompareRun) -> str:
+    """One line that cannot call a compare consistent when nothing (or too little) was compared."""
     if not run.results:
         return "NO PAIRS: nothing was compared"
-    failed = sum(1 for r in run.results if r.status == "failed")
+    n = len(run.results)
+    failed = [r for r in run.results if r.status == "failed"]
     diverging = [r for r in run.results if r.status == "divergent"]
+    unmatched = [r for r in run.results if r.status == "not compared"]
     if run.consistent:
-        return f"CONSISTENT: {len(run.results)} pair(s), no row beyond msprobe's thresholds"
+        rows = sum(r.summary.matched_rows for r in run.results)  # type: ignore[union-attr]
+        return f"CONSISTENT: {n} pair(s), {rows} matched row(s) compared, no row beyond msprobe's thresholds"
     parts = []
     if diverging:
         first = diverging[0].summary.first_divergence  # type: ignore[union-attr]
         parts.append(
-            f"DIVERGENT: {len(diverging)} of {len(run.results)} pair(s); first divergence "
+            f"DIVERGENT: {len(diverging)} of {n} pair(s); first divergence "
             f"{_row_where(first)} (layer {first.layer if first.layer is not None else '–'})"
         )
+    elif unmatched:
+        parts.append(f"NOT COMPARED: {len(unmatched)} of {n} pair(s); {unmatched[0].not_compared_reason}")
+    else:
+        parts.append("NOT COMPARED")  # only failures: said next
+    if diverging and unmatched:
+        parts.append(f"{len(unmatched)} pair(s) not compared ({unmatched[0].not_compared_reason})")
     if failed:
-        parts.append(f"{failed} pair(s) failed to compare")
+        parts.append(f"{len(failed)} of {n} pair(s) failed to compare")
     return "; ".join(parts)
+
+
+def dtype_line(run: CompareRun) -> str:
+    """The header line on dtypes: where training and rollout differ, on matched rows."""
+    pairs = run.dtype_pairs()
+    if not pairs:
+        return "dtypes: the same on both sides in every matched row"
+    shown = ", ".join(f"{k} ({n} rows)" for k, n in list(pairs.items())[:4])
+    more = f", {len(pairs) - 4} more" if len(pairs) > 4 else ""
+    return f"dtypes differ (training -> rollout): {shown}{more}"
 
 
 def first_divergent_layers(run: CompareRun) -> dict[str, int]:
@@ -176,7 +196,10 @@ def _pair_line(r: PairResult) -> list[str]:
         str(counts.get("warning", 0)),
         str(counts.get("error", 0)),
         str(s.not_comparable if s else "–"),
-        f"`{_row_where(first)}`" if first else ("–" if s else (r.error or "").splitlines()[0]),
+        f"{s.matched_rows}/{len(s.rows)}, {s.coverage:.0%}" if s else "–",
+        f"`{_row_where(first)}`"
+        if first
+        else (r.not_compared_reason or "–" if s else (r.error or "").splitlines()[0]),
     ]
 
 
@@ -190,6 +213,7 @@ PAIR_HEAD = [
     "warning",
     "error",
     "not comparable",
+    "matched rows, module coverage",
     "first divergence",
 ]
 ROW_HEAD = ["pair", "module", "tensor", "layer", "cosine", "max abs err", "rel err", "msprobe", "message"]
@@ -254,6 +278,7 @@ SET_ASIDE_HEAD = ["not read as divergence because", "rows", "e.g."]
 def render_markdown(run: CompareRun, png_name: str | None) -> str:
     lines = ["# rl-msprobe dump compare", "", f"**{verdict(run)}**", ""]
     lines += [
+        f"- {dtype_line(run)}",
         f"- backend: `{run.backend}`; metrics and verdicts are msprobe's own "
         "(`msprobe compare --consistent_check`); training = msprobe NPU side (-tp), rollout = Bench side (-gp)",
         "- rows msprobe could not pair or measure, and rows where the engines' calling conventions make the "
@@ -341,6 +366,7 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
         f"<style>{_CSS}</style></head><body>",
         "<h1>rl-msprobe dump compare</h1>",
         f"<div class='verdict {'ok' if ok else 'bad'}'>{_h(verdict(run))}</div>",
+        f"<p>{_h(dtype_line(run))}</p>",
         f"<p class='muted'>backend <code>{_h(run.backend)}</code>; metrics and verdicts are msprobe's own "
         "(<code>msprobe compare --consistent_check</code>); training = NPU side (-tp), rollout = Bench side (-gp). "
         "Rows msprobe could not pair or measure, and rows where the engines' calling conventions make the two "
@@ -419,17 +445,26 @@ def pair_lines(run: CompareRun, limit: int = 12) -> list[str]:
     out = []
     for r in run.results[:limit]:
         first = r.summary.first_divergence if r.summary else None
+        s = r.summary
         detail = (
             f"first divergence {_row_where(first)} (cosine {_fmt(first.cosine, 4)}, max abs err {_fmt(first.max_abs_err, 3)})"
             if first
-            else (r.error or "").splitlines()[0]
-            if r.summary is None
-            else "no row beyond msprobe's thresholds"
+            else _error_tail(r.error)
+            if s is None
+            else r.not_compared_reason or f"{s.matched_rows} matched rows, no row beyond msprobe's thresholds"
         )
         out.append(f"  #{r.number} {r.pair.request_id}: {r.status}; {detail}")
     if len(run.results) > limit:
         out.append(f"  ... {len(run.results) - limit} more in the report")
     return out
+
+
+def _error_tail(error: str | None, lines: int = 4) -> str:
+    """msprobe's own last error lines, indented under the pair line (not just where the log is)."""
+    text = [x for x in (error or "").splitlines() if x.strip()]
+    if len(text) <= 1:
+        return text[0] if text else "failed"
+    return text[0] + "".join(f"\n      {x}" for x in text[-lines:])
 
 
 def write_report(run: CompareRun) -> dict[str, Path]:

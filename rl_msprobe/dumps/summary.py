@@ -14,6 +14,13 @@ read as numbers at all:
   layer's fused add-RMSNorm, which takes `(hidden, residual)` as two inputs; token ids are
   int32 where training has int64, and `positions` come first. Such rows are *not
   comparable*; the modules inside (projections, attention, MLP, norm outputs) still are.
+- msprobe's "Required_Grad inconsistent": the actor's parameters (and, with grad enabled, its
+  activations) require grad, vLLM's never do. A row whose *only* complaints are that and the
+  engines' layouts is not comparable by convention; a numeric complaint still counts.
+
+A pair also says how much was compared at all: rows msprobe matched (both names present) and
+the share of rollout modules that found a training counterpart (`coverage`), so that a compare
+whose names never met cannot pass for a consistent one (see `report.verdict`).
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ def module_of(name: str) -> tuple[str, str]:
     return head, tail
 
 
+def _present(name: str) -> bool:
+    return bool(name) and name != "N/A"
+
+
 @dataclass(frozen=True)
 class Row:
     index: int  # msprobe's (forward) order
@@ -74,13 +85,24 @@ class Row:
     message: str
     comparable: bool
     note: str = ""
+    train_dtype: str = ""
+    rollout_dtype: str = ""
+
+    @property
+    def matched(self) -> bool:
+        """msprobe paired this row with a row of the other side."""
+        return _present(self.train_name) and _present(self.rollout_name)
 
     @property
     def divergent(self) -> bool:
         return self.comparable and self.result in DIVERGENT and not self.note
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in ("index", "comparable")}
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("index", "comparable", "train_dtype", "rollout_dtype")
+        }
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,38 @@ class PairSummary:
     def consistent(self) -> bool:
         return not self.divergent
 
+    @property
+    def matched_rows(self) -> int:
+        return sum(1 for r in self.rows if r.matched)
+
+    @property
+    def rollout_modules(self) -> set[str]:
+        return {r.module for r in self.rows if _present(r.rollout_name)}
+
+    @property
+    def matched_modules(self) -> set[str]:
+        return {r.module for r in self.rows if r.matched}
+
+    @property
+    def coverage(self) -> float:
+        """Share of the rollout's modules that msprobe matched to a training module (0 when none)."""
+        expected = self.rollout_modules
+        return len(self.matched_modules & expected) / len(expected) if expected else 0.0
+
+    def dtype_pairs(self) -> dict[str, int]:
+        """`training dtype -> rollout dtype` for matched, comparable rows whose dtypes differ, with
+        row counts (msprobe joins the dtypes of training rows it aggregated with `;`)."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            if not (r.matched and r.comparable):
+                continue
+            train = ";".join(sorted({d.strip() for d in r.train_dtype.split(";") if d.strip()}))
+            rollout = ";".join(sorted({d.strip() for d in r.rollout_dtype.split(";") if d.strip()}))
+            if train and rollout and train != rollout:
+                key = f"{train} -> {rollout}"
+                out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
     def worst(self, n: int = 5) -> list[Row]:
         measured = [
             r for r in self.rows if r.comparable and (r.cosine is not None or r.max_abs_err is not None)
@@ -134,6 +188,12 @@ class PairSummary:
             "counts": self.counts,
             "divergent_rows": len(self.divergent),
             "not_comparable_rows": self.not_comparable,
+            "row_count": len(self.rows),
+            "matched_rows": self.matched_rows,
+            "rollout_modules": len(self.rollout_modules),
+            "matched_modules": len(self.matched_modules & self.rollout_modules),
+            "coverage": round(self.coverage, 4),
+            "dtypes": self.dtype_pairs(),
             "first_divergence": first.to_json() if first else None,
             "worst": [r.to_json() for r in self.worst()],
             "layers": [p.to_json() for p in self.layers],
@@ -164,31 +224,60 @@ _LAYOUT_MESSAGES = (
     "The dtype of NPU and Bench are inconsistent",
     "The shape of NPU and Bench are inconsistent",
 )
+_GRAD_MESSAGE = "The Required_Grad of NPU and Bench are inconsistent"
+GRAD_NOTE = (
+    "requires_grad differs by convention (the actor's tensors require grad, vLLM's never do); "
+    "no other complaint"
+)
 
 
-def _only_layout_complaints(message: str) -> bool:
+def _complaints(message: str) -> list[str] | None:
+    """msprobe's Err_message items (a JSON list), or None when it is not one."""
     try:
         items = json.loads(message) if message else []
     except ValueError:
-        return False
-    return bool(items) and all(any(m in str(i) for m in _LAYOUT_MESSAGES) for i in items)
+        return None
+    return [str(i) for i in items] if isinstance(items, list) else None
+
+
+def _only_layout_complaints(message: str) -> bool:
+    """Every complaint is about dtype / shape (Required_Grad, a convention, may come along)."""
+    items = [i for i in _complaints(message) or () if _GRAD_MESSAGE not in i]
+    return bool(items) and all(any(m in i for m in _LAYOUT_MESSAGES) for i in items)
 
 
 def _squeeze(shape: str) -> str:
     return ",".join(p.strip() for p in shape.strip().strip("[]").split(",") if p.strip() not in ("1", ""))
 
 
-def _statistics_shape_waiver(rec: dict, rollout: str) -> str:
+def _shape_waiver(items: list[str], rec: dict, rollout: str) -> str:
     """msprobe's statistics checkers compare shapes as they are, where its tensor consistency
     checker squeezes 1-dims ([1, T, H] vs [T, H]) and skips the fused qkv / gate_up rows; read
     a shape-only complaint the way the consistency checker would."""
-    if not _only_layout_complaints(rec.get("Err_message") or "") or "dtype" in (rec.get("Err_message") or ""):
+    if not items or not all(_LAYOUT_MESSAGES[1] in i for i in items):
         return ""
     if "qkv" in rollout or "gate_up" in rollout:
         return "fused module: shapes differ by design (msprobe's consistency checker skips it too)"
     if _squeeze(rec.get("NPU Tensor Shape") or "") == _squeeze(rec.get("Bench Tensor Shape") or ""):
         return "shape differs only by 1-dims (squeezed, as msprobe's consistency checker does)"
     return ""
+
+
+def convention_waiver(rec: dict, rollout: str, mode: str) -> str:
+    """Why a row msprobe flagged differs only by engine convention ('' when it does not):
+    Required_Grad alone (any mode), or shape-only complaints msprobe's tensor checker would not
+    raise (statistics mode). Any other complaint (numbers, dtype) keeps the row divergent."""
+    items = _complaints(rec.get("Err_message") or "")
+    if not items:
+        return ""
+    rest = [i for i in items if _GRAD_MESSAGE not in i]
+    grad = len(rest) < len(items)
+    if not rest:
+        return GRAD_NOTE if grad else ""
+    shape = _shape_waiver(rest, rec, rollout) if mode == "statistics" else ""
+    if shape and grad:
+        return f"{shape}; requires_grad differs by convention"
+    return shape
 
 
 def _rollout_class(name: str) -> str:
@@ -258,7 +347,7 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
             note = _structural_note(train, rollout, sim_text, tensor)
             if not note and sim is None and err is None and sim_text.strip() != "shape unmatched":
                 note = "no metric"
-            waiver = _statistics_shape_waiver(rec, rollout) if mode == "statistics" and not note else ""
+            waiver = "" if note else convention_waiver(rec, rollout, mode)
             m = _LAYER.search(module + ".")
             rows.append(
                 Row(
@@ -275,6 +364,8 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
                     message=(rec.get("Err_message") or "").strip(),
                     comparable=not note,
                     note=note or waiver,
+                    train_dtype=(rec.get("NPU Dtype") or "").strip(),
+                    rollout_dtype=(rec.get("Bench Dtype") or "").strip(),
                 )
             )
     return mode, apply_engine_conventions(rows)

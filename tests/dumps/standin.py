@@ -9,7 +9,7 @@ here, this script plays both sides with a tiny Qwen2 (vocab 512, hidden 128, int
   flattened to ``[T, H]``) fed with the same weights; one msprobe step per model step,
   ``{out}/{pid}/dispatch_log.jsonl`` in the DOMAIN §6 format, vLLM ≥ 0.14 id suffixes.
 - ``train``: transformers' own ``Qwen2ForCausalLM`` wrapped the way FSDP1 names modules
-  (``_fsdp_wrapped_module``), run one request per micro-batch (prompt only) through
+  (``_fsdp_wrapped_module``) or, with ``--fsdp2``, by the real FSDP2 ``fully_shard``, run one request per micro-batch (prompt only) through
   rl-msprobe's real training helper (``verl/utils/rl_msprobe_hooks.py``, the calls the patched
   FSDPEngine makes): one msprobe step per micro-batch in ``{out}/step{N}/...`` and
   ``{out}/{pid}/update_actor_log.jsonl``.
@@ -235,6 +235,22 @@ class FullyShardedDataParallel(nn.Module):
         return self._fsdp_wrapped_module(*args, **kwargs)
 
 
+def fsdp2(hf) -> nn.Module:
+    """The real FSDP2: `fully_shard` on each decoder layer, then the root, on a single-process
+    gloo group over a CPU mesh (as verl's FSDP2 actor wraps it; module names stay as they are)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in hf.model.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(hf, mesh=mesh)
+
+
 def fsdp_like(hf) -> nn.Module:
     for i, layer in enumerate(hf.model.layers):
         hf.model.layers[i] = FullyShardedDataParallel(layer)
@@ -243,12 +259,14 @@ def fsdp_like(hf) -> nn.Module:
 
 # ---------------------------------------------------------------- the two processes
 def msprobe_config(dump_path: str) -> dict:
-    """L0 forward dumps; task from $STANDIN_TASK (tensor: cosine; statistics: msprobe's default)."""
+    """Forward dumps; task from $STANDIN_TASK (tensor: cosine; statistics: msprobe's default),
+    level from $STANDIN_LEVEL (L0 default; `mix` is what `prepare` writes)."""
     task = os.environ.get("STANDIN_TASK", "tensor")
     section = {"scope": [], "list": [], "data_mode": ["forward"]}
     if task == "statistics":
         section["summary_mode"] = "statistics"
-    return {"task": task, "dump_path": dump_path, "rank": [], "step": [], "level": "L0", task: section}
+    level = os.environ.get("STANDIN_LEVEL", "L0")
+    return {"task": task, "dump_path": dump_path, "rank": [], "step": [], "level": level, task: section}
 
 
 def debugger(out: str, dump_path: str):
@@ -329,9 +347,12 @@ def training_helper():
     return module
 
 
-def run_train(out: str, layer: int, model_dir: str | None, prompts_file: str | None) -> None:
+def run_train(
+    out: str, layer: int, model_dir: str | None, prompts_file: str | None, use_fsdp2: bool = False
+) -> None:
     """One micro-batch per request (prompt only, as PROMPTS_ONLY leaves it) through the helper's
-    micro_batch_start / micro_batch_end, the calls the patched FSDPEngine makes."""
+    micro_batch_start / micro_batch_end, the calls the patched FSDPEngine makes. With FSDP2 the
+    forward runs with grad enabled, as in the actor's update (activations require grad)."""
     if model_dir:
         from transformers import Qwen2ForCausalLM
 
@@ -339,7 +360,7 @@ def run_train(out: str, layer: int, model_dir: str | None, prompts_file: str | N
     else:
         hf = hf_model()
     perturb(hf, layer)
-    model = fsdp_like(hf)
+    model = fsdp2(hf) if use_fsdp2 else fsdp_like(hf)
     if prompts_file:
         with open(prompts_file) as f:
             prompts = [(rid, ids) for rid, ids in json.load(f)]
@@ -354,7 +375,7 @@ def run_train(out: str, layer: int, model_dir: str | None, prompts_file: str | N
     engine = SimpleNamespace(module=model, engine_config=SimpleNamespace(forward_only=False), rank=0)
     for rid, ids in prompts:
         token = hooks.micro_batch_start(engine, {"request_id": [rid]}, True)
-        with torch.no_grad():
+        with torch.set_grad_enabled(use_fsdp2):
             model(input_ids=torch.tensor([ids]))
         hooks.micro_batch_end(token)
 
@@ -373,11 +394,12 @@ def main() -> None:
     p.add_argument(
         "--prompts", help="train: JSON [[request_id, [token ids]], ...] instead of the built-in prompts"
     )
+    p.add_argument("--fsdp2", action="store_true", help="train: wrap with the real FSDP2 fully_shard")
     a = p.parse_args()
     if a.side == "rollout":
         run_rollout(a.out, a.perturb, not a.no_pid_level)
     else:
-        run_train(a.out, a.perturb, a.model, a.prompts)
+        run_train(a.out, a.perturb, a.model, a.prompts, a.fsdp2)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
-from tests.dumps.conftest import write_dump
+from rl_msprobe.errors import UserError
+from tests.dumps.conftest import dispatch, write_dump, write_jsonl
 
 
 def _run(*args: str):
@@ -92,10 +94,72 @@ def test_dumps_help_stays_light() -> None:
 
 
 def test_compare_without_msprobe_says_how_to_install(tmp_path: Path, monkeypatch) -> None:
-    import rl_msprobe.dumps.compare as compare
+    import rl_msprobe.dumps.runners as runners
 
-    monkeypatch.setattr(compare.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(compare.shutil, "which", lambda name: None)
+    monkeypatch.setattr(runners.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(runners.shutil, "which", lambda name: None)
     a, b = write_dump(tmp_path / "a" / "step0" / "rank0"), write_dump(tmp_path / "b" / "step0" / "rank0")
     res = _run("compare", str(a.parent), str(b.parent), "--out", str(tmp_path / "o"))
-    assert res.exit_code == 2 and "pip install mindstudio-probe" in res.output
+    assert res.exit_code == 2 and "pip install mindstudio-probe" in res.output and "--python" in res.output
+
+
+def test_check_vllm_dump_inference_folder_is_inference(tmp_path: Path) -> None:
+    """`vllm-dump` writes a dispatch log beside its inference dumps: that alone is no consistency run."""
+    write_dump(tmp_path / "4242" / "step0" / "rank0")
+    write_jsonl(tmp_path / "4242" / "dispatch_log.jsonl", [dispatch(4242, 0, 0, "prefill", ("a", "new", 3))])
+    res = _run("check", str(tmp_path), "--json")
+    doc = json.loads(res.output)
+    assert res.exit_code == 0 and doc["mode"] == "inference", doc
+
+
+def test_compare_leaves_a_pairs_folder_it_did_not_create(tmp_path: Path) -> None:
+    a, b = write_dump(tmp_path / "a" / "step0" / "rank0"), write_dump(tmp_path / "b" / "step0" / "rank0")
+    out = tmp_path / "o"
+    mine = out / "pairs" / "001_step0_rank0"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("user's")
+    res = _run("compare", str(a.parent), str(b.parent), "--out", str(out))
+    assert res.exit_code == 2 and "not created by rl-msprobe" in res.output
+    assert (mine / "notes.txt").read_text() == "user's"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("x")
+    out2 = tmp_path / "o2"
+    out2.mkdir()
+    (out2 / "pairs").symlink_to(elsewhere)
+    res = _run("compare", str(a.parent), str(b.parent), "--out", str(out2))
+    assert res.exit_code == 2 and (elsewhere / "keep").read_text() == "x"
+
+
+def test_pairs_folder_of_an_earlier_run_is_renewed(tmp_path: Path) -> None:
+    from rl_msprobe.dumps.compare import MARKER, pairs_dir
+
+    pairs = pairs_dir(tmp_path)
+    (pairs / "001_x").mkdir()
+    (pairs / "worker0.log").write_text("")
+    assert sorted(p.name for p in pairs_dir(tmp_path).iterdir()) == [MARKER]
+    (pairs / "mine.txt").write_text("user's")
+    with pytest.raises(UserError, match="not written by rl-msprobe"):
+        pairs_dir(tmp_path)
+    assert (pairs / "mine.txt").exists()
+
+
+def test_compare_worker_survives_a_failing_pair(tmp_path: Path) -> None:
+    """A pair msprobe fails on is reported with msprobe's own last lines; the worker goes on."""
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    from rl_msprobe.dumps.runners import WorkerRunner, interpreter
+
+    runner = WorkerRunner(interpreter(None), tmp_path / "worker0.log")
+    try:
+        bad = runner.run(
+            ["compare", "-tp", "/nonexistent/dump.json", "-gp", "/nonexistent/dump.json"],
+            tmp_path / "1.log",
+            300,
+        )
+        assert bad != 0
+        proc = runner.proc
+        again = runner.run(["compare", "--help"], tmp_path / "2.log", 300)
+        assert again == 0 and runner.proc is proc  # the same process, msprobe imported once
+        assert "--consistent_check" in (tmp_path / "2.log").read_text()
+    finally:
+        runner.close()

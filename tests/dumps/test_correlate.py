@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from rl_msprobe.dumps.correlate import correlate, strip_request_id
 from rl_msprobe.errors import UserError
+from tests.dumps.conftest import dispatch, update, write_dump, write_jsonl
 
 
 def test_strip_request_id() -> None:
@@ -88,3 +90,54 @@ def test_missing_log_is_bad_input(tmp_path: Path, consistency_tree: tuple[Path, 
         correlate(r, empty)
     with pytest.raises(UserError, match="dispatch_log.jsonl"):
         correlate(empty, r)
+
+
+def test_used_lines_are_not_called_skipped(consistency_tree: tuple[Path, Path]) -> None:
+    doc = correlate(*consistency_tree).to_json()
+    assert doc["used_lines"] == {"rollout: one-request prefill": 5, "train: matched": 4}
+    assert "train: matched" not in doc["skipped_lines"] and doc["skipped_lines"]["rollout: decode step"] == 1
+
+
+@pytest.mark.parametrize("requests", ['"abc"', '{"request_id": "a"}', "7", '["a"]'])
+def test_requests_of_the_wrong_shape_are_bad_input(tmp_path: Path, requests: str) -> None:
+    r, t = tmp_path / "gen", tmp_path / "actor"
+    line = json.dumps(dispatch(100, 0, 0, "prefill", ("a", "new", 3)))
+    line = line[: line.index('"requests"')] + f'"requests": {requests}}}'
+    write_jsonl(r / "100" / "dispatch_log.jsonl", [line])
+    write_jsonl(t / "300" / "update_actor_log.jsonl", [update(300, 0, 0, "a")])
+    with pytest.raises(UserError, match=r"dispatch_log.jsonl:1: `requests` is"):
+        correlate(r, t)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("pid", "/elsewhere"), ("pid", "../../x"), ("step", "0/../../x"), ("rank", -1), ("step", True)],
+)
+def test_ids_from_logs_must_be_digits(tmp_path: Path, key: str, value: object) -> None:
+    r, t = tmp_path / "gen", tmp_path / "actor"
+    write_jsonl(r / "100" / "dispatch_log.jsonl", [dispatch(100, 0, 0, "prefill", ("a", "new", 3))])
+    write_dump(r / "100" / "step0" / "rank0")
+    bad = {**update(300, 0, 0, "a"), key: value}
+    write_jsonl(t / "300" / "update_actor_log.jsonl", [bad])
+    with pytest.raises(UserError, match=f"update_actor_log.jsonl:1: `{key}` is"):
+        correlate(r, t)
+
+
+def test_deeply_nested_log_line_is_bad_input(tmp_path: Path) -> None:
+    r, t = tmp_path / "gen", tmp_path / "actor"
+    write_jsonl(r / "100" / "dispatch_log.jsonl", ["[" * 100_000 + "]" * 100_000])
+    write_jsonl(t / "300" / "update_actor_log.jsonl", [update(300, 0, 0, "a")])
+    with pytest.raises(UserError, match="nested too deeply"):
+        correlate(r, t)
+
+
+def test_dump_symlinked_out_of_the_folder_is_not_paired(tmp_path: Path) -> None:
+    r, t = tmp_path / "gen", tmp_path / "actor"
+    write_jsonl(r / "100" / "dispatch_log.jsonl", [dispatch(100, 0, 0, "prefill", ("a", "new", 3))])
+    write_dump(r / "100" / "step0" / "rank0")
+    write_jsonl(t / "300" / "update_actor_log.jsonl", [update(300, 0, 0, "a")])
+    outside = write_dump(tmp_path / "elsewhere" / "rank0")
+    (t / "300" / "step0").mkdir(parents=True)
+    (t / "300" / "step0" / "rank0").symlink_to(outside.parent)
+    result = correlate(r, t)
+    assert result.pairs == [] and any(u.why.startswith("missing dump") for u in result.unmatched)

@@ -51,7 +51,7 @@ def test_divergent_report(tmp_path: Path) -> None:
     md = paths["md"].read_text()
     assert "**DIVERGENT: 1 of 3 pair(s); first divergence model.layers.1.mlp output.0 (layer 1)**" in md
     assert (
-        "| 2 | `req2` | 100/step2/rank0 | 200/step2/rank0 | divergent | 1 | 0 | 1 | 0 | `model.layers.1.mlp output.0` |"
+        "| 2 | `req2` | 100/step2/rank0 | 200/step2/rank0 | divergent | 1 | 0 | 1 | 0 | 2/2, 100% | `model.layers.1.mlp output.0` |"
         in md
     )
     assert "prefilled together with other requests" in md and "rollout: decode step: 7" in md
@@ -68,7 +68,7 @@ def test_consistent_report_and_many_pairs(tmp_path: Path) -> None:
     assert run.consistent
     assert (
         paths["md"].read_text().splitlines()[2]
-        == "**CONSISTENT: 10 pair(s), no row beyond msprobe's thresholds**"
+        == "**CONSISTENT: 10 pair(s), 20 matched row(s) compared, no row beyond msprobe's thresholds**"
     )
     assert len(_png_from_html(paths["html"].read_text())) > 10_000
 
@@ -86,5 +86,5 @@ def test_failed_pair_is_reported(tmp_path: Path) -> None:
     paths = write_report(run)
     assert not run.consistent
     md = paths["md"].read_text()
-    assert "1 pair(s) failed to compare" in md and "boom" in md
+    assert "**NOT COMPARED; 1 of 1 pair(s) failed to compare**" in md and "boom" in md
     assert "data:image/png" not in paths["html"].read_text()  # nothing to plot, no broken image

@@ -24,11 +24,11 @@ def _row(layer, train_mod, roll_mod, x, cos, err, result="pass", msg="[]"):
     ]
 
 
-def _csv(tmp_path: Path, rows: list[list[str]]) -> Path:
+def _csv(tmp_path: Path, rows: list[list[str]], head: list[str] = HEAD) -> Path:
     p = tmp_path / "compare_result_1.csv"
     with open(p, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(HEAD)
+        w.writerow(head)
         w.writerows(rows)
     return p
 

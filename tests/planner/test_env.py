@@ -150,3 +150,11 @@ def test_prepare_refuses_when_msprobe_is_missing(bare_python: Path, tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
     result = CliRunner().invoke(main, [*args[:-1], "--no-env-check", "--json"])
     assert result.exit_code == 0, result.output
+    record = next(tmp_path.glob("msprobe_*/rl-msprobe-python.json"))
+    assert json.loads(record.read_text()) == {"python": str(bare_python)}
+    assert any("recorded --python" in n for n in json.loads(result.stdout)["notes"])
+    # `dumps compare` finds it from the default dump folders below the configs
+    from rl_msprobe.dumps.compare import recorded_python
+
+    (record.parent / "dump" / "actor").mkdir(parents=True)
+    assert recorded_python([record.parent / "dump" / "actor"]) == (str(bare_python), record)
