@@ -312,7 +312,12 @@ def plan(
         )
 
     configs: dict[str, tuple[str, dict[str, Any]]] = {}
-    msprobe_steps = None if chosen == "training" else (steps if steps is not None else [0])
+    msprobe_steps = None if chosen == "training" else steps
+    if msprobe_steps is None and chosen == "inference":
+        msprobe_steps = [0]
+    # consistency: every step. One msprobe step is one dumped forward, and the two sides count
+    # differently (the actor: one per training step's prompt; the rollout: every prefill and
+    # decode forward), so no single list selects the same training steps on both sides.
     for spec in req.configs:
         doc = msprobe_config.build_config(
             spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks

@@ -1,8 +1,9 @@
-"""verl trainers: PROMPTS_ONLY trimming right before the old-log-prob recompute.
+"""verl trainers: a prompts-only log-prob forward right before the old-log-prob recompute.
 
-One marked line, ``batch = rl_msprobe_consistency.trim_to_prompts(batch)``, in every trainer
-that recomputes old log-probs, so the training engine runs the prompt prefill only and its
-dump can be compared with the rollout's prefill. The helper
+One marked line, ``rl_msprobe_consistency.prompts_forward(self, batch)``, in every trainer
+that recomputes old log-probs: the actor runs its log-prob forward once more on a prompts-only
+copy of the batch (the prefill the rollout engine ran; the one the engine hook dumps), and the
+step goes on with the full batch, so the job runs to its end. The helper
 (``verl/utils/rl_msprobe_consistency.py``, added by the same set) does nothing unless
 ``PROMPTS_ONLY=1``.
 
@@ -45,7 +46,7 @@ from rl_msprobe.codemods.base import (
 )
 
 CONSISTENCY_IMPORT = "from verl.utils import rl_msprobe_consistency"
-TRIM = "batch = rl_msprobe_consistency.trim_to_prompts(batch)"
+TRIM = "rl_msprobe_consistency.prompts_forward(self, batch)"
 BYPASS = "bypass_recomputing_logprobs"
 
 

@@ -220,7 +220,8 @@ def detect(script: str, hint: str | None, as_json: bool) -> None:
 @click.option(
     "--steps",
     metavar="1,2",
-    help="Training: global_profiler.steps (default 1,2). Others: msprobe step list (default 0).",
+    help="Training: global_profiler.steps (default 1,2). Inference: msprobe step list (default 0). "
+    "Consistency: msprobe step list (default: every step; each side counts its own dumped forwards).",
 )
 @click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks).")
 @click.option("--stages", metavar="S1,S2", help="Training stages (default: all three).")

@@ -33,6 +33,7 @@ _VERSION_RE = re.compile(VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 # the rules look at: what a key is when the script does not set it.
 DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.enforce_eager": False,
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
     "actor_rollout_ref.rollout.n": 1,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
     "actor_rollout_ref.rollout.data_parallel_size": 1,

@@ -10,6 +10,9 @@ Rules (specification path C; DOMAIN §1): everything of inference, plus
   (and ref) TP / PP / EP equal the rollout's TP / PP / EP item by item;
 - `trainer.val_before_train=False`, `trainer.balance_batch=False`,
   `actor.use_dynamic_bsz=False`, `model.use_remove_padding=True`;
+- dtype (FSDP): the actor's forward computes in FSDP mixed precision's `param_dtype` (bf16
+  unless `fsdp_config.mixed_precision` says otherwise; `fsdp_config.dtype` does not change
+  it), so `param_dtype` must be the rollout's `dtype`, else every layer differs by rounding;
 - verl ≥ 0.7.0 (in 0.6.x the actor always runs the legacy workers: the patched engine never
   computes its log-probs); 0.7.x needs `trainer.use_legacy_worker_impl=disable`;
 - patch sets: `verl-consistency` on verl, plus the rollout side's (sglang-dump below 0.5.11,
@@ -57,6 +60,50 @@ def _true(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
+# verl's / vLLM's names for a dtype -> the FSDP mixed-precision name (verl's PrecisionType).
+_PRECISION = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+    "32": "fp32",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "16": "fp16",
+}
+PARAM_DTYPE = A + "fsdp_config.mixed_precision.param_dtype"
+
+
+def precision(value: Any) -> str | None:
+    """'bf16' / 'fp32' / 'fp16' for a dtype as verl or vLLM spells it; None when unknown ('auto')."""
+    return _PRECISION.get(str(value).strip().lower().removeprefix("torch."))
+
+
+def _dtype_alignment(ctx: Context, req: Requirements) -> None:
+    """FSDP: the actor's mixed-precision param dtype = the rollout's dtype."""
+    value, origin = ctx.value(R + "dtype")
+    rollout = precision(value) if origin != "runtime" else None
+    if rollout is None:
+        req.unverifiable.append(
+            f"{R}dtype is {value if origin != 'runtime' else 'only known at run time'}: cannot align "
+            f"{PARAM_DTYPE} with it"
+        )
+        return
+    req.add(
+        Setting(
+            "consistency.dtype.param_dtype",
+            PARAM_DTYPE,
+            rollout,
+            "++",
+            f"the actor's FSDP forward computes in mixed_precision.param_dtype (bf16 unless set; "
+            f"fsdp_config.dtype does not change it): it must be the rollout's dtype ({value})",
+            accept=lambda found: precision("bf16" if found is None else found) == rollout,
+        )
+    )
+
+
 def world_sizes(ctx: Context) -> tuple[int | None, int | None]:
     """(training devices, rollout devices); None where the script leaves it to run time."""
     gpus, nodes = ctx.int_value("trainer.n_gpus_per_node"), ctx.int_value("trainer.nnodes")
@@ -80,7 +127,11 @@ def requirements(ctx: Context) -> Requirements:
     req.env = [e for e in req.env if e.name != "TORCHDYNAMO_DISABLE"]
     for name, value, why in (
         ("DUMP_ON", "1", "switches the patched verl engine's dump hooks on"),
-        ("PROMPTS_ONLY", "1", "trims responses so training recomputes the prompt prefill only"),
+        (
+            "PROMPTS_ONLY",
+            "1",
+            "the actor also runs (and dumps) a prompts-only copy of each batch: the rollout's prefill",
+        ),
         ("DUMP_PHASE", "log_prob", "dump the log-prob forward (the prefill), not the update"),
         ("TORCHDYNAMO_DISABLE", "1", "torch.compile would hide modules from msprobe"),
     ):
@@ -225,6 +276,7 @@ def requirements(ctx: Context) -> Requirements:
             REF + "ulysses_sequence_parallel_size",
         ):
             req.add(Setting("consistency.batch.sp", key, 1, "", "Ulysses SP splits a sequence across ranks"))
+        _dtype_alignment(ctx, req)
         dp = train_world
         if rollout_world is not None:
             req.add(

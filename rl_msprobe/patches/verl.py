@@ -91,7 +91,8 @@ VERL_PROMPTS_ONLY = register(
     PatchSet(
         name="verl-prompts-only",
         project="verl",
-        description="PROMPTS_ONLY=1 trims responses before the old-log-prob recompute in every trainer of the version",
+        description="PROMPTS_ONLY=1: a prompts-only copy's log-prob forward (the dumped prefill) before the "
+        "old-log-prob recompute in every trainer of the version; the step trains on the full batch",
         pieces=(
             Piece(CONSISTENCY_FILE),
             Piece(VerlRayTrainer()),
@@ -120,9 +121,11 @@ VERL_PROMPTS_ONLY = register(
             "Essential in every tree: RayPPOTrainer.fit (before the bypass_recomputing_logprobs line, or before "
             "the compute_log_prob call where there is none, as in 0.6.0). Patched wherever the tree has them: "
             "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
-            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer), FullyAsyncTrainer._fit_generate.",
-            "The trimmed batch is meant for a consistency run of one step with DUMP_PHASE=log_prob: later phases "
-            "see zero response tokens.",
+            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer), FullyAsyncTrainer._fit_generate "
+            "(where the tree ships fully_async_trainer.py).",
+            "The batch itself is never trimmed: the copy's forward is extra work per step (one prompt's "
+            "prefill), and the step's own recompute and update see the full responses, so the job runs to "
+            "its end. With PROMPTS_ONLY=1 the engine hook dumps only that copy's micro-batches.",
         ),
     )
 )

@@ -12,8 +12,11 @@ Cases:
                 FullyAsyncLLMServerClient resume loop) against a stand-in rollout server.
   agent_loop    the patched AsyncLLMServerManager.generate (verl <= 0.7.1) against the stand-in.
   chain         0.9.x: stand-in server -> patched client -> DataProto.non_tensor_batch (as verl's
-                agent loop builds it) -> PROMPTS_ONLY trim -> to_tensordict -> the REAL patched
-                FSDPEngine.forward_backward_batch with DUMP_ON=1 -> update_actor_log.jsonl.
+                agent loop builds it) -> prompts_forward (a trimmed copy) -> to_tensordict -> the
+                REAL patched FSDPEngine.forward_backward_batch with DUMP_ON=1 ->
+                update_actor_log.jsonl; then the full batch through the engine, undumped.
+  tq            0.9.x: the v1 trainer's batch in the REAL TransferQueue (in-process Ray):
+                prompts_forward's copy as verl's worker bridge reads it; the batch unchanged.
 
 A Ray rollout server (vLLM / SGLang behind a Ray actor) cannot run here: the stand-in plays
 the actor handle (`server.generate.remote(...)` returns an awaitable) and records the
@@ -314,7 +317,9 @@ def case_agent_loop(workdir: Path) -> dict:
 
 
 def case_chain(workdir: Path) -> dict:
-    """Rollout id -> DataProto -> trimmed -> real engine micro-batch -> update_actor_log.jsonl."""
+    """Rollout id -> DataProto -> prompts_forward (a trimmed copy through a trainer's recompute) ->
+    real engine micro-batches -> update_actor_log.jsonl; then the trainer's own recompute on the
+    full batch, which PROMPTS_ONLY=1 leaves undumped."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -349,12 +354,15 @@ def case_chain(workdir: Path) -> dict:
         },
         non_tensors={"request_id": request_id},
     )
-    data = consistency.trim_to_prompts(data)  # the patched trainer line
-    td = data.to_tensordict()  # as RayPPOTrainer._compute_old_log_prob does
-    td["loss_mask"] = torch.ones_like(td["input_ids"])
-    tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=1)
+    full_input_ids = data.batch["input_ids"].tolist()
 
-    result = {"received": server.received, "input_ids": td["input_ids"].tolist()}
+    def engine_input(batch):  # as RayPPOTrainer._compute_old_log_prob hands a batch to the engine
+        td = batch.to_tensordict()
+        td["loss_mask"] = torch.ones_like(td["input_ids"])
+        tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=1)
+        return td
+
+    result = {"received": server.received}
     # the v1 trainer's path: samples as dicts -> verl's own TransferQueue packing
     fields = [
         consistency.lift_request_id({"extra_fields": dict(o.extra_fields), "uid": f"u{i}"})
@@ -372,8 +380,22 @@ def case_chain(workdir: Path) -> dict:
     dist.init_process_group("gloo", init_method=f"file://{workdir / 'pg'}", rank=0, world_size=1)
     try:
         engine = scenario._fsdp_engine("actor")
-        out = engine.forward_backward_batch(td, loss_function=None, forward_only=True)
-        result["losses"] = len(out["loss"])
+        seen = []
+
+        class Trainer:  # a DataProto trainer: its old-log-prob recompute runs the real engine
+            def _compute_old_log_prob(self, batch):
+                td = engine_input(batch)
+                seen.append(td["input_ids"].tolist())
+                return engine.forward_backward_batch(td, loss_function=None, forward_only=True)
+
+        trainer = Trainer()
+        same = consistency.prompts_forward(trainer, data)  # the patched trainer line
+        consistency.prompts_forward(trainer, data)  # a second patched line on the same batch: no-op
+        trainer._compute_old_log_prob(data)  # the trainer's own recompute, on the full batch
+        result["same_object"] = same is data
+        result["engine_inputs"] = seen
+        result["full_input_ids"] = full_input_ids
+        result["input_ids_after"] = data.batch["input_ids"].tolist()
     finally:
         dist.destroy_process_group()
     logs = sorted(Path(os.environ["RL_MSPROBE_DUMP"]).rglob("update_actor_log.jsonl"))
@@ -381,7 +403,97 @@ def case_chain(workdir: Path) -> dict:
     return result
 
 
-CASES = {"trim": case_trim, "llm_server": case_llm_server, "agent_loop": case_agent_loop, "chain": case_chain}
+def case_tq(workdir: Path) -> dict:
+    """The v1 trainer's batch in the REAL TransferQueue (in-process Ray): prompts_forward puts a
+    trimmed copy under new keys, the stand-in worker group reads it the way verl's tqbridge does
+    (transferqueue_utils._meta_to_realdata), the copy is cleared, the batch's own fields stay."""
+    import ray
+    import torch
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    os.environ.update(PROMPTS_ONLY="1")
+    from verl.utils import rl_msprobe_consistency as consistency
+    from verl.utils import tensordict_utils as tu
+    from verl.utils import transferqueue_utils
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    try:
+        samples = []
+        for i, (prompt, response) in enumerate((([5, 6, 7], [11, 12]), ([8, 9], [13, 14, 15, 16]))):
+            input_ids = torch.tensor(prompt + response)
+            samples.append(
+                {  # what AgentLoopWorkerTQ._agent_loop_postprocess stores per sample
+                    "prompts": torch.tensor(prompt),
+                    "responses": torch.tensor(response),
+                    "response_mask": torch.ones(len(response), dtype=torch.int64),
+                    "loss_mask": torch.ones(len(response), dtype=torch.int64),
+                    "rollout_log_probs": torch.full((len(response),), -0.5),
+                    "rm_scores": torch.zeros(len(response)),
+                    "input_ids": input_ids,
+                    "position_ids": torch.arange(len(input_ids)),
+                    "extra_fields": {"request_id": f"rid-{i}"},
+                    "request_id": f"rid-{i}",
+                    "uid": f"u{i}",
+                }
+            )
+        keys = [f"u{i}_0_0" for i in range(len(samples))]
+        batch = tq.kv_batch_put(
+            keys=keys, partition_id="train", fields=tu.list_of_dict_to_tensordict(samples)
+        )
+        batch.extra_info = {"global_steps": 1}
+        before = tq.kv_batch_get(keys=keys, partition_id="train")
+
+        seen = {}
+
+        class WorkerGroup:
+            def compute_log_prob(self, meta):
+                td = transferqueue_utils._meta_to_realdata(
+                    meta
+                )  # what the worker's tqbridge hands the engine
+                seen["keys"] = list(meta.keys)
+                seen["partition_id"] = meta.partition_id
+                seen["input_ids"] = [row.tolist() for row in td["input_ids"].unbind()]
+                seen["position_ids"] = [row.tolist() for row in td["position_ids"].unbind()]
+                seen["responses"] = [row.numel() for row in td["responses"].unbind()]
+                seen["response_mask"] = [row.numel() for row in td["response_mask"].unbind()]
+                seen["rm_scores"] = [row.numel() for row in td["rm_scores"].unbind()]
+                seen["request_id"] = [str(x) for x in td["request_id"]]
+                seen["temperature"] = tu.get_non_tensor_data(td, "temperature", None)
+                seen["global_steps"] = tu.get_non_tensor_data(td, "global_steps", None)
+                return None
+
+        trainer = types.SimpleNamespace(
+            actor_rollout_wg=WorkerGroup(),
+            config=OmegaConf.create({"actor_rollout_ref": {"rollout": {"temperature": 0.7}}}),
+        )
+        same = consistency.prompts_forward(trainer, batch)
+        after = tq.kv_batch_get(keys=keys, partition_id="train")
+        unchanged = all(
+            [r.tolist() for r in before[k].unbind()] == [r.tolist() for r in after[k].unbind()]
+            for k in ("input_ids", "responses", "response_mask", "position_ids")
+        )
+        listed = tq.kv_list(consistency.PARTITION) or {}
+        return {
+            "seen": seen,
+            "same_object": same is batch,
+            "batch_unchanged": unchanged,
+            "copy_left": sorted(listed.get(consistency.PARTITION, {})),
+            "train_keys": sorted((tq.kv_list("train") or {}).get("train", {})),
+        }
+    finally:
+        tq.close()
+        ray.shutdown()
+
+
+CASES = {
+    "tq": case_tq,
+    "trim": case_trim,
+    "llm_server": case_llm_server,
+    "agent_loop": case_agent_loop,
+    "chain": case_chain,
+}
 
 
 def main() -> int:

@@ -1,14 +1,15 @@
 """What the verl-consistency patches DO, not just where they go.
 
 Part 1 (any machine, main interpreter): the helper file the sets add
-(`verl/utils/rl_msprobe_consistency.py`) on plain torch tensors, jagged nested tensors, a
-stand-in TransferQueue and a stand-in rollout server.
+(`verl/utils/rl_msprobe_consistency.py`) on plain torch tensors, jagged nested tensors and a
+stand-in rollout server.
 
 Part 2 (e2e, the cached verl CPU test venv of tests/support/verl_venv.py): verl releases patched
 by `rl-msprobe patch apply`, imported first on PYTHONPATH in a fresh process
-(tests/consistency/consistency_scenario.py): trimming on verl's own DataProto, the patched
-rollout clients against a stand-in server (a Ray rollout server cannot run here), and the
-whole chain from the id the server received to the engine's update_actor_log.jsonl.
+(tests/consistency/consistency_scenario.py): trimming on verl's own DataProto, the prompts-only
+copy through the REAL TransferQueue (in-process Ray), the patched rollout clients against a
+stand-in server (a Ray rollout server cannot run here), and the whole chain from the id the
+server received to the engine's update_actor_log.jsonl.
 """
 
 from __future__ import annotations
@@ -135,39 +136,45 @@ def test_trim_ragged_jagged_rows(helper):
     assert [r.numel() for r in fields["responses"].unbind()] == [0, 0]
 
 
-def test_trim_kv_batch_meta_through_a_stand_in_transfer_queue(helper, monkeypatch):
+def test_prompts_forward_runs_a_trimmed_copy_and_returns_the_batch(helper, monkeypatch):
+    """A DataProto trainer: its own recompute runs on a trimmed deep copy; the batch stays whole."""
+    batch = SimpleNamespace(batch=padded(), meta_info={})
+    seen = []
+
+    class Trainer:
+        def _compute_old_log_prob(self, data):
+            seen.append({k: v.clone() for k, v in data.batch.items()})
+
+    assert helper.prompts_forward(Trainer(), batch) is batch and seen == []  # no PROMPTS_ONLY: nothing
     monkeypatch.setenv("PROMPTS_ONLY", "1")
-    store = {
-        "prompts": [torch.tensor([5, 6])],
-        "responses": [torch.tensor([11, 12, 13])],
-        "input_ids": [torch.tensor([5, 6, 11, 12, 13])],
-        "attention_mask": [torch.ones(5, dtype=torch.long)],
-        "response_mask": [torch.ones(3, dtype=torch.long)],
-        "routed_experts": [torch.arange(10).reshape(5, 2)],  # one row per token: cut to the prompt
-    }
-    calls = []
+    assert helper.prompts_forward(Trainer(), batch) is batch
+    assert len(seen) == 1 and torch.equal(seen[0]["input_ids"], batch.batch["prompts"])
+    assert seen[0]["responses"].shape == (2, 0)
+    assert batch.batch["input_ids"].shape == (2, 7) and batch.batch["responses"].shape == (2, 3)
+    helper.prompts_forward(Trainer(), batch)  # a second patched line on the same batch (fully-async)
+    assert len(seen) == 1
 
-    class StandInTQ:  # transfer_queue's kv_batch_get / kv_batch_put, in memory
-        @staticmethod
-        def kv_batch_get(keys, partition_id, select_fields):
-            calls.append(("get", tuple(keys), partition_id, tuple(select_fields)))
-            missing = [f for f in select_fields if f not in store and f not in ("position_ids", "loss_mask")]
-            if missing:
-                raise KeyError(f"fields not in TransferQueue: {missing}")
-            return {f: list(store[f]) for f in select_fields if f in store}
 
-        @staticmethod
-        def kv_batch_put(keys, partition_id, fields):
-            calls.append(("put", tuple(keys), partition_id, tuple(fields)))
-            store.update(fields)
-
-    meta = SimpleNamespace(keys=["uid_0_0"], partition_id="train", fields=None)
-    assert helper._trim_kv_batch_meta(meta, tq=StandInTQ) is meta
-    assert store["input_ids"][0].tolist() == [5, 6] and store["attention_mask"][0].tolist() == [1, 1]
-    assert store["responses"][0].numel() == 0 and store["response_mask"][0].numel() == 0
-    assert store["routed_experts"][0].tolist() == [[0, 1], [2, 3]]
-    assert [c[0] for c in calls if c[0] == "put"] == ["put"] and calls[-1][0] == "put"
-    assert calls[0][2] == "train" and "routed_experts" in {c[3][0] for c in calls[1:-1]}
+def test_engine_hook_dumps_only_the_prompts_only_copy(monkeypatch):
+    """PROMPTS_ONLY=1: a micro-batch with response tokens (the step's own forward) is not dumped."""
+    spec = importlib.util.spec_from_file_location("hooks_under_test", HELPER.with_name("rl_msprobe_hooks.py"))
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    nested = lambda rows: torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)  # noqa: E731
+    full = {"input_ids": torch.ones(1, 5), "responses": torch.ones(1, 2)}
+    copy = {"input_ids": torch.ones(1, 3), "responses": torch.ones(1, 0)}
+    jagged_full = {"response_mask": nested([[1, 1]])}
+    jagged_copy = {"response_mask": nested([[]])}
+    monkeypatch.delenv("PROMPTS_ONLY", raising=False)
+    assert all(hooks.wants_batch(b) for b in (full, copy, jagged_full, jagged_copy))
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+    assert [hooks.wants_batch(b) for b in (full, copy, jagged_full, jagged_copy)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert hooks.wants_batch({"input_ids": torch.ones(1, 3)})  # neither field: dumped as before
 
 
 class StandInServer:
@@ -406,14 +413,33 @@ def test_agent_loop_070_cannot_be_imported_in_the_venv(venv_python, patched, tmp
 
 @pytest.mark.e2e
 def test_the_id_reaches_update_actor_log_through_the_real_engine(newest):
-    """Stand-in server -> patched client -> DataProto -> PROMPTS_ONLY -> real FSDPEngine -> jsonl."""
+    """Stand-in server -> patched client -> DataProto -> prompts_forward -> real FSDPEngine -> jsonl;
+    the trainer's own recompute on the full batch runs through the same engine undumped."""
     result = newest["chain"]
     assert "engine_skipped" not in result, result.get("engine_skipped")
-    assert result["input_ids"] == [[11, 12, 13, 14], [21, 22, 23, 24]]  # prompts only reached the engine
+    prompts = [[11, 12, 13, 14], [21, 22, 23, 24]]
+    assert result["engine_inputs"] == [prompts, result["full_input_ids"]]  # the copy, then the full batch
+    assert result["input_ids_after"] == result["full_input_ids"] != prompts and result["same_object"]
     assert result["tq_request_id"] == result["received"]  # v1: a top-level field after verl's own packing
-    lines = result["log_lines"]
+    lines = result["log_lines"]  # only the prompts-only forward is dumped: one line per micro-batch
     assert [line["request_ids"] for line in lines] == [[rid] for rid in result["received"]]
     assert all(line["phase"] == "log_prob" and line["num_requests"] == 1 for line in lines)
+
+
+@pytest.mark.e2e
+def test_prompts_only_copy_through_the_real_transfer_queue(venv_python, patched, tmp_path):
+    """v1 trainer (0.9.1): the batch is a KVBatchMeta in the real TransferQueue 0.1.11 (in-process
+    Ray, ~45 s). The copy goes to its own partition, trimmed, read back as verl's worker bridge
+    reads it, with the trainer's temperature; then it is cleared and the batch is untouched."""
+    result = scenario(venv_python, patched("0.9.1"), "tq", tmp_path)["tq"]
+    seen = result["seen"]
+    assert seen["partition_id"] == "rl_msprobe_prompts_only" and seen["partition_id"] != "train"
+    assert seen["input_ids"] == [[5, 6, 7], [8, 9]] and seen["position_ids"] == [[0, 1, 2], [0, 1]]
+    assert seen["responses"] == seen["response_mask"] == seen["rm_scores"] == [0, 0]
+    assert seen["request_id"] == ["rid-0", "rid-1"]  # what the engine hook logs
+    assert seen["temperature"] == 0.7 and seen["global_steps"] == 1
+    assert result["same_object"] and result["batch_unchanged"]
+    assert result["copy_left"] == [] and result["train_keys"] == ["u0_0_0", "u1_0_0"]
 
 
 @pytest.mark.e2e

@@ -85,16 +85,16 @@ def test_trim_scoped_to_the_recompute_method():
         ("ray_fit_v091.before.py", "fit", "_compute_old_log_prob"),
     ):
         out = codemod_for(FIXTURES / "verl_trainer" / name).apply(_read("verl_trainer", name))
-        assert out.count("trim_to_prompts(batch)") == 1, name
+        assert out.count("prompts_forward(self, batch)") == 1, name
         body = out.split(f"def {method}(")[1].split("\n    def ")[0]
         other_body = out.split(f"def {other}(")[1].split("\n    def ")[0]
-        assert "trim_to_prompts" in body and "trim_to_prompts" not in other_body, name
+        assert "prompts_forward" in body and "prompts_forward" not in other_body, name
 
 
 def test_ray_trainer_060_trims_right_before_the_recompute():
     out = VerlRayTrainer().apply(_read("verl_trainer", "ray_fit_v060.before.py"))
     lines = out.splitlines()
-    at = next(i for i, line in enumerate(lines) if "trim_to_prompts" in line)
+    at = next(i for i, line in enumerate(lines) if "prompts_forward" in line)
     assert lines[at + 1].strip() == "old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)"
     assert lines[at - 1].strip().startswith('with marked_timer("old_log_prob"')
 
@@ -102,9 +102,9 @@ def test_ray_trainer_060_trims_right_before_the_recompute():
 def test_fully_async_trims_after_the_queue_block():
     out = VerlFullyAsyncTrainer().apply(_read("verl_trainer", "fully_async_v080.before.py"))
     lines = out.splitlines()
-    at = next(i for i, line in enumerate(lines) if "trim_to_prompts" in line)
+    at = next(i for i, line in enumerate(lines) if "prompts_forward" in line)
     assert lines[at - 1].strip() == "self._collect_metrics_from_samples(batch, metrics)"
-    assert lines[at].startswith("        batch = ")  # method level, after the with block
+    assert lines[at].startswith("        rl_msprobe_consistency.")  # method level, after the with block
 
 
 def test_request_id_lines_surround_the_server_call():

@@ -107,4 +107,4 @@ def test_trim_line_sits_before_the_recompute_switch(tmp_path):
         hunks = doc["diff"].split(f"diff --git a/{rel} ")[1].split("diff --git")[0]
         added = [line for line in hunks.splitlines() if line.startswith("+") and not line.startswith("+++")]
         assert len(added) == 2, added  # the import and one trim call
-        assert "bypass_recomputing_logprobs =" in hunks.split("trim_to_prompts")[1].splitlines()[1]
+        assert "bypass_recomputing_logprobs =" in hunks.split("prompts_forward")[1].splitlines()[1]

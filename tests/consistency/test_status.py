@@ -71,7 +71,7 @@ def test_status_through_a_lifecycle(tree):
     )
     marked = VerlSeparateTrainer().marker
     lines = patched.splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if marked in line and "trim_to_prompts" in line)
+    at = next(i for i, line in enumerate(lines) if marked in line and "prompts_forward" in line)
     assert bypass in lines[at + 1]
     lines[at + 1] = lines[at + 1].replace("bypass_recomputing_logprobs =", "skip_recompute =")
     path.write_text("".join(lines))

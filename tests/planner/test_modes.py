@@ -390,3 +390,43 @@ def test_ref_stage_only_where_a_reference_model_runs(tmp_path: Path, kl: str, re
     )
     missing = [n for n in asked.notes if "its dumps will be missing" in n]
     assert bool(missing) is (ref_runs is False)
+
+
+def test_consistency_actor_computes_in_the_rollout_dtype(tmp_path: Path) -> None:
+    """FSDP mixed precision's param_dtype (bf16 by default) is what the actor's forward computes
+    in; consistency sets it to the rollout's dtype, and check enforces it."""
+    base = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm "
+        "actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.dtype=float32 "
+    )
+    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+    fp32 = planner.plan(
+        base + "actor_rollout_ref.rollout.dtype=float32\n",
+        str(tmp_path / "a.sh"),
+        mode="consistency",
+        out_dir=str(tmp_path),
+    )
+    assert value(fp32, key) == "fp32" and f"++{key}=fp32" in fp32.derived_text
+    assert planner.check(fp32.derived_text, str(tmp_path / "a_msprobe.sh"), mode="consistency").result.ok
+    bf16 = planner.plan(base + "\n", str(tmp_path / "b.sh"), mode="consistency", out_dir=str(tmp_path))
+    assert value(bf16, key) == "bf16"  # rollout bf16 (verl's default): written out explicitly
+    assert planner.check(base + "\n", str(tmp_path / "b0.sh"), mode="consistency").result.ok is False
+    assert key not in {
+        v.key
+        for v in planner.check(base + "\n", str(tmp_path / "b0.sh"), mode="consistency").result.violations
+    }
+    report = planner.check(
+        base + "actor_rollout_ref.rollout.dtype=float32\n", str(tmp_path / "c.sh"), mode="consistency"
+    )
+    found = [v for v in report.result.violations if v.key == key]
+    assert found and found[0].required == "fp32" and "not set" in found[0].found and "bf16" in found[0].fix
+    as_dict = (
+        base
+        + "actor_rollout_ref.rollout.dtype=float32 '++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32}'\n"
+    )
+    report = planner.check(as_dict, str(tmp_path / "d.sh"), mode="consistency")
+    assert key not in {v.key for v in report.result.violations}
+    auto = planner.check(
+        base + "actor_rollout_ref.rollout.dtype=auto\n", str(tmp_path / "e.sh"), mode="consistency"
+    )
+    assert any("rollout.dtype is auto" in u for u in auto.result.unverifiable)

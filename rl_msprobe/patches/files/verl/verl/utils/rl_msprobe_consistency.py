@@ -3,19 +3,29 @@
 `rl-msprobe patch revert verl-consistency` removes this file and every line that calls it.
 Two jobs, each called from one marked line (`# rl-msprobe:...`) in upstream verl code:
 
-* ``trim_to_prompts(batch)`` -- with ``PROMPTS_ONLY=1`` the trainer recomputes the old
-  log-probs of the prompts only, so the training engine runs exactly the prefill the rollout
-  engine ran: the last ``responses.size(1)`` columns are cut from ``input_ids``,
-  ``attention_mask`` and ``position_ids`` (last dim, so 2-D and 3-D mrope ids alike), and the
-  response-aligned tensors (``responses``, ``response_mask``, ``rollout_log_probs``, ...) become
-  empty. Without ``PROMPTS_ONLY=1`` it returns the batch untouched.
+* ``prompts_forward(trainer, batch)`` -- with ``PROMPTS_ONLY=1``, right before the trainer
+  recomputes the old log-probs, the trainer's actor runs its log-prob forward once more on a
+  *prompts-only copy* of the batch: the last ``responses.size(1)`` columns cut from
+  ``input_ids``, ``attention_mask`` and ``position_ids`` (last dim, so 2-D and 3-D mrope ids
+  alike), the response-aligned tensors (``responses``, ``response_mask``, ...) empty. That
+  forward is exactly the prefill the rollout engine ran, and it is the one the engine hook dumps
+  (``rl_msprobe_hooks`` dumps, under ``PROMPTS_ONLY=1``, only micro-batches without response
+  tokens). The batch itself is returned untouched: the step then computes its old log-probs,
+  advantages and update on the full responses and the job runs to its configured end.
+  DataProto trainers: a deep copy, trimmed, through the trainer's own ``_compute_old_log_prob``
+  (or ``actor_rollout_wg.compute_log_prob``); result discarded. TransferQueue trainers (v1,
+  0.8.0's main_ppo_sync; the batch is a ``KVBatchMeta``): the fields are read, trimmed, put
+  under new keys in a partition of their own (``PARTITION``), the copy's ``KVBatchMeta`` goes
+  to ``actor_rollout_wg.compute_log_prob``, and the copy is cleared afterwards.
+  Without ``PROMPTS_ONLY=1`` it does nothing.
 * the request-id chain -- the id the rollout server received is stored in the rollout
   output's ``extra_fields["request_id"]``; verl carries ``extra_fields`` into
   ``DataProto.non_tensor_batch`` and on into the engine's micro-batches, where the engine hook
   logs it (``rl_msprobe_hooks.request_ids(micro_batch)``). Active when ``DUMP_ON``, ``PROMPTS_ONLY`` or
   ``RL_MSPROBE_REQUEST_ID`` is ``1``; otherwise every function here is a no-op.
 
-Depends only on the standard library, numpy and torch (imported lazily); never on rl-msprobe.
+Depends only on the standard library, numpy and torch (imported lazily), and on
+``transfer_queue`` for a ``KVBatchMeta`` batch; never on rl-msprobe.
 """
 
 from __future__ import annotations
@@ -55,23 +65,79 @@ def request_ids_enabled() -> bool:
 # ---------------------------------------------------------------------------- PROMPTS_ONLY
 
 
-def trim_to_prompts(batch: Any) -> Any:
-    """The batch with its responses cut away (``PROMPTS_ONLY=1``), else the batch unchanged.
+# The copy's TransferQueue partition and key suffix: apart from the trainer's own partitions
+# ("train", "val"), so nothing that samples or lists those ever sees it.
+PARTITION = "rl_msprobe_prompts_only"
+KEY_SUFFIX = "@rl_msprobe_prompts_only"
+_DONE = "_rl_msprobe_prompts_forward_done"  # one dump forward per batch object
 
-    Accepts verl's ``DataProto`` (its ``.batch`` TensorDict is changed in place), a padded
-    ``TensorDict`` or a plain dict of tensors, and the v1 trainer's TransferQueue
-    ``KVBatchMeta`` (fields read, trimmed and written back). Applying it twice changes
-    nothing more: once the responses are empty there is nothing left to cut.
+
+def prompts_forward(trainer: Any, batch: Any) -> Any:
+    """``PROMPTS_ONLY=1``: the actor's log-prob forward on a prompts-only copy of BATCH (the one the
+    engine dumps); BATCH itself is returned unchanged. Without ``PROMPTS_ONLY=1``: nothing."""
+    if not prompts_only() or batch is None or getattr(batch, _DONE, False):
+        return batch
+    if _is_kv_batch_meta(batch):
+        _forward_kv_copy(trainer, batch)
+    else:
+        _forward_dataproto_copy(trainer, batch)
+    try:  # fully-async: _fit_generate and the inherited _fit_compute_log_prob both call this
+        setattr(batch, _DONE, True)
+    except AttributeError:
+        pass
+    return batch
+
+
+def trim_to_prompts(batch: Any) -> Any:
+    """BATCH with its responses cut away, in place (``PROMPTS_ONLY=1``), else BATCH unchanged.
+
+    Accepts verl's ``DataProto`` (its ``.batch`` TensorDict), a padded ``TensorDict`` or a plain
+    dict of tensors. Applying it twice changes nothing more.
     """
     if not prompts_only() or batch is None:
         return batch
-    if _is_kv_batch_meta(batch):
-        return _trim_kv_batch_meta(batch)
     tensors = getattr(batch, "batch", batch)  # DataProto -> its TensorDict
     if tensors is None:
         return batch
     trim_padded(tensors)  # meta_info is left alone: verl forwards it to every worker call
     return batch
+
+
+def _forward_dataproto_copy(trainer: Any, batch: Any) -> None:
+    import copy
+    import inspect
+
+    twin = trim_to_prompts(copy.deepcopy(batch))
+    compute = getattr(trainer, "_compute_old_log_prob", None)
+    if compute is not None and len(inspect.signature(compute).parameters) == 1:
+        compute(twin)  # 0.8+ RayPPOTrainer: DataProto -> TensorDict -> engine -> padded again
+    else:
+        trainer.actor_rollout_wg.compute_log_prob(twin)
+
+
+def _forward_kv_copy(trainer: Any, batch: Any, tq: Any = None) -> None:
+    """TransferQueue: read BATCH's fields, trim them, run the forward on a copy, clear the copy."""
+    if tq is None:
+        import transfer_queue as tq
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=batch.fields)
+    trim_ragged(data)
+    keys = [f"{key}{KEY_SUFFIX}" for key in batch.keys]
+    twin = tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=data)
+    try:
+        extra = dict(getattr(batch, "extra_info", None) or {})
+        # what the trainer adds for its own old-log-prob call (the engine reads temperature)
+        extra.update(calculate_entropy=True, compute_loss=False, temperature=_temperature(trainer))
+        twin.extra_info = extra
+        trainer.actor_rollout_wg.compute_log_prob(twin)
+    finally:
+        tq.kv_clear(keys=keys, partition_id=PARTITION)
+
+
+def _temperature(trainer: Any) -> float:
+    try:
+        return float(trainer.config.actor_rollout_ref.rollout.temperature)
+    except (AttributeError, TypeError, ValueError):
+        return 1.0
 
 
 def trim_padded(tensors: Any) -> Any:
@@ -119,10 +185,11 @@ def trim_ragged(fields: Any) -> Any:
         if key in keys and fields[key] is not None:
             rows = [row[:n] for row, n in zip(_rows(fields[key]), prompt_lens)]
             fields[key] = _like(fields[key], rows)
-    for key in RESPONSE_KEYS:
+    for key in RESPONSE_KEYS:  # one value per response token; a per-sample scalar stays
         if key in keys and fields[key] is not None:
-            rows = [row[..., :0] for row in _rows(fields[key])]
-            fields[key] = _like(fields[key], rows)
+            rows = _rows(fields[key])
+            if rows and all(getattr(row, "dim", lambda: 0)() >= 1 for row in rows):
+                fields[key] = _like(fields[key], [row[..., :0] for row in rows])
     return fields
 
 
@@ -148,32 +215,6 @@ def _is_kv_batch_meta(batch: Any) -> bool:
     return type(batch).__name__ == "KVBatchMeta" or (
         hasattr(batch, "keys") and hasattr(batch, "partition_id") and not hasattr(batch, "batch")
     )
-
-
-# Fields the v1 agent loop always writes to TransferQueue (AgentLoopWorkerTQ._agent_loop_postprocess),
-# and those it writes only sometimes (asked for one by one: a missing field is skipped).
-_KV_FIELDS = ("prompts", "responses", "input_ids", "position_ids", "response_mask", "loss_mask")
-_KV_OPTIONAL = ("attention_mask", "rollout_log_probs", "rm_scores", "routed_experts")
-
-
-def _trim_kv_batch_meta(batch: Any, tq: Any = None) -> Any:
-    """Read the batch's fields from TransferQueue, trim them, write them back; same KVBatchMeta."""
-    if tq is None:
-        import transfer_queue as tq
-    wanted = getattr(batch, "fields", None)
-
-    def get(names):
-        names = [n for n in names if wanted is None or n in wanted]
-        return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
-
-    data = dict(get(_KV_FIELDS).items())
-    for name in _KV_OPTIONAL:
-        try:
-            data.update(get([name]).items())
-        except Exception:  # not stored for this batch
-            continue
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=trim_ragged(data))
-    return batch
 
 
 def _keys(tensors: Any) -> set:

@@ -8,6 +8,10 @@ Environment (read at every call, so a Ray worker sees what its runtime env gives
                             is never imported
   DUMP_PHASE=log_prob       which engine calls dump: log_prob (forward-only, the default),
                             update_actor (forward + backward), or all
+  PROMPTS_ONLY=1            dump only micro-batches that carry no response tokens: the prompts-only
+                            copy the patched trainer runs through the actor just for the dump
+                            (rl_msprobe_consistency.prompts_forward); the step's own forwards on the
+                            full responses run undumped
   MSPROBE_ACTOR_CONFIG=PATH the msprobe config.json for the training side (required when DUMP_ON=1)
   DUMP_SEED=1234            seed passed to msprobe's seed_all
   DUMP_DETERMINISTIC=1      seed_all(mode=True) as msprobe documents for precision comparison:
@@ -59,6 +63,28 @@ def wants(engine, forward_only: bool) -> bool:
     if phase == "all":
         return True
     return phase == ("log_prob" if forward_only else "update_actor")
+
+
+def _empty(value) -> bool:
+    if getattr(value, "is_nested", False):
+        value = value.values()
+    numel = getattr(value, "numel", None)
+    return numel is not None and numel() == 0
+
+
+def wants_batch(batch) -> bool:
+    """PROMPTS_ONLY=1: is BATCH the prompts-only copy (its responses / response mask empty)?
+    Without PROMPTS_ONLY=1, or when the batch has neither field, every batch is dumped."""
+    if os.environ.get("PROMPTS_ONLY", "").strip() != "1" or batch is None:
+        return True
+    for key in ("responses", "response_mask"):
+        try:
+            value = batch[key] if key in batch.keys() else None  # noqa: SIM118 (older tensordict refuses `in`)
+        except Exception:
+            value = None
+        if value is not None:
+            return _empty(value)
+    return True
 
 
 def debugger():
@@ -211,7 +237,7 @@ def _finish(engine, batch, step, phase: str) -> None:
 
 def micro_batch_start(engine, micro_batch, forward_only):
     """Before a micro-batch's forward (and backward): start the debugger on engine.module."""
-    if not wants(engine, forward_only):
+    if not wants(engine, forward_only) or not wants_batch(micro_batch):
         return None
     phase = "log_prob" if forward_only else "update_actor"
     return (engine, micro_batch, _start(engine.module), phase)
@@ -237,13 +263,13 @@ def megatron_batch_begin(engine, forward_only) -> None:
 
 def megatron_forward_start(engine, model, batch) -> None:
     phase = getattr(engine, "_rl_msprobe_phase", None)
-    if phase is None:
-        return
-    engine._rl_msprobe_step = _start(model)
+    engine._rl_msprobe_started = phase is not None and wants_batch(batch)
+    if engine._rl_msprobe_started:
+        engine._rl_msprobe_step = _start(model)
 
 
 def megatron_forward_end(engine, batch) -> None:
     phase = getattr(engine, "_rl_msprobe_phase", None)
-    if phase is None:
+    if phase is None or not getattr(engine, "_rl_msprobe_started", False):
         return
     _finish(engine, batch, getattr(engine, "_rl_msprobe_step", None), phase)
