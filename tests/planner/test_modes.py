@@ -300,7 +300,11 @@ def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
 
 def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> None:
     base = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm "
-    report = planner.check(base + "trainer.total_training_steps=1\n", str(tmp_path / "x.sh"), mode="training")
+    report = planner.check(
+        base + "trainer.total_training_steps=1 'global_profiler.steps=[1,2]'\n",
+        str(tmp_path / "x.sh"),
+        mode="training",
+    )
     assert "training.steps_in_range" in {v.rule for v in report.result.violations}
     stages = "'++global_profiler.global_tool_config.precision_debugger.stages=[actor_compute_log_prob]' "
     report = planner.check(
@@ -309,6 +313,16 @@ def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> 
         mode="training",
     )
     assert "training.bypass_mode" in {v.rule for v in report.result.violations}
+
+
+def test_default_steps_stay_inside_total_training_steps(tmp_path: Path) -> None:
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.total_training_steps=1\n"
+    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    assert not p.violations and value(p, "global_profiler.steps") == [1]
+    assert any("total_training_steps=1" in n for n in p.notes)
+    longer = text.replace("=1\n", "=5\n")
+    p = planner.plan(longer, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    assert value(p, "global_profiler.steps") == [1, 2]
 
 
 def test_consistency_turns_bypass_mode_off(tmp_path: Path) -> None:
