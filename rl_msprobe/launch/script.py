@@ -652,7 +652,8 @@ class Scope:
                             default.runtime,
                             (
                                 *default.assumed,
-                                f"${{{name}:-...}} uses the script's default {default.text!r}; "
+                                f"${{{name}:-...}} uses the script's default "
+                                f"{repr(default.text) if default.known else '(itself known only at run time)'}; "
                                 + (
                                     f"an argument given to the script would change it (${name} is positional)"
                                     if name.isdigit()
@@ -784,9 +785,29 @@ def _join(values: list[Value], sep: str) -> Value:
 # ---------------------------------------------------------------- statements and the script
 
 VERL_ENTRY_RE = re.compile(
-    r"^(?:verl\.trainer\.main_\w+|verl\.experimental\.[\w.]*main\w*|recipe\.[\w.]*main\w*|verl\.[\w.]*main_ppo)$"
+    r"^(?:verl\.trainer\.main_\w+|verl\.experimental\.[\w.]*main\w*|recipe\.[\w.]*main\w*|verl\.[\w.]*main_ppo"
+    r"|verl\.trainer\.\w*sft_trainer\w*)$"
 )
-VERL_SCRIPT_RE = re.compile(r"(?:^|/)(?:main_ppo|fully_async_main|main_\w+)\.py$")
+VERL_SCRIPT_RE = re.compile(r"(?:^|/)(?:main_ppo|fully_async_main|main_\w+|\w*sft_trainer\w*)\.py$")
+# what kind of job an entry point runs: the collection modes apply to RL training jobs ("ppo")
+# and, for inference only, to the rollout-server generation job
+ENTRY_KINDS = (
+    ("sft", re.compile(r"sft_trainer\w*(?:\.py)?$")),
+    ("eval", re.compile(r"main_eval(?:\.py)?$")),
+    ("generation_server", re.compile(r"main_generation_server(?:\.py)?$")),
+    ("generation", re.compile(r"main_generation(?:\.py)?$")),
+)
+
+
+def entry_kind(entry: str) -> str:
+    """`ppo` (a training job: main_ppo, fully-async, the recipes' mains), `generation_server`,
+    `generation`, `eval` or `sft`."""
+    for kind, pattern in ENTRY_KINDS:
+        if pattern.search(entry):
+            return kind
+    return "ppo"
+
+
 FULLY_ASYNC_RE = re.compile(r"fully_async")
 _COMPOUND_OPEN = {"if", "while", "until", "for", "case", "select", "{", "function"}
 _COMPOUND_CLOSE = {"fi", "done", "esac", "}"}
@@ -839,6 +860,10 @@ class VerlCommand:
     def last_word(self) -> Word:
         return self.statement.words[-1]
 
+    @property
+    def kind(self) -> str:
+        return entry_kind(self.entry)
+
 
 @dataclass
 class LaunchScript:
@@ -850,6 +875,18 @@ class LaunchScript:
     variables: dict[str, Variable]
     notes: list[str]
     lines: LineIndex | None = None
+    commands: list[VerlCommand] = field(default_factory=list)  # every verl command, in order
+    choice_note: str | None = None
+
+    def choose(self, number: int | None) -> None:
+        """Select the verl command to work on (see `choose_command`); ValueError when out of range."""
+        self.command, note = choose_command(self.commands, number)
+        self.other_commands = [c for c in self.commands if c is not self.command]
+        if self.choice_note in self.notes:
+            self.notes.remove(self.choice_note)
+        self.choice_note = note
+        if note:
+            self.notes.append(note)
 
     def line_of(self, pos: int) -> int:
         if self.lines is None:
@@ -1101,13 +1138,42 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
                 env=env,
             )
         )
-    command = commands[-1] if commands else None
-    if len(commands) > 1:
-        notes.append(
-            f"{len(commands)} verl commands found (lines "
-            f"{', '.join(str(c.statement.line) for c in commands)}); using the last one (line {commands[-1].statement.line})."
-        )
-    return LaunchScript(path, text, statements, command, commands[:-1], scope.vars, notes, lines)
+    script = LaunchScript(path, text, statements, None, [], scope.vars, notes, lines)
+    script.commands = commands
+    script.choose(None)
+    return script
+
+
+_KIND_ORDER = ("ppo", "generation_server", "generation", "eval", "sft")
+_KIND_WHY = {
+    "ppo": "the training job",
+    "generation_server": "the only generation job",
+    "generation": "no training or rollout-server job",
+    "eval": "no training or generation job",
+    "sft": "no RL job",
+}
+
+
+def choose_command(commands: list[VerlCommand], number: int | None) -> tuple[VerlCommand | None, str | None]:
+    """The command to prepare (1-based `number`, else the last training job) and a note saying why."""
+    if not commands:
+        return None, None
+    lines = ", ".join(f"{i}: line {c.statement.line} {c.entry}" for i, c in enumerate(commands, 1))
+    if number is not None:
+        if not 1 <= number <= len(commands):
+            raise ValueError(f"--command {number}: the script runs {len(commands)} verl command(s) ({lines})")
+        chosen = commands[number - 1]
+        why = "chosen with --command"
+    else:
+        kind = min((c.kind for c in commands), key=_KIND_ORDER.index)
+        chosen = [c for c in commands if c.kind == kind][-1]
+        why = f"the last {kind} command: {_KIND_WHY[kind]}" if len(commands) > 1 else ""
+    if len(commands) == 1:
+        return chosen, None
+    return chosen, (
+        f"{len(commands)} verl commands found ({lines}); using {commands.index(chosen) + 1} "
+        f"(line {chosen.statement.line}, {chosen.entry}): {why}. Pass --command N to choose another."
+    )
 
 
 def _assignment_value(scope: Scope, word: Word) -> Value:
