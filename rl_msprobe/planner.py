@@ -8,6 +8,7 @@ layer (`rl_msprobe/commands/planner.py`), never here.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -120,8 +121,11 @@ def read_config(
     return launch_config.read(script, overrides, verl_root)
 
 
-def compose_violation(script: LaunchScript, detection: Detection) -> Violation | None:
-    """A violation when the command's overrides do not compose against the config it uses."""
+def compose_violation(
+    script: LaunchScript, detection: Detection, original: LaunchScript | None = None
+) -> Violation | None:
+    """A violation when the command's overrides do not compose against the config it uses
+    (`original`: the user's script, to say whether it fails the same way)."""
     composed = detection.composed
     if not isinstance(composed, launch_config.ComposedConfig) or composed.source is None:
         return None
@@ -130,12 +134,22 @@ def compose_violation(script: LaunchScript, detection: Detection) -> Violation |
     _, problem = launch_config.compose(composed.source, tokens)
     if problem is None:
         return None
+    fix = f"Hydra refuses the command as verl would: {problem}"
+    if original is not None and original.command is not None:
+        _, before = launch_config.compose(
+            composed.source, launch_config.known_tokens(Overrides(original.command.args))
+        )
+        if before is not None:
+            fix += (
+                " — the original command fails the same way against this config: is it the verl version the "
+                "script was written for? (pass --tree or --python with the verl that runs it)"
+            )
     return Violation(
         "hydra.compose",
         composed.source.name,
         problem,
         f"overrides that compose with {composed.source.describe}",
-        f"Hydra refuses the command as verl would: {problem}",
+        fix,
     )
 
 
@@ -267,6 +281,11 @@ def check(
     req = requirements(ctx, chosen)
     result = check_requirements(ctx, req)
     broken = compose_violation(script, detection) if not req.violations else None
+    if broken is not None:
+        broken = dataclasses.replace(
+            broken,
+            fix=broken.fix + " (is it the verl version the script was written for? pass --tree or --python)",
+        )
     if broken is not None:
         result.violations.append(broken)
     return CheckReport(chosen, detection, result, [*script.notes, *req.notes])
@@ -471,7 +490,7 @@ def plan(
                     result.violations.append(
                         Violation(f"msprobe_config.{spec.role}", problem.key, "", "", problem.message)
                     )
-    broken = compose_violation(derived_script, detection)
+    broken = compose_violation(derived_script, detection, script)
     if broken is not None:
         result.violations.append(broken)
     base.violations = result.violations

@@ -14,6 +14,7 @@ it failed. Nothing here runs the user's code.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -178,13 +179,20 @@ def _hydra(config_dir: Path) -> Iterator[None]:
 
 
 def compose(source: ConfigSource, tokens: list[str]) -> tuple[Any, str | None]:
-    """(config, None) or (None, Hydra's message) for the overrides `tokens`."""
+    """(config, None) or (None, Hydra's message) for the overrides `tokens` (read-only config)."""
+    return _compose(source.config_dir, source.name, tuple(source.searchpath), tuple(tokens))
+
+
+@functools.lru_cache(maxsize=64)
+def _compose(
+    config_dir: Path, name: str, searchpath: tuple[str, ...], tokens: tuple[str, ...]
+) -> tuple[Any, str | None]:
     from hydra import compose as hydra_compose
 
-    extra = [f"hydra.searchpath=[{','.join(source.searchpath)}]"] if source.searchpath else []
+    extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
     try:
-        with _hydra(source.config_dir):
-            cfg = hydra_compose(config_name=source.name, overrides=[*tokens, *extra])
+        with _hydra(config_dir):
+            cfg = hydra_compose(config_name=name, overrides=[*tokens, *extra])
         return cfg, None
     except Exception as exc:  # noqa: BLE001 - Hydra raises many types; its message is what counts
         message = " ".join(str(exc).split()) or type(exc).__name__

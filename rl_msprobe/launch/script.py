@@ -1228,11 +1228,17 @@ def _assign_array(scope: Scope, arr: ArrayAssign, conditional: bool, lines: Line
             words = []  # positions no longer line up: nothing of this array is editable
     old = scope.vars.get(arr.name)
     old_words: list[Word] = old.item_words if old else []
+    line = lines.line_of(arr.start)
+    if arr.append and conditional and old is not None and old.items is not None and not old.conditional:
+        # `ARR+=( ... )` inside `if`: the items before stay certain; the appended ones may or may not
+        # be there at run time, so they are reported as run-time values, never guessed
+        why = f"{arr.name}+=( ... ) on line {line} is inside a conditional block; whether it runs depends on run time"
+        values = [Value(None, (why,), v.assumed) for v in values]
+        conditional = False
     if arr.append and old is not None and old.items is not None:
         lined_up = len(old_words) == len(old.items)
         values = [*old.items, *values]
         words = [*old_words, *words] if lined_up and len(words) == len(arr.items) else []
-    line = lines.line_of(arr.start)
     scope.vars[arr.name] = Variable(
         arr.name,
         _join(values[:1], ""),
