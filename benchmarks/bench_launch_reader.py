@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import time
 
 from bench_patch import best_of  # the same timing helper (this folder is on sys.path when run)
 
