@@ -102,9 +102,10 @@ def read_config(
 ) -> launch_config.ComposedConfig | None:
     """The composed config, when a verl tree is known (None: the DEFAULTS table describes the job)."""
     assert script.command is not None
+    names_config = any(f in overrides.flags for f in ("--config-path", "--config-name", "-cp", "-cn"))
+    own_config = names_config or not script.command.entry.startswith("verl.")
     if verl_root is None:
-        names_config = any(f in overrides.flags for f in ("--config-path", "--config-name", "-cp", "-cn"))
-        if not (names_config or script.command.entry.startswith("recipe.")):
+        if not own_config:
             return None
         from rl_msprobe.targets import cache_dir
 
@@ -118,7 +119,9 @@ def read_config(
         script.notes.append(
             f"config read against verl {NEWEST['verl']} (cached release; pass --tree to choose)"
         )
-    return launch_config.read(script, overrides, verl_root)
+    # verl's own default config: the DEFAULTS table (checked against real releases) describes it;
+    # it is still located, so a derived command is composed against it
+    return launch_config.read(script, overrides, verl_root, values=own_config)
 
 
 def compose_violation(

@@ -204,13 +204,17 @@ def known_tokens(overrides: Overrides) -> list[str]:
     return [item.override.text for item in overrides.items if item.override is not None]
 
 
-def read(script: LaunchScript, overrides: Overrides, verl_root: Path | None) -> ComposedConfig:
-    """Compose the script's config (with its known overrides, else alone) and read READ_KEYS."""
+def read(
+    script: LaunchScript, overrides: Overrides, verl_root: Path | None, values: bool = True
+) -> ComposedConfig:
+    """Compose the script's config (with its known overrides, else alone) and read READ_KEYS.
+
+    `values=False`: only locate it (verl's own default config, whose defaults the modes know)."""
     from omegaconf import OmegaConf
 
     source, notes = locate(script, overrides, verl_root)
     result = ComposedConfig(source, notes=notes)
-    if source is None:
+    if source is None or not values:
         return result
     cfg, problem = compose(source, known_tokens(overrides))
     if cfg is None:
