@@ -81,13 +81,14 @@ def detect_text(
     hint: str | None = None,
     command: int | None = None,
     verl_root: Path | None = None,
+    verl_version: str | None = None,
 ) -> tuple[LaunchScript, Detection]:
-    """Parse and detect; with a verl tree (or the newest cached release, for a script that names
-    its own config), read the composed config too."""
+    """Parse and detect; with a verl tree (or a cached release of `verl_version`, else the newest,
+    for a script that names its own config), read the composed config too."""
     script = read(text, path, command)
     assert script.command is not None
     overrides = Overrides(script.command.args)
-    composed = read_config(script, overrides, verl_root)
+    composed = read_config(script, overrides, verl_root, verl_version)
     if composed is None:
         return script, detect(script, hint, overrides)
     where = composed.source.describe if composed.source is not None else None
@@ -98,7 +99,7 @@ def detect_text(
 
 
 def read_config(
-    script: LaunchScript, overrides: Overrides, verl_root: Path | None
+    script: LaunchScript, overrides: Overrides, verl_root: Path | None, verl_version: str | None = None
 ) -> launch_config.ComposedConfig | None:
     """The composed config, when a verl tree is known (None: the DEFAULTS table describes the job)."""
     assert script.command is not None
@@ -109,16 +110,15 @@ def read_config(
             return None
         from rl_msprobe.targets import cache_dir
 
-        cached = cache_dir() / "releases" / f"verl-{NEWEST['verl']}"
+        version = verl_version or NEWEST["verl"]
+        cached = cache_dir() / "releases" / f"verl-{version}"
         if not (cached / "verl" / "trainer" / "config").is_dir():
             script.notes.append(
                 "the script names its own config: pass --tree or --python (the verl that runs it) to read it"
             )
             return None
         verl_root = cached
-        script.notes.append(
-            f"config read against verl {NEWEST['verl']} (cached release; pass --tree to choose)"
-        )
+        script.notes.append(f"config read against verl {version} (cached release; pass --tree to choose)")
     # verl's own default config: the DEFAULTS table (checked against real releases) describes it;
     # it is still located, so a derived command is composed against it
     return launch_config.read(script, overrides, verl_root, values=own_config)
@@ -276,7 +276,7 @@ def check(
     command: int | None = None,
     verl_root: Path | None = None,
 ) -> CheckReport:
-    script, detection = detect_text(text, path, hint, command, verl_root)
+    script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     chosen = _mode(detection, mode, path)
     options = Options(backend=backend, train_backend=train_backend)
     # settings that hold paths accept any absolute path: the folders here only name defaults
@@ -366,7 +366,7 @@ def plan(
 ) -> Plan:
     """Everything `prepare` writes, in memory. `path` must be absolute."""
     versions = dict(versions or {})
-    script, detection = detect_text(text, path, hint, command, verl_root)
+    script, detection = detect_text(text, path, hint, command, verl_root, versions.get("verl"))
     chosen = _mode(detection, mode, path)
     if level not in msprobe_config.LEVELS:
         raise UserError(f"--level {level}: use mix (the default), L0 or L1.")
