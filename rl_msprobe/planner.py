@@ -156,7 +156,7 @@ def compose_violation(
     )
 
 
-# entry points a mode does not apply to: (kind, modes or None for all) -> why, and what to do
+# entry points the modes do not all apply to: kind -> (modes refused, why, what to do instead)
 ENTRY_LIMITS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "sft": (
         MODES,
