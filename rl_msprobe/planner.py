@@ -8,15 +8,18 @@ layer (`rl_msprobe/commands/planner.py`), never here.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rl_msprobe import __version__, msprobe_config
 from rl_msprobe.errors import UserError
+from rl_msprobe.launch import config as launch_config
 from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
@@ -51,12 +54,19 @@ PATCH_TARGET = {
 }
 
 
-def read(text: str, path: str) -> LaunchScript:
-    """Parse a script; a syntax error or a missing verl command is a UserError naming the line."""
+def read(text: str, path: str, command: int | None = None) -> LaunchScript:
+    """Parse a script; a syntax error or a missing verl command is a UserError naming the line.
+
+    `command`: which verl command (1-based) when the script runs several (default: the last
+    training job)."""
     try:
         script = parse_script(text, path)
+        if command is not None:
+            script.choose(command)
     except ShellSyntaxError as exc:
         raise UserError(f"{path}: {exc}. Fix the shell syntax (bash -n {path} shows it too).") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}. Pass a number in that range.") from None
     if script.command is None:
         raise UserError(
             f"{path}: no verl command found (python3 -m verl.trainer.main_ppo, "
@@ -66,9 +76,128 @@ def read(text: str, path: str) -> LaunchScript:
     return script
 
 
-def detect_text(text: str, path: str, hint: str | None = None) -> tuple[LaunchScript, Detection]:
-    script = read(text, path)
-    return script, detect(script, hint)
+def detect_text(
+    text: str,
+    path: str,
+    hint: str | None = None,
+    command: int | None = None,
+    verl_root: Path | None = None,
+    verl_version: str | None = None,
+) -> tuple[LaunchScript, Detection]:
+    """Parse and detect; with a verl tree (or a cached release of `verl_version`, else the newest,
+    for a script that names its own config), read the composed config too."""
+    script = read(text, path, command)
+    assert script.command is not None
+    overrides = Overrides(script.command.args)
+    composed = read_config(script, overrides, verl_root, verl_version)
+    if composed is None:
+        return script, detect(script, hint, overrides)
+    where = composed.source.describe if composed.source is not None else None
+    detection = detect(script, hint, overrides, composed.values, where)
+    detection.composed = composed
+    detection.reasons.extend(composed.notes)
+    return script, detection
+
+
+def read_config(
+    script: LaunchScript, overrides: Overrides, verl_root: Path | None, verl_version: str | None = None
+) -> launch_config.ComposedConfig | None:
+    """The composed config, when a verl tree is known (None: the DEFAULTS table describes the job)."""
+    assert script.command is not None
+    names_config = any(f in overrides.flags for f in ("--config-path", "--config-name", "-cp", "-cn"))
+    own_config = names_config or not script.command.entry.startswith("verl.")
+    if verl_root is None:
+        if not own_config:
+            return None
+        from rl_msprobe.targets import cache_dir
+
+        version = verl_version or NEWEST["verl"]
+        cached = cache_dir() / "releases" / f"verl-{version}"
+        if not (cached / "verl" / "trainer" / "config").is_dir():
+            script.notes.append(
+                "the script names its own config: pass --tree or --python (the verl that runs it) to read it"
+            )
+            return None
+        verl_root = cached
+        script.notes.append(f"config read against verl {version} (cached release; pass --tree to choose)")
+    # verl's own default config: the DEFAULTS table (checked against real releases) describes it;
+    # it is still located, so a derived command is composed against it
+    return launch_config.read(script, overrides, verl_root, values=own_config)
+
+
+def compose_violation(
+    script: LaunchScript, detection: Detection, original: LaunchScript | None = None
+) -> Violation | None:
+    """A violation when the command's overrides do not compose against the config it uses
+    (`original`: the user's script, to say whether it fails the same way)."""
+    composed = detection.composed
+    if not isinstance(composed, launch_config.ComposedConfig) or composed.source is None:
+        return None
+    assert script.command is not None
+    tokens = launch_config.known_tokens(Overrides(script.command.args))
+    _, problem = launch_config.compose(composed.source, tokens)
+    if problem is None:
+        return None
+    fix = f"Hydra refuses the command as verl would: {problem}"
+    if original is not None and original.command is not None:
+        _, before = launch_config.compose(
+            composed.source, launch_config.known_tokens(Overrides(original.command.args))
+        )
+        if before is not None:
+            fix += (
+                " — the original command fails the same way against this config: is it the verl version the "
+                "script was written for? (pass --tree or --python with the verl that runs it)"
+            )
+    return Violation(
+        "hydra.compose",
+        composed.source.name,
+        problem,
+        f"overrides that compose with {composed.source.describe}",
+        fix,
+    )
+
+
+# entry points the modes do not all apply to: kind -> (modes refused, why, what to do instead)
+ENTRY_LIMITS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "sft": (
+        MODES,
+        "verl's SFT trainer has no rollout, no global_profiler stages and no training/inference pair",
+        "collect an SFT run with msprobe's PrecisionDebugger in the trainer directly",
+    ),
+    "eval": (
+        MODES,
+        "main_eval only scores responses generated earlier: no model runs",
+        "prepare the job that generates or trains (pass --command N when the script runs several)",
+    ),
+    "generation": (
+        MODES,
+        "main_generation reads its own generation config (rollout.*, no actor_rollout_ref / global_profiler)",
+        "run generation with verl.trainer.main_generation_server (the PPO config) and inference mode",
+    ),
+    "generation_server": (
+        ("training", "consistency"),
+        "main_generation_server only generates: there is no training step",
+        "use --mode inference (dumps the rollout engine)",
+    ),
+}
+
+
+def entry_violation(script: LaunchScript, mode: str) -> Violation | None:
+    """A violation when the chosen verl entry point is not a job this mode can collect."""
+    assert script.command is not None
+    limit = ENTRY_LIMITS.get(script.command.kind)
+    if limit is None or mode not in limit[0]:
+        return None
+    modes, why, fix = limit
+    applies = [m for m in MODES if m not in modes]
+    return Violation(
+        "entry_point",
+        script.command.entry,
+        f"{script.command.entry} (line {script.command.statement.line})",
+        "a verl RL training entry point (main_ppo, the fully-async main, a recipe's PPO main)"
+        + (f" for {mode} mode; this one suits {', '.join(applies)}" if applies else ""),
+        f"{why}: {fix}",
+    )
 
 
 def _mode(detection: Detection, mode: str | None, path: str) -> str:
@@ -76,6 +205,11 @@ def _mode(detection: Detection, mode: str | None, path: str) -> str:
         if mode not in MODES:
             raise UserError(f"--mode {mode}: use one of {', '.join(MODES)}.")
         return mode
+    limit = ENTRY_LIMITS.get(detection.entry_kind)
+    if detection.mode == "unknown" and limit is not None and set(limit[0]) == set(MODES):
+        raise UserError(
+            f"{path}: no collection mode applies: {limit[1]}. {limit[2][0].upper()}{limit[2][1:]}."
+        )
     if detection.mode == "unknown":
         raise UserError(
             f"{path}: the collection mode cannot be decided from the script. "
@@ -99,6 +233,9 @@ def build_context(
 
 
 def requirements(ctx: Context, mode: str) -> Requirements:
+    wrong_entry = entry_violation(ctx.script, mode)
+    if wrong_entry is not None:
+        return Requirements(violations=[wrong_entry])
     req = MODE_MODULES[mode].requirements(ctx)
     assert ctx.script.command is not None
     assumed = [a for arg in ctx.script.command.args for a in arg.value.assumed]
@@ -137,14 +274,25 @@ def check(
     hint: str | None = None,
     versions: dict[str, str | None] | None = None,
     train_backend: str | None = None,
+    command: int | None = None,
+    verl_root: Path | None = None,
 ) -> CheckReport:
-    script, detection = detect_text(text, path, hint)
+    script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     chosen = _mode(detection, mode, path)
     options = Options(backend=backend, train_backend=train_backend)
     # settings that hold paths accept any absolute path: the folders here only name defaults
     ctx = build_context(script, detection, versions or {}, options, "/path/to", "/path/to/dump")
     req = requirements(ctx, chosen)
-    return CheckReport(chosen, detection, check_requirements(ctx, req), [*script.notes, *req.notes])
+    result = check_requirements(ctx, req)
+    broken = compose_violation(script, detection) if not req.violations else None
+    if broken is not None:
+        broken = dataclasses.replace(
+            broken,
+            fix=broken.fix + " (is it the verl version the script was written for? pass --tree or --python)",
+        )
+    if broken is not None:
+        result.violations.append(broken)
+    return CheckReport(chosen, detection, result, [*script.notes, *req.notes])
 
 
 @dataclass(frozen=True)
@@ -266,10 +414,12 @@ def plan(
     patch_target: dict[str, str] | None = None,
     regenerate: str | None = None,
     train_backend: str | None = None,
+    command: int | None = None,
+    verl_root: Path | None = None,
 ) -> Plan:
     """Everything `prepare` writes, in memory. `path` must be absolute."""
     versions = dict(versions or {})
-    script, detection = detect_text(text, path, hint)
+    script, detection = detect_text(text, path, hint, command, verl_root, versions.get("verl"))
     chosen = _mode(detection, mode, path)
     if level not in msprobe_config.LEVELS:
         raise UserError(f"--level {level}: use mix (the default), L0 or L1.")
@@ -382,9 +532,14 @@ def plan(
         )
     )
     # the derived script must pass the mode's own check
-    derived_script = read(derived, derived_path)
+    derived_script = read(derived, derived_path, command)
     dctx = build_context(
-        derived_script, detect(derived_script, hint), versions, options, config_dir, dump_root
+        derived_script,
+        detect(derived_script, hint, None, detection.config_values, detection.config_source),
+        versions,
+        options,
+        config_dir,
+        dump_root,
     )
     dctx.detection.mode = chosen
     dreq = requirements(dctx, chosen)
@@ -397,6 +552,9 @@ def plan(
                     result.violations.append(
                         Violation(f"msprobe_config.{spec.role}", problem.key, "", "", problem.message)
                     )
+    broken = compose_violation(derived_script, detection, script)
+    if broken is not None:
+        result.violations.append(broken)
     base.violations = result.violations
     base.changes = changes
     base.unverifiable = [u for u in result.unverifiable if "does not exist (yet)" not in u]

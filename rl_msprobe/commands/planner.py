@@ -53,17 +53,21 @@ def _int_list(text: str | None, option: str) -> list[int] | None:
 
 
 def _versions(
-    trees: tuple[str, ...], python: str | None
+    trees: tuple[str, ...], python: str | None, roots: dict[str, Path] | None = None
 ) -> tuple[dict[str, str | None], dict[str, str], list[str]]:
-    """Upstream versions (and how to name each tree in a patch command) from --tree / --python."""
+    """Upstream versions (and how to name each tree in a patch command) from --tree / --python.
+
+    `roots` (filled in when given): each project's folder, for reading its config."""
     from rl_msprobe import targets
 
+    roots = {} if roots is None else roots
     versions: dict[str, str | None] = {}
     where: dict[str, str] = {}
     notes: list[str] = []
     for spec in trees:
         target = targets.resolve_tree(spec)
         versions[target.project] = target.version
+        roots.setdefault(target.project, Path(target.root))
         if not target.readonly:
             where[target.project] = f"--tree {target.root}"
         notes.append(f"{target.describe()} (from --tree {spec})")
@@ -75,6 +79,8 @@ def _versions(
                 continue
             root = Path(location).parent
             versions[project] = targets.detect_version(root, project) if root.is_dir() else None
+            if root.is_dir():
+                roots.setdefault(project, root)
             where[project] = f"--python {python!r}" if " " in python else f"--python {python}"
             notes.append(
                 f"{project} {versions[project] or '(version unknown)'} at {root} (from --python {python})"
@@ -122,6 +128,13 @@ mode_option = click.option(
 )
 hint_option = click.option(
     "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
+)
+command_option = click.option(
+    "--command",
+    "command",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Which verl command of the script (1 = the first) when it runs several (default: the last training job).",
 )
 backend_option = click.option(
     "--backend",
@@ -178,9 +191,19 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
 @click.command()
 @click.argument("script", type=click.Path(dir_okay=False))
 @hint_option
+@command_option
+@tree_option
+@python_option
 @json_option
 @handles_user_errors
-def detect(script: str, hint: str | None, as_json: bool) -> None:
+def detect(
+    script: str,
+    hint: str | None,
+    command: int | None,
+    trees: tuple[str, ...],
+    python: str | None,
+    as_json: bool,
+) -> None:
     """Decide the collection mode, rollout engine and training backend of SCRIPT.
 
     Exit 0 when the mode is decided, 1 when it is not (then choose --mode yourself).
@@ -188,7 +211,9 @@ def detect(script: str, hint: str | None, as_json: bool) -> None:
     from rl_msprobe import planner
 
     text, path = _read_script(script)
-    _, detection = planner.detect_text(text, path, hint)
+    roots: dict[str, Path] = {}
+    _versions(trees, python, roots)
+    _, detection = planner.detect_text(text, path, hint, command, roots.get("verl"))
     if as_json:
         emit_json(detection.to_json())
     else:
@@ -230,6 +255,7 @@ def detect(script: str, hint: str | None, as_json: bool) -> None:
 @click.option("--pd/--no-pd", default=None, help="SGLang prefill/decode disaggregation (default: detected).")
 @tree_option
 @python_option
+@command_option
 @click.option(
     "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
 )
@@ -255,6 +281,7 @@ def prepare(
     pd: bool | None,
     trees: tuple[str, ...],
     python: str | None,
+    command: int | None,
     no_env_check: bool,
     force: bool,
     as_json: bool,
@@ -288,7 +315,8 @@ def prepare(
         notes.append(
             "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
         )
-    versions, where, tree_notes = _versions(trees, python)
+    roots: dict[str, Path] = {}
+    versions, where, tree_notes = _versions(trees, python, roots)
     stage_list = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     result = planner.plan(
         text,
@@ -307,6 +335,8 @@ def prepare(
         patch_target=where,
         regenerate=_regenerate_command(path, mode, sys.argv[1:]),
         train_backend=train_backend,
+        command=command,
+        verl_root=roots.get("verl"),
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:
@@ -385,6 +415,7 @@ def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | N
 @hint_option
 @tree_option
 @python_option
+@command_option
 @json_option
 @handles_user_errors
 def check(
@@ -395,6 +426,7 @@ def check(
     hint: str | None,
     trees: tuple[str, ...],
     python: str | None,
+    command: int | None,
     as_json: bool,
 ) -> None:
     """Check SCRIPT (derived or hand-written) against every rule of its collection mode.
@@ -404,9 +436,18 @@ def check(
     from rl_msprobe import planner
 
     text, path = _read_script(script)
-    versions, _, tree_notes = _versions(trees, python)
+    roots: dict[str, Path] = {}
+    versions, _, tree_notes = _versions(trees, python, roots)
     report = planner.check(
-        text, path, mode=mode, backend=backend, hint=hint, versions=versions, train_backend=train_backend
+        text,
+        path,
+        mode=mode,
+        backend=backend,
+        hint=hint,
+        versions=versions,
+        train_backend=train_backend,
+        command=command,
+        verl_root=roots.get("verl"),
     )
     report.notes = [*tree_notes, *report.notes]
     doc = report.to_json()

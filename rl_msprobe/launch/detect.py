@@ -36,6 +36,13 @@ HINT_SIGNALS: list[tuple[str, str, str]] = [
     ("training", r"training\s+dump|dump\s+(?:the\s+)?training", "training dump"),
 ]
 _PRIORITY = {"consistency": 0, "inference": 1, "training": 2}
+_ENTRY_NOTES = {
+    "generation_server": "main_generation_server generates with the rollout engine only (no training step): "
+    "inference mode applies, training and consistency do not",
+    "generation": "main_generation uses its own generation config: no collection mode applies",
+    "eval": "main_eval scores saved responses (no model runs): no collection mode applies",
+    "sft": "an SFT trainer (no rollout): no collection mode applies",
+}
 
 
 @dataclass
@@ -47,6 +54,10 @@ class Detection:
     fully_async: bool = False
     pd_disaggregation: bool = False
     config_name: str | None = None
+    entry_kind: str = "unknown"  # ppo | generation_server | generation | eval | sft (script.entry_kind)
+    config_values: dict[str, object] = field(default_factory=dict)  # keys read from the composed config
+    config_source: str | None = None  # which config file they come from
+    composed: object = field(default=None, repr=False)  # launch.config.ComposedConfig, when read
     reasons: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -114,8 +125,48 @@ def script_mode(script: LaunchScript, overrides: Overrides | None) -> tuple[set[
     return modes, reasons
 
 
-def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides | None = None) -> Detection:
+def _config_backend(det: Detection) -> bool:
+    """The training backend from the composed config's model_engine / actor strategy."""
+    engine = det.config_values.get("model_engine")
+    strategy = det.config_values.get("actor_rollout_ref.actor.strategy")
+    for key, value in (("model_engine", engine), ("actor_rollout_ref.actor.strategy", strategy)):
+        if not isinstance(value, str):
+            continue
+        lowered = value.lower()
+        backend = (
+            "megatron"
+            if lowered == "megatron"
+            else "fsdp"
+            if lowered in ("dp", "fsdp", "fsdp2")
+            else "unknown"
+        )
+        if (
+            key == "model_engine"
+            and backend == "fsdp"
+            and isinstance(strategy, str)
+            and strategy == "megatron"
+        ):
+            continue  # verl's legacy workers follow the actor strategy
+        det.train_backend = backend
+        det.reasons.append(
+            f"training backend {backend}: {key}={value} in the config {det.config_source}"
+            + ("" if backend != "unknown" else " (only FSDP and Megatron engines are covered)")
+        )
+        return True
+    return False
+
+
+def detect(
+    script: LaunchScript,
+    hint: str | None = None,
+    overrides: Overrides | None = None,
+    config: dict[str, object] | None = None,
+    config_source: str | None = None,
+) -> Detection:
+    """`config`: values read from the composed config (launch.config), used where the script is silent."""
     det = Detection()
+    det.config_values = dict(config or {})
+    det.config_source = config_source
     if overrides is None and script.command is not None:
         overrides = Overrides(script.command.args)
     if script.command is None:
@@ -124,7 +175,12 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
         )
     else:
         det.fully_async = script.command.fully_async
+        det.entry_kind = script.command.kind
         det.reasons.append(f"verl entry point: {script.command.entry} (line {script.command.statement.line})")
+        if det.entry_kind != "ppo":
+            det.reasons.append(_ENTRY_NOTES[det.entry_kind])
+        if script.choice_note:
+            det.reasons.append(script.choice_note)
 
     # ---- mode
     found_modes, mode_reasons = script_mode(script, overrides)
@@ -154,6 +210,9 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
         det.mode = from_hint
     elif from_script:
         det.mode = from_script
+    elif det.entry_kind == "generation_server":
+        det.mode = "inference"
+        det.reasons.append("a generation-only job: inference is the mode that applies")
     else:
         det.reasons.append(
             "mode undecidable: no hint and no mode signal in the script — choose training, inference or consistency"
@@ -179,6 +238,14 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
         det.reasons.append(
             f"actor_rollout_ref.rollout.name is only known at run time ({runtime.problem}); pass --backend"
         )
+    elif isinstance(det.config_values.get("actor_rollout_ref.rollout.name"), str):
+        value = str(det.config_values["actor_rollout_ref.rollout.name"]).strip().lower()
+        where = f"actor_rollout_ref.rollout.name={value} in the config {det.config_source}"
+        if value in ("vllm", "sglang"):
+            det.rollout = value
+            det.reasons.append(f"rollout engine {value}: {where}")
+        else:
+            det.reasons.append(f"rollout engine {value!r} has no msprobe collection path ({where})")
     else:
         hinted = {b for b in ("vllm", "sglang") if hint and re.search(rf"\b{b}\b", hint, re.I)}
         if len(hinted) == 1:
@@ -217,6 +284,8 @@ def detect(script: LaunchScript, hint: str | None = None, overrides: Overrides |
         )
     elif overrides.runtime_key("model_engine") is not None:
         det.reasons.append("model_engine is only known at run time; training backend unknown")
+    elif _config_backend(det):
+        pass
     elif config_name and not re.search(r"(ppo_trainer|fully_async_ppo_trainer)$", config_name):
         det.reasons.append(
             f"--config-name {config_name}: training backend unknown (not a verl default config)"

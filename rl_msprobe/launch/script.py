@@ -20,6 +20,7 @@ Everything here is pure: `parse_script(text)` in, a `LaunchScript` out; the word
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import operator
 import re
@@ -93,6 +94,40 @@ _SEPARATORS = {";", "\n", "&&", "||", "|", "&", ";;", "|&", "(", ")"}
 _REDIRECTS = {">", ">>", "<", "<<", "<<<", ">&", "<&", "&>", "&>>", ">|", "<>"}
 
 
+class LineIndex:
+    """Line numbers by binary search over the newline offsets (found once): O(log n) per query."""
+
+    def __init__(self, text: str):
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def line_of(self, pos: int) -> int:
+        return bisect.bisect_left(self.newlines, pos) + 1
+
+
+_PLAIN_RUN = re.compile(r"[^ \t\r\n;&|()<>\\'\"$`]+")  # word characters with no special meaning
+_DQ_RUN = re.compile(r'[^"\\$`]+')  # inside double quotes
+_BLANKS = re.compile(r"[ \t\r]+")
+_PAREN_RUN = re.compile(r"[^\\'\"()]+")
+_BRACE_RUN = re.compile(r"[^\\'{}]+")
+MAX_NESTING = 32  # `${A:-${A:-...}}` deeper than this is reported as too complex
+MAX_ARITH_BITS = 4096  # bash works in 64-bit integers; far larger intermediate values are refused
+MAX_ARITH_CHARS = 10_000
+TOO_COMPLEX = "too complex to evaluate; reported as unverifiable"
+
+
+def _continuation(text: str, pos: int) -> int:
+    """Length of a line continuation at pos (a backslash at text[pos]), 0 when it is an escape.
+
+    `\\` + newline, `\\` + CRLF (a script saved with Windows line ends reads as its author
+    meant it), and a backslash that ends the file (bash drops it).
+    """
+    if text.startswith("\\\n", pos):
+        return 2
+    if text.startswith("\\\r\n", pos):
+        return 3
+    return 1 if pos == len(text) - 1 else 0
+
+
 class ShellSyntaxError(ValueError):
     def __init__(self, message: str, line: int):
         super().__init__(f"line {line}: {message}")
@@ -105,9 +140,12 @@ class _Lexer:
         self.pos = 0
         self.tokens: list[Token] = []
         self.heredocs: list[tuple[str, bool]] = []
+        self._lines: LineIndex | None = None
 
     def line_of(self, pos: int) -> int:
-        return self.text.count("\n", 0, pos) + 1
+        if self._lines is None:
+            self._lines = LineIndex(self.text)
+        return self._lines.line_of(pos)
 
     def error(self, message: str, pos: int) -> ShellSyntaxError:
         return ShellSyntaxError(message, self.line_of(pos))
@@ -117,9 +155,9 @@ class _Lexer:
         while self.pos < len(text):
             c = text[self.pos]
             if c in " \t\r":
-                self.pos += 1
-            elif c == "\\" and text.startswith("\\\n", self.pos):
-                self.pos += 2
+                self.pos = _BLANKS.match(text, self.pos).end()  # type: ignore[union-attr]
+            elif c == "\\" and _continuation(text, self.pos):
+                self.pos += _continuation(text, self.pos)
             elif c == "\n":
                 self.tokens.append(Op("\n", self.pos, self.pos + 1))
                 self.pos += 1
@@ -191,9 +229,9 @@ class _Lexer:
             items: list[Word] = []
             while True:
                 while self.pos < len(text) and (
-                    text[self.pos] in " \t\r\n" or text.startswith("\\\n", self.pos)
+                    text[self.pos] in " \t\r\n" or (text[self.pos] == "\\" and _continuation(text, self.pos))
                 ):
-                    self.pos += 2 if text[self.pos] == "\\" else 1
+                    self.pos += _continuation(text, self.pos) if text[self.pos] == "\\" else 1
                 if self.pos >= len(text):
                     raise self.error("array assignment is not closed with `)`", start)
                 c = text[self.pos]
@@ -233,8 +271,8 @@ class _Lexer:
                     return Word((), start, start, "")
                 break
             if c == "\\":
-                if text.startswith("\\\n", self.pos):
-                    self.pos += 2
+                if _continuation(text, self.pos):
+                    self.pos += _continuation(text, self.pos)
                     continue
                 flush(False)
                 if self.pos + 1 < len(text):
@@ -263,8 +301,13 @@ class _Lexer:
                 parts.append(Part("cmd", text[self.pos + 1 : end], False))
                 self.pos = end + 1
                 continue
-            buf.append(c)
-            self.pos += 1
+            run = _PLAIN_RUN.match(text, self.pos)
+            if run is None:  # pragma: no cover - every other character is handled above
+                buf.append(c)
+                self.pos += 1
+                continue
+            buf.append(run.group(0))
+            self.pos = run.end()
         flush(False)
         return Word(tuple(parts), start, self.pos, text[start : self.pos])
 
@@ -289,8 +332,8 @@ class _Lexer:
                 break
             if c == "\\" and self.pos + 1 < len(text):
                 nxt = text[self.pos + 1]
-                if nxt == "\n":
-                    self.pos += 2
+                if nxt == "\n" or text.startswith("\r\n", self.pos + 1):
+                    self.pos += 2 if nxt == "\n" else 3
                     continue
                 if nxt in '"\\$`':
                     buf.append(nxt)
@@ -313,8 +356,13 @@ class _Lexer:
                 parts.append(Part("cmd", text[self.pos + 1 : end], True))
                 self.pos = end + 1
                 continue
-            buf.append(c)
-            self.pos += 1
+            run = _DQ_RUN.match(text, self.pos)
+            if run is None:  # pragma: no cover
+                buf.append(c)
+                self.pos += 1
+                continue
+            buf.append(run.group(0))
+            self.pos = run.end()
         # an empty "" still yields a (quoted, empty) part so the word exists
         if buf or len(parts) == count:
             parts.append(Part("lit", "".join(buf), True))
@@ -348,8 +396,16 @@ class _Lexer:
             if c == '"':
                 i += 1
                 while i < len(text) and text[i] != '"':
-                    i += 2 if text[i] == "\\" else 1
+                    if text[i] == "\\":
+                        i += 2
+                        continue
+                    run = _DQ_RUN.match(text, i)
+                    i = run.end() if run else i + 1
                 i += 1
+                continue
+            run = _PAREN_RUN.match(text, i)
+            if run is not None:
+                i = run.end()
                 continue
             if c == "(":
                 depth += 1
@@ -391,6 +447,10 @@ class _Lexer:
                 if c == "'" and not quoted:
                     end = text.find("'", i + 1)
                     i = len(text) if end < 0 else end + 1
+                    continue
+                run = _BRACE_RUN.match(text, i)
+                if run is not None:
+                    i = run.end()
                     continue
                 if c == "{":
                     depth += 1
@@ -504,6 +564,12 @@ class _Arith:
                 return int(left / right) if (left < 0) ^ (right < 0) else left // right
             if isinstance(node.op, ast.Pow) and (right < 0 or right > 64):
                 raise ValueError("exponent out of range")
+            if isinstance(node.op, ast.Pow) and max(abs(left), 1).bit_length() * right > MAX_ARITH_BITS:
+                raise ValueError(TOO_COMPLEX)
+            if isinstance(node.op, ast.LShift) and right > MAX_ARITH_BITS:
+                raise ValueError(TOO_COMPLEX)
+            if isinstance(node.op, ast.LShift | ast.RShift) and right < 0:
+                raise ValueError("negative shift count")
             return cls.OPS[type(node.op)](left, right)
         raise ValueError("not plain integer arithmetic")
 
@@ -513,6 +579,7 @@ class Scope:
 
     def __init__(self) -> None:
         self.vars: dict[str, Variable] = {}
+        self._nesting = 0  # `${X:-${Y:-...}}` defaults being evaluated, innermost last
 
     def copy(self) -> Scope:
         new = Scope()
@@ -523,6 +590,8 @@ class Scope:
 
     def lookup(self, name: str) -> tuple[Value, Variable | None]:
         var = self.vars.get(name)
+        if var is None and name.isdigit():
+            return Value(None, (f"${name} is an argument given to the script at run time",)), None
         if var is None:
             return Value(
                 None, (f"${name} is not set in the script; its value comes from the environment at run time",)
@@ -570,7 +639,7 @@ class Scope:
                 return [Value(str(len(var.items if var.items is not None else [var.value])))]
             value = var.value if var.items is None else (var.items[0] if var.items else Value(""))
             return [Value(str(len(value.text)))] if value.known else [value]
-        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])(.*)", body, re.S)
+        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?[-=+?])(.*)", body, re.S)
         if match:
             name, op, arg = match.groups()
             value, var = self.lookup(name)
@@ -583,8 +652,13 @@ class Scope:
                             default.runtime,
                             (
                                 *default.assumed,
-                                f"${{{name}:-...}} uses the script's default {default.text!r}; "
-                                f"an exported {name} would change it",
+                                f"${{{name}:-...}} uses the script's default "
+                                f"{repr(default.text) if default.known else '(itself known only at run time)'}; "
+                                + (
+                                    f"an argument given to the script would change it (${name} is positional)"
+                                    if name.isdigit()
+                                    else f"an exported {name} would change it"
+                                ),
                             ),
                         )
                     ]
@@ -611,6 +685,15 @@ class Scope:
 
     def evaluate_text(self, text: str) -> Value:
         """Evaluate a word given as text (a `${X:-default}` default, an arithmetic operand)."""
+        if self._nesting >= MAX_NESTING:
+            return Value(None, (f"{TOO_COMPLEX} (expansions nested deeper than {MAX_NESTING})",))
+        self._nesting += 1
+        try:
+            return self._evaluate_text(text)
+        finally:
+            self._nesting -= 1
+
+    def _evaluate_text(self, text: str) -> Value:
         try:
             lexer = _Lexer(text)
             lexer.pos = 0
@@ -643,11 +726,16 @@ class Scope:
         )
         if runtime:
             return Value(None, tuple(runtime))
+        shown = expr if len(expr) <= 80 else expr[:77] + "..."
+        if len(replaced) > MAX_ARITH_CHARS:
+            return Value(None, (f"$(({shown})): {TOO_COMPLEX} (longer than {MAX_ARITH_CHARS} characters)",))
         try:
             # substituted values may themselves be expressions (`X=$((A*2))` gives digits anyway)
             return Value(str(_Arith.evaluate(replaced)), (), tuple(assumed))
-        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
-            return Value(None, (f"$(({expr})) is not arithmetic this reader can evaluate ({exc})",))
+        except (RecursionError, MemoryError):
+            return Value(None, (f"$(({shown})): {TOO_COMPLEX}",))
+        except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
+            return Value(None, (f"$(({shown})) is not arithmetic this reader can evaluate ({exc})",))
 
     def expand(self, word: Word, split: bool = True) -> list[Value]:
         """Expand one word to the values it becomes (arrays and unquoted splitting give several)."""
@@ -697,9 +785,29 @@ def _join(values: list[Value], sep: str) -> Value:
 # ---------------------------------------------------------------- statements and the script
 
 VERL_ENTRY_RE = re.compile(
-    r"^(?:verl\.trainer\.main_\w+|verl\.experimental\.[\w.]*main\w*|recipe\.[\w.]*main\w*|verl\.[\w.]*main_ppo)$"
+    r"^(?:verl\.trainer\.main_\w+|verl\.experimental\.[\w.]*main\w*|recipe\.[\w.]*main\w*|verl\.[\w.]*main_ppo"
+    r"|verl\.trainer\.\w*sft_trainer\w*)$"
 )
-VERL_SCRIPT_RE = re.compile(r"(?:^|/)(?:main_ppo|fully_async_main|main_\w+)\.py$")
+VERL_SCRIPT_RE = re.compile(r"(?:^|/)(?:main_ppo|fully_async_main|main_\w+|\w*sft_trainer\w*)\.py$")
+# what kind of job an entry point runs: the collection modes apply to RL training jobs ("ppo")
+# and, for inference only, to the rollout-server generation job
+ENTRY_KINDS = (
+    ("sft", re.compile(r"sft_trainer\w*(?:\.py)?$")),
+    ("eval", re.compile(r"main_eval(?:\.py)?$")),
+    ("generation_server", re.compile(r"main_generation_server(?:\.py)?$")),
+    ("generation", re.compile(r"main_generation(?:\.py)?$")),
+)
+
+
+def entry_kind(entry: str) -> str:
+    """`ppo` (a training job: main_ppo, fully-async, the recipes' mains), `generation_server`,
+    `generation`, `eval` or `sft`."""
+    for kind, pattern in ENTRY_KINDS:
+        if pattern.search(entry):
+            return kind
+    return "ppo"
+
+
 FULLY_ASYNC_RE = re.compile(r"fully_async")
 _COMPOUND_OPEN = {"if", "while", "until", "for", "case", "select", "{", "function"}
 _COMPOUND_CLOSE = {"fi", "done", "esac", "}"}
@@ -752,6 +860,10 @@ class VerlCommand:
     def last_word(self) -> Word:
         return self.statement.words[-1]
 
+    @property
+    def kind(self) -> str:
+        return entry_kind(self.entry)
+
 
 @dataclass
 class LaunchScript:
@@ -762,18 +874,31 @@ class LaunchScript:
     other_commands: list[VerlCommand]
     variables: dict[str, Variable]
     notes: list[str]
+    lines: LineIndex | None = None
+    commands: list[VerlCommand] = field(default_factory=list)  # every verl command, in order
+    choice_note: str | None = None
+
+    def choose(self, number: int | None) -> None:
+        """Select the verl command to work on (see `choose_command`); ValueError when out of range."""
+        self.command, note = choose_command(self.commands, number)
+        self.other_commands = [c for c in self.commands if c is not self.command]
+        if self.choice_note in self.notes:
+            self.notes.remove(self.choice_note)
+        self.choice_note = note
+        if note:
+            self.notes.append(note)
 
     def line_of(self, pos: int) -> int:
-        return self.text.count("\n", 0, pos) + 1
+        if self.lines is None:
+            self.lines = LineIndex(self.text)
+        return self.lines.line_of(pos)
 
 
-def _split_statements(text: str, tokens: list[Token]) -> list[Statement]:
+def _split_statements(lines: LineIndex, tokens: list[Token]) -> list[Statement]:
     statements: list[Statement] = []
     depth = 0
     current: list[Token] = []
-
-    def line_of(pos: int) -> int:
-        return text.count("\n", 0, pos) + 1
+    line_of = lines.line_of
 
     def close() -> None:
         nonlocal depth
@@ -924,7 +1049,8 @@ def _flatten_command(stmt: Statement, scope: Scope) -> list[tuple[Value, Word, b
 def parse_script(text: str, path: str = "<script>") -> LaunchScript:
     """Parse a launch script; raise ShellSyntaxError when the text is not valid shell."""
     tokens = tokenize(text)
-    statements = _split_statements(text, tokens)
+    lines = LineIndex(text)
+    statements = _split_statements(lines, tokens)
     scope = Scope()
     commands: list[VerlCommand] = []
     notes: list[str] = []
@@ -954,9 +1080,9 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
                         # `export X` of an environment variable: still from the environment
                         pass
             for w in targets:
-                _assign(scope, w, conditional, declared_export, text)
+                _assign(scope, w, conditional, declared_export, lines)
             for arr in stmt.arrays:
-                _assign_array(scope, arr, conditional, text)
+                _assign_array(scope, arr, conditional, lines)
             continue
         if first == "unset":
             for w in stmt.words[1:]:
@@ -966,9 +1092,9 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
             continue
         if not stmt.words:
             for w in stmt.assignments:
-                _assign(scope, w, conditional, False, text)
+                _assign(scope, w, conditional, False, lines)
             for arr in stmt.arrays:
-                _assign_array(scope, arr, conditional, text)
+                _assign_array(scope, arr, conditional, lines)
             continue
         # a simple command: maybe the verl command
         flat = _flatten_command(stmt, scope)
@@ -1012,13 +1138,42 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
                 env=env,
             )
         )
-    command = commands[-1] if commands else None
-    if len(commands) > 1:
-        notes.append(
-            f"{len(commands)} verl commands found (lines "
-            f"{', '.join(str(c.statement.line) for c in commands)}); using the last one (line {commands[-1].statement.line})."
-        )
-    return LaunchScript(path, text, statements, command, commands[:-1], scope.vars, notes)
+    script = LaunchScript(path, text, statements, None, [], scope.vars, notes, lines)
+    script.commands = commands
+    script.choose(None)
+    return script
+
+
+_KIND_ORDER = ("ppo", "generation_server", "generation", "eval", "sft")
+_KIND_WHY = {
+    "ppo": "the training job",
+    "generation_server": "the only generation job",
+    "generation": "no training or rollout-server job",
+    "eval": "no training or generation job",
+    "sft": "no RL job",
+}
+
+
+def choose_command(commands: list[VerlCommand], number: int | None) -> tuple[VerlCommand | None, str | None]:
+    """The command to prepare (1-based `number`, else the last training job) and a note saying why."""
+    if not commands:
+        return None, None
+    lines = ", ".join(f"{i}: line {c.statement.line} {c.entry}" for i, c in enumerate(commands, 1))
+    if number is not None:
+        if not 1 <= number <= len(commands):
+            raise ValueError(f"--command {number}: the script runs {len(commands)} verl command(s) ({lines})")
+        chosen = commands[number - 1]
+        why = "chosen with --command"
+    else:
+        kind = min((c.kind for c in commands), key=_KIND_ORDER.index)
+        chosen = [c for c in commands if c.kind == kind][-1]
+        why = f"the last {kind} command: {_KIND_WHY[kind]}" if len(commands) > 1 else ""
+    if len(commands) == 1:
+        return chosen, None
+    return chosen, (
+        f"{len(commands)} verl commands found ({lines}); using {commands.index(chosen) + 1} "
+        f"(line {chosen.statement.line}, {chosen.entry}): {why}. Pass --command N to choose another."
+    )
 
 
 def _assignment_value(scope: Scope, word: Word) -> Value:
@@ -1040,12 +1195,12 @@ def _assignment_value(scope: Scope, word: Word) -> Value:
     return _join(values, " ") if values else Value("")
 
 
-def _assign(scope: Scope, word: Word, conditional: bool, exported: bool, text: str) -> None:
+def _assign(scope: Scope, word: Word, conditional: bool, exported: bool, lines: LineIndex) -> None:
     match = _ASSIGN_RE.match(word.unquoted_prefix)
     assert match is not None
     name, append = match.group(1), match.group(2) == "+"
     value = _assignment_value(scope, word)
-    line = text.count("\n", 0, word.start) + 1
+    line = lines.line_of(word.start)
     old = scope.vars.get(name)
     if append and old is not None:
         value = _join([old.value, value], "")
@@ -1061,7 +1216,7 @@ def _assign(scope: Scope, word: Word, conditional: bool, exported: bool, text: s
     scope.vars[name] = var
 
 
-def _assign_array(scope: Scope, arr: ArrayAssign, conditional: bool, text: str) -> None:
+def _assign_array(scope: Scope, arr: ArrayAssign, conditional: bool, lines: LineIndex) -> None:
     values: list[Value] = []
     words: list[Word] = []
     for item in arr.items:
@@ -1073,11 +1228,17 @@ def _assign_array(scope: Scope, arr: ArrayAssign, conditional: bool, text: str) 
             words = []  # positions no longer line up: nothing of this array is editable
     old = scope.vars.get(arr.name)
     old_words: list[Word] = old.item_words if old else []
+    line = lines.line_of(arr.start)
+    if arr.append and conditional and old is not None and old.items is not None and not old.conditional:
+        # `ARR+=( ... )` inside `if`: the items before stay certain; the appended ones may or may not
+        # be there at run time, so they are reported as run-time values, never guessed
+        why = f"{arr.name}+=( ... ) on line {line} is inside a conditional block; whether it runs depends on run time"
+        values = [Value(None, (why,), v.assumed) for v in values]
+        conditional = False
     if arr.append and old is not None and old.items is not None:
         lined_up = len(old_words) == len(old.items)
         values = [*old.items, *values]
         words = [*old_words, *words] if lined_up and len(words) == len(arr.items) else []
-    line = text.count("\n", 0, arr.start) + 1
     scope.vars[arr.name] = Variable(
         arr.name,
         _join(values[:1], ""),

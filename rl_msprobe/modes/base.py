@@ -189,6 +189,8 @@ class Context:
             return found.value, "script"
         if self.overrides.runtime_key(key) is not None:
             return _MISSING, "runtime"
+        if key in self.detection.config_values:
+            return self.detection.config_values[key], "config"
         if key in FOLLOWS:
             return self.value(FOLLOWS[key])
         if self.detection.fully_async and key in FULLY_ASYNC_DEFAULTS:
@@ -235,6 +237,8 @@ def is_abs_path(value: Any) -> bool:
 def _describe(value: Any, origin: str) -> str:
     if origin == "default":
         return f"not set (verl's default: {format_value(value)})"
+    if origin == "config":
+        return f"not set in the script (the config gives {format_value(value)})"
     return format_value(value)
 
 
@@ -262,7 +266,7 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
                 unverifiable.append(f"{setting.key}: {runtime.problem}")
                 continue
             value, origin = ctx.value(setting.key)
-            if setting.accepts(value) and origin == "default":
+            if setting.accepts(value) and origin in ("default", "config"):
                 continue
             violations.append(
                 Violation(

@@ -23,6 +23,7 @@ from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, Vi
 from rl_msprobe.msprobe_config import DUMP_PATH_RE
 
 TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
+DEFAULT_STEPS = [1, 2]
 
 
 def _steps_ok(value: Any) -> bool:
@@ -91,6 +92,17 @@ def _steps_run(ctx: Context, req: Requirements) -> tuple[list[Violation], list[s
     return out, []
 
 
+def _default_steps(ctx: Context, req: Requirements) -> list[int]:
+    """Steps 1 and 2, kept inside trainer.total_training_steps when the job is shorter."""
+    total = ctx.int_value("trainer.total_training_steps")
+    if total is None or total >= 2:
+        return list(DEFAULT_STEPS)
+    req.notes.append(
+        f"trainer.total_training_steps={total}: profiling step 1 only (the default steps are {DEFAULT_STEPS})."
+    )
+    return [1]
+
+
 def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
     found = ctx.overrides.get(key)
     return found.value if found is not None and accept(found.value) else None
@@ -130,7 +142,11 @@ def requirements(ctx: Context) -> Requirements:
     stages = list(
         ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or default_stages
     )
-    steps = list(ctx.options.steps or _script_value(ctx, "global_profiler.steps", _steps_ok) or [1, 2])
+    steps = list(
+        ctx.options.steps
+        or _script_value(ctx, "global_profiler.steps", _steps_ok)
+        or _default_steps(ctx, req)
+    )
     config_path = os.path.join(ctx.config_dir, "config.json")
     save_path = os.path.join(ctx.dump_dir, "training")
     if not ctx.options.dump_dir_given:

@@ -64,7 +64,7 @@ def test_version_number_alone_refuses_nothing(tree):
     """0.9.1 code labelled 0.5.0: the anchors are found, so it is patched, with a warning."""
     (tree / "verl" / "version" / "version").write_text("0.5.0")
     git(tree, "commit", "-qam", "pretend 0.5.0")
-    code, out, err = run_cli("patch", "diff", "verl-engine", "--tree", str(tree), "--json")
+    code, out, err = run_cli("patch", "diff", "verl-engine", "--tree", str(tree), "--json", "--exit-code")
     assert code == 1, err
     doc = json.loads(out)
     assert doc["tested"] is False and "older than the oldest tested release 0.6.0" in doc["warnings"][0]

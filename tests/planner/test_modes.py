@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from click.testing import CliRunner
 
 from rl_msprobe import planner
 from rl_msprobe.cli import main
-from rl_msprobe.launch.overrides import Overrides
+from rl_msprobe.errors import UserError
+from rl_msprobe.launch.overrides import Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
 
 from .conftest import CORPUS
@@ -315,7 +317,11 @@ def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
 
 def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> None:
     base = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm "
-    report = planner.check(base + "trainer.total_training_steps=1\n", str(tmp_path / "x.sh"), mode="training")
+    report = planner.check(
+        base + "trainer.total_training_steps=1 'global_profiler.steps=[1,2]'\n",
+        str(tmp_path / "x.sh"),
+        mode="training",
+    )
     assert "training.steps_in_range" in {v.rule for v in report.result.violations}
     stages = "'++global_profiler.global_tool_config.precision_debugger.stages=[actor_compute_log_prob]' "
     report = planner.check(
@@ -324,6 +330,16 @@ def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> 
         mode="training",
     )
     assert "training.bypass_mode" in {v.rule for v in report.result.violations}
+
+
+def test_default_steps_stay_inside_total_training_steps(tmp_path: Path) -> None:
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.total_training_steps=1\n"
+    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    assert not p.violations and value(p, "global_profiler.steps") == [1]
+    assert any("total_training_steps=1" in n for n in p.notes)
+    longer = text.replace("=1\n", "=5\n")
+    p = planner.plan(longer, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    assert value(p, "global_profiler.steps") == [1, 2]
 
 
 def test_consistency_turns_bypass_mode_off(tmp_path: Path) -> None:
@@ -430,3 +446,77 @@ def test_consistency_actor_computes_in_the_rollout_dtype(tmp_path: Path) -> None
         base + "actor_rollout_ref.rollout.dtype=auto\n", str(tmp_path / "e.sh"), mode="consistency"
     )
     assert any("rollout.dtype is auto" in u for u in auto.result.unverifiable)
+
+
+@pytest.mark.parametrize(
+    ("entry", "applies"),
+    [
+        ("verl.trainer.main_eval", ()),
+        ("verl.trainer.main_generation", ()),
+        ("verl.trainer.sft_trainer", ()),
+        ("verl.trainer.main_generation_server", ("inference",)),
+        ("recipe.dapo.main_dapo", ("training", "inference", "consistency")),
+    ],
+)
+def test_modes_apply_to_rl_entry_points_only(entry: str, applies: tuple[str, ...], tmp_path: Path) -> None:
+    text = f"python3 -m {entry} actor_rollout_ref.rollout.name=vllm\n"
+    for mode in ("training", "inference", "consistency"):
+        p = planner.plan(text, str(tmp_path / "run_x.sh"), mode=mode, out_dir=str(tmp_path))
+        wrong = [v for v in p.violations if v.rule == "entry_point"]
+        assert bool(wrong) is (mode not in applies), (mode, p.violations)
+        assert p.refused is bool(wrong) or not wrong
+        if wrong:
+            assert entry in wrong[0].found and wrong[0].fix
+    if not applies:
+        with pytest.raises(UserError, match="no collection mode applies"):
+            planner.plan(text, str(tmp_path / "run_x.sh"), out_dir=str(tmp_path))
+
+
+def test_generation_server_is_offered_inference() -> None:
+    text = "python3 -m verl.trainer.main_generation_server actor_rollout_ref.rollout.name=vllm\n"
+    _, detection = planner.detect_text(text, "/tmp/run_gen.sh")
+    assert detection.mode == "inference" and any("generation-only" in r for r in detection.reasons)
+
+
+def test_several_commands_take_the_training_job_and_command_n_chooses(tmp_path: Path) -> None:
+    text = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.nnodes=1\n"
+        "python3 -m verl.trainer.main_eval data.path=x\n"
+    )
+    script, detection = planner.detect_text(text, "/tmp/run_two.sh")
+    assert script.command is not None and script.command.entry == "verl.trainer.main_ppo"
+    assert any("2 verl commands found" in r and "--command N" in r for r in detection.reasons)
+    script, _ = planner.detect_text(text, "/tmp/run_two.sh", command=2)
+    assert script.command is not None and script.command.entry == "verl.trainer.main_eval"
+    with pytest.raises(UserError, match="--command 3"):
+        planner.detect_text(text, "/tmp/run_two.sh", command=3)
+    p = planner.plan(text, str(tmp_path / "run_two.sh"), mode="training", out_dir=str(tmp_path), command=2)
+    assert p.refused and p.violations[0].rule == "entry_point"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("ending", ["", "\n"], ids=["no-final-newline", "final-newline"])
+def test_a_last_line_ending_in_a_backslash_gets_no_stray_token(ending: str, tmp_path: Path) -> None:
+    from tests.support.bash_argv import record
+
+    original = tmp_path / "run_x.sh"
+    original.write_text(
+        'ARGS=(actor_rollout_ref.rollout.name=vllm)\npython3 -m verl.trainer.main_ppo \\\n    "${ARGS[@]}" \\'
+        + ending
+    )
+    p = planner.plan(original.read_text(), str(original), mode="training", out_dir=str(tmp_path))
+    assert not p.violations
+    derived = tmp_path / "run_profiler_x.sh"
+    derived.write_text(p.derived_text)
+    (before,) = record(original, tmp_path / "bash")
+    (after,) = record(derived, tmp_path / "bash")
+    assert after[: len(before)] == before
+    added = after[len(before) :]
+    assert [parse_override(t).key for t in added] == [
+        "global_profiler.tool",
+        "global_profiler.steps",
+        "global_profiler.save_path",
+        "global_profiler.global_tool_config.precision_debugger.config_path",
+        "global_profiler.global_tool_config.precision_debugger.stages",
+        "actor_rollout_ref.actor.profiler.enable",  # no reference model runs (no KL): no ref stage
+    ]

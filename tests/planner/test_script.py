@@ -128,3 +128,50 @@ def test_syntax_errors_name_the_line(text: str) -> None:
 
 def test_no_verl_command() -> None:
     assert parse_script("echo hello\npython3 train.py\n").command is None
+
+
+def test_a_backslash_ending_the_file_is_a_continuation_like_in_bash() -> None:
+    text = 'ARGS=(a=1)\npython3 -m verl.trainer.main_ppo \\\n    "${ARGS[@]}" \\'
+    script = parse_script(text)
+    assert script.command is not None
+    assert [a.value.text for a in script.command.args] == ["a=1"]
+    assert script.command.last_word.raw == '"${ARGS[@]}"'
+
+
+def test_crlf_line_ends_continue_lines() -> None:
+    text = 'python3 -m verl.trainer.main_ppo \\\r\n  a=1 \\\r\n  b="x\\\r\ny"\r\n'
+    assert args_of(text) == ["a=1", "b=xy"]
+
+
+def test_positional_defaults_are_assumptions() -> None:
+    script = parse_script("ENGINE=${1:-vllm}\npython3 -m verl.trainer.main_ppo name=$ENGINE raw=$2\n")
+    assert script.command is not None
+    name, raw = script.command.args
+    assert name.value.text == "name=vllm"
+    assert any("argument given to the script" in a for a in name.value.assumed)
+    assert raw.value.text is None and raw.value.runtime
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "$(( ((9**64)**64)**64 ))",
+        "$((1<<99999999999))",
+        "$((" + "+".join(["1"] * 3000) + "))",
+        "$((" + "+".join(["1"] * 20000) + "))",
+        "${A:-" * 500 + "x" + "}" * 500,
+    ],
+    ids=["power-tower", "huge-shift", "deep-expression", "long-expression", "nested-defaults"],
+)
+def test_too_complex_values_are_unverifiable_not_stuck(expr: str) -> None:
+    script = parse_script(f"X={expr}\npython3 -m verl.trainer.main_ppo a=$X\n")
+    assert script.command is not None
+    value = script.command.args[0].value
+    assert value.text is None and "too complex to evaluate; reported as unverifiable" in value.runtime[0]
+
+
+def test_line_numbers_on_a_long_script() -> None:
+    text = "X=1\n" * 20000 + "python3 -m verl.trainer.main_ppo a=$X\n"
+    script = parse_script(text)
+    assert script.command is not None and script.command.statement.line == 20001
+    assert script.line_of(len(text) - 1) == 20001
