@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -66,12 +67,12 @@ _TINY_MODEL_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 
-from tests.support.venvs import CachedVenv, VenvUnavailable, free_gb, run_pip
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 out = Path(sys.argv[1]); spec = json.loads(sys.argv[2]); seed = int(sys.argv[3])
+options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 out.mkdir(parents=True, exist_ok=True)
 words = ("the a model rollout prefill decode tensor layer rank step dump probe engine token "
          "request batch train infer compare cosine error value cache query key attention").split()
@@ -84,6 +85,12 @@ trainer = trainers.BpeTrainer(vocab_size=spec["vocab_size"] - 8, special_tokens=
 tok.train_from_iterator(sentences, trainer)
 fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
                                bos_token="<|endoftext|>")
+if options.get("full_vocab"):  # len(tokenizer) == vocab_size: verl masks logits >= len(tokenizer)
+    fast.add_special_tokens({"additional_special_tokens": [
+        f"<|extra_{i}|>" for i in range(spec["vocab_size"] - len(fast))]})
+    assert len(fast) == spec["vocab_size"], (len(fast), spec["vocab_size"])
+if options.get("chat_template"):
+    fast.chat_template = options["chat_template"]
 fast.save_pretrained(out)
 torch.manual_seed(seed)
 config = Qwen2Config(**spec, eos_token_id=fast.eos_token_id, bos_token_id=fast.bos_token_id,
@@ -97,24 +104,44 @@ def models_dir() -> Path:
     return venv_dir().parent.parent / "models"
 
 
-def tiny_model(dest: Path | None = None, python: Path | None = None, seed: int = 0) -> Path:
+def tiny_model(
+    dest: Path | None = None,
+    python: Path | None = None,
+    seed: int = 0,
+    *,
+    full_vocab: bool = False,
+    chat_template: str | None = None,
+) -> Path:
     """A random-weight Qwen2 (DOMAIN §7 sizes) and a byte-level BPE tokenizer, made locally with the
     venv's transformers / tokenizers (no hub). Same seed, same weights. Without DEST it is made
-    once under the cache (`~/.cache/rl-msprobe/models/tiny-qwen2-s<seed>`) and reused."""
+    once under the cache (`~/.cache/rl-msprobe/models/tiny-qwen2-s<seed>`) and reused.
+    FULL_VOCAB pads the tokenizer with special tokens up to the model's vocab (a verl job needs
+    `len(tokenizer) == vocab_size`); CHAT_TEMPLATE is saved with the tokenizer. Either one gives
+    another cached folder (`tiny-qwen2-<hash>-s<seed>`)."""
     python = python or build()
-    dest = dest or models_dir() / f"tiny-qwen2-s{seed}"
-    stamp = dest / "rl-msprobe-model.json"
-    expected = {"spec": TINY_MODEL, "seed": seed}
-    try:
-        if json.loads(stamp.read_text()) == expected:
+    options = {k: v for k, v in {"full_vocab": full_vocab, "chat_template": chat_template}.items() if v}
+    suffix = (
+        f"-{hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]}" if options else ""
+    )
+    dest = dest or models_dir() / f"tiny-qwen2{suffix}-s{seed}"
+    expected = {"spec": TINY_MODEL, "seed": seed, **({"options": options} if options else {})}
+    args = (json.dumps(TINY_MODEL), str(seed), json.dumps(options))
+    return cached_folder(dest, expected, python, _TINY_MODEL_SCRIPT, *args, what="the tiny model")
+
+
+def cached_folder(dest: Path, key: dict, python: Path, script: str, *args: str, what: str) -> Path:
+    """DEST, made once by the venv's python running SCRIPT with a staging folder and ARGS (no hub),
+    then renamed into place; a stamp holding KEY, written last, marks it complete, and another
+    KEY remakes it."""
+    stamp = dest / "rl-msprobe-stamp.json"
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(stamp.read_text()) == key:
             return dest
-    except (OSError, ValueError):
-        pass
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     proc = subprocess.run(
-        [str(python), "-c", _TINY_MODEL_SCRIPT, str(staging), json.dumps(TINY_MODEL), str(seed)],
+        [str(python), "-c", script, str(staging), *args],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
@@ -122,8 +149,8 @@ def tiny_model(dest: Path | None = None, python: Path | None = None, seed: int =
     )
     if proc.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"making the tiny model failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    (staging / stamp.name).write_text(json.dumps(expected))
+        raise RuntimeError(f"making {what} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    (staging / stamp.name).write_text(json.dumps(key))
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)
     return dest
@@ -174,15 +201,16 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def venv_print(python: Path, code: str) -> str:
+    """What CODE prints when the venv's python runs it (stripped)."""
+    return subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def site_packages(python: Path) -> Path:
     """The venv's site-packages directory (where `vllm/` is installed)."""
-    out = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return Path(out)
+    return Path(venv_print(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
 
 
 def run_in_venv(python: Path, code: str, env: dict[str, str], cwd: Path, timeout: int = 900):
