@@ -139,8 +139,9 @@ def sections(
                 f"{result.requests} request(s) in {len(result.steps)} step(s) from {len(result.files)} file(s), "
                 f"{result.lines} line(s).",
                 "|Δp| = |exp(train log p) − exp(rollout log p)| over the response tokens verl's mask counts is what "
-                "verl logs as training/rollout_probs_diff_{mean,max,std} (mean = token mean over the step); "
-                "|Δ log p| is the same gap in log space. p99 from a 50-bins-per-decade histogram (within 5%).",
+                "verl logs as training/rollout_probs_diff_{mean,max,std} (mean = token mean over the step; each exp "
+                "rounded to its tensor's dtype as verl's torch code does, bf16 included); "
+                "|Δ log p| is the same gap in log space. p99 from a histogram of 64 bins per power of two (within 1.1%).",
                 *(
                     [
                         f"{result.error_count} line(s) are errors the patched trainer wrote: {'; '.join(result.errors)}"

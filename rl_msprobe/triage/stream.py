@@ -2,9 +2,12 @@
 
 Quantities are verl's own (`verl/utils/debug/metrics.py`, 0.9.1): over the response tokens
 verl's mask counts, |Δp| = |exp(train log p) − exp(rollout log p)| is what verl logs as
-`training/rollout_probs_diff_{mean,max,std}` (token mean over the whole step; std unbiased);
+`training/rollout_probs_diff_{mean,max,std}` (token mean over the whole step; std unbiased),
+with each exp rounded to its tensor's dtype as torch does (float32, or bf16 when the training
+engine computes in bf16: the line says `train_dtype`);
 |Δ log p| = |train log p − rollout log p| is the same gap in log space. Mean, max and std are
-exact; p99 comes from a histogram of 50 log-spaced bins per decade (within 5%).
+exact; p99 comes from a histogram with 64 bins per power of two (within 1.1%), binned on
+the float's own bits (exponent and top mantissa bits), which costs no logarithm.
 
 Lines are parsed one by one and their arrays gathered into chunks that numpy reduces at once,
 so the cost stays close to parsing the lines. Memory holds one chunk, one entry per step, one
@@ -17,6 +20,7 @@ import heapq
 import json
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +28,12 @@ from rl_msprobe.dumps.layout import walk_files
 from rl_msprobe.errors import UserError
 
 LOG_NAME = "triage.jsonl"
-CHUNK = 4096  # lines reduced together
-BINS_PER_DECADE = 50
-LOW_DECADE = -9  # |Δ| below 1e-9 (and exact zeros) fall in bin 0
-N_BINS = 1 + BINS_PER_DECADE * 11  # up to 1e2
+CHUNK = 1024  # lines reduced together
+MANTISSA_BITS = 6  # 2**6 bins per power of two
+_SHIFT = 52 - MANTISSA_BITS
+LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0; above 2**8 in the last
+_LOW_KEY = (1023 + LOW_EXP) << MANTISSA_BITS
+N_BINS = 2 + ((HIGH_EXP - LOW_EXP) << MANTISSA_BITS)
 QUANTITIES = ("dlogp", "dp")  # |Δ log p|, |Δp|
 
 
@@ -77,7 +83,11 @@ class Gap:
 
 
 def bin_upper(b: int) -> float:
-    return 10.0 ** (LOW_DECADE + b / BINS_PER_DECADE)
+    """The upper edge of bin b (bin 0: below 2**LOW_EXP)."""
+    import struct
+
+    key = _LOW_KEY + b
+    return struct.unpack("<d", struct.pack("<q", key << _SHIFT))[0]
 
 
 @dataclass
@@ -172,88 +182,111 @@ class _Accumulator:
             result.by_token[q] = (self.np.zeros(0), self.np.zeros(0, self.np.int64))
 
     def _reset(self) -> None:
-        self.rollout: list = []
-        self.train: list = []
-        self.tokens: list = []
-        self.lengths: list[int] = []
-        self.line_steps: list[Any] = []
-        self.masks: list[tuple[int, list]] = []  # (line number in chunk, mask) for lines with a mask
-        self.docs: list[tuple[dict, str]] = []
-
-    def add(self, doc: dict, where: str) -> None:
-        rollout, train = doc["rollout_log_probs"], doc["train_log_probs"]
-        n = len(rollout)
-        if len(train) != n:
-            raise ValueError(f"{len(rollout)} rollout but {len(train)} training log-probs")
-        tokens = doc.get("response_ids")
-        if tokens is None or len(tokens) != n:
-            tokens = [-1] * n
-        if n == 0:  # nothing verl's mask counts: a request, no tokens
-            step = doc.get("step")
-            stats = self.result.steps.get(step) or self.result.steps.setdefault(step, StepStats(step))
-            stats.requests += 1
-            return
-        mask = doc.get("mask")
-        if mask is not None:
-            self.masks.append((len(self.lengths), mask))
-        self.rollout += rollout
-        self.train += train
-        self.tokens += tokens
-        self.lengths.append(n)
-        self.line_steps.append(doc.get("step"))
-        self.docs.append((doc, where))
-        if len(self.lengths) >= CHUNK:
-            self.flush()
+        self.docs: list[dict] = []
+        self.where: list[tuple[str, int]] = []
 
     def flush(self) -> None:
-        if not self.lengths:
+        self._validate()
+        docs = self.docs
+        if not docs:
+            self._reset()
             return
         np, res = self.np, self.result
-        lengths = np.asarray(self.lengths, np.int64)
+        lengths = self.lengths
         starts = np.zeros(len(lengths), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        try:
-            r = np.asarray(self.rollout, np.float64)
-            t = np.asarray(self.train, np.float64)
-        except TypeError:  # a null (non-finite) value
-            r = np.asarray([math.nan if v is None else v for v in self.rollout], np.float64)
-            t = np.asarray([math.nan if v is None else v for v in self.train], np.float64)
-        valid = np.ones(len(r), bool)
-        for line, mask in self.masks:
-            seg = valid[starts[line] : starts[line] + lengths[line]]
-            seg[:] = np.asarray(mask[: len(seg)], bool) if len(mask) >= len(seg) else False
+        total = int(lengths.sum())
+        r = _column(np, docs, "rollout_log_probs", total, np.float64, math.nan)
+        t = _column(np, docs, "train_log_probs", total, np.float64, math.nan)
+        tokens = _column(np, docs, "response_ids", total, np.int64, -1)
+        valid = np.ones(total, bool)
+        for i, doc in enumerate(docs):
+            mask = doc.get("mask")
+            if mask is not None:
+                seg = valid[starts[i] : starts[i] + lengths[i]]
+                seg[:] = np.asarray(mask[: len(seg)], bool) if len(mask) >= len(seg) else False
         finite = np.isfinite(r) & np.isfinite(t)
         res.nonfinite += int((valid & ~finite).sum())
         valid &= finite
         r = np.where(valid, r, 0.0)
         t = np.where(valid, t, 0.0)
-        gaps = {"dlogp": np.abs(t - r), "dp": np.abs(np.exp(t) - np.exp(r))}
-        pos = np.arange(len(r), dtype=np.int64) - np.repeat(starts, lengths)
-        tokens = np.asarray(self.tokens, np.int64)
-        # steps of this chunk -> local ids, one per token
-        local: dict[Any, int] = {}
-        line_step = np.asarray([local.setdefault(s, len(local)) for s in self.line_steps], np.int64)
-        token_step = np.repeat(line_step, lengths)
-        vpos, vtok, vstep = pos[valid], tokens[valid], token_step[valid]
-        counts_line = np.add.reduceat(valid.astype(np.int64), starts) if len(r) else np.zeros(0, np.int64)
-        counts_line = np.where(lengths > 0, counts_line, 0)
+        p_t = _as_stored(np, np.exp(t), [d.get("train_dtype") for d in docs], lengths)
+        p_r = _as_stored(np, np.exp(r), [d.get("rollout_dtype") for d in docs], lengths)
+        gaps = {"dlogp": np.abs(t - r), "dp": np.abs(p_t - p_r)}
+        local: dict[Any, int] = {}  # this chunk's steps -> local ids
+        line_step = np.fromiter(
+            [local.setdefault(d.get("step"), len(local)) for d in docs], np.int64, len(docs)
+        )
+        vstep = np.repeat(line_step, lengths)[valid]
+        vpos = (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths))[valid]
+        vtok = tokens[valid]
+        known = vtok >= 0
+        valid_gaps = {q: g[valid] for q, g in gaps.items()}
+        res.by_position = _grow_add(np, res.by_position, vpos, valid_gaps)
+        res.by_token = _grow_add(np, res.by_token, vtok[known], {q: g[known] for q, g in valid_gaps.items()})
         line_stats = {}
         for q, g in gaps.items():
-            gv = g[valid]
+            gv = valid_gaps[q]
             bins = _bins(np, gv)
             self._steps(q, gv, bins, vstep, local)
-            self._overall(q, gv, bins)
-            res.by_position[q] = _grow_add(np, res.by_position[q], vpos, gv)
-            ok_tok = vtok >= 0
-            res.by_token[q] = _grow_add(np, res.by_token[q], vtok[ok_tok], gv[ok_tok])
+            _fold(np, res.overall[q], gv, bins)
             masked = np.where(valid, g, 0.0)
-            sums = np.add.reduceat(masked, starts) if len(r) else np.zeros(0)
-            peaks = np.maximum.reduceat(masked, starts) if len(r) else np.zeros(0)
-            line_stats[q] = (np.where(lengths > 0, sums, 0.0), np.where(lengths > 0, peaks, 0.0))
+            line_stats[q] = (np.add.reduceat(masked, starts), np.maximum.reduceat(masked, starts))
         for step, k in local.items():
             res.steps[step].requests += int((line_step == k).sum())
-        self._worst(line_stats, counts_line, starts, lengths, gaps, tokens, r, t)
+        counts = np.add.reduceat(valid.astype(np.int64), starts)
+        self._worst(line_stats, counts, starts, lengths, gaps, tokens, r, t)
         self._reset()
+
+    def _validate(self) -> None:
+        """Keep the chunk's lines that hold two equally long arrays; the rest are counted, not read."""
+        np, res, docs = self.np, self.result, self.docs
+        try:
+            lr = np.fromiter([len(d["rollout_log_probs"]) for d in docs], np.int64, len(docs))
+            lt = np.fromiter([len(d["train_log_probs"]) for d in docs], np.int64, len(docs))
+            tok = [d.get("response_ids") for d in docs]
+            lk = np.fromiter([-1 if v is None else len(v) for v in tok], np.int64, len(docs))
+        except (KeyError, TypeError, AttributeError):
+            lr, lt, lk = self._validate_slowly()
+        for i in np.flatnonzero(lk != lr):
+            docs[i]["response_ids"] = [-1] * int(lr[i])
+        keep = (lr == lt) & (lr > 0)
+        res.requests += int((lr == lt).sum())
+        if keep.all():
+            self.lengths = lr
+            return
+        for i in np.flatnonzero(lr != lt):
+            res.bad_count += 1
+            if len(res.bad_lines) < 5:
+                res.bad_lines.append(
+                    "{}:{}: ".format(*self.where[i]) + f"{lr[i]} rollout but {lt[i]} training log-probs"
+                )
+        for i in np.flatnonzero((lr == lt) & (lr == 0)):  # nothing verl's mask counts: a request, no tokens
+            step = docs[i].get("step")
+            res.steps.setdefault(step, StepStats(step)).requests += 1
+        index = np.flatnonzero(keep)
+        self.docs = [docs[i] for i in index]
+        self.where = [self.where[i] for i in index]
+        self.lengths = lr[index]
+
+    def _validate_slowly(self) -> tuple[Any, Any, Any]:
+        """Line by line: a line that is not an object with the two arrays becomes a bad line."""
+        good, where = [], []
+        for doc, at in zip(self.docs, self.where):
+            try:
+                lengths = (len(doc["rollout_log_probs"]), len(doc["train_log_probs"]))
+                tokens = doc.get("response_ids")
+                lengths += (-1 if tokens is None else len(tokens),)
+            except (KeyError, TypeError, AttributeError) as exc:
+                self.result.bad_count += 1
+                if len(self.result.bad_lines) < 5:
+                    self.result.bad_lines.append("{}:{}: ".format(*at) + f"{type(exc).__name__}: {exc}")
+                continue
+            good.append((doc, lengths))
+            where.append(at)
+        self.docs, self.where = [d for d, _ in good], where
+        np = self.np
+        return tuple(np.asarray([n[k] for _, n in good], np.int64) for k in range(3))  # type: ignore[return-value]
 
     def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Any, int]) -> None:
         np = self.np
@@ -267,19 +300,23 @@ class _Accumulator:
             sel = vstep == k if len(local) > 1 else slice(None)
             _fold(np, gap, gv[sel], bins[sel])
 
-    def _overall(self, q: str, gv: Any, bins: Any) -> None:
-        _fold(self.np, self.result.overall[q], gv, bins)
-
     def _worst(self, stats, counts, starts, lengths, gaps, tokens, r, t) -> None:
         np = self.np
         sum_l, peak_l = stats["dlogp"]
         sum_p, _ = stats["dp"]
         floor = self.heap[0].key if len(self.heap) >= self.keep else None
         step_worst = self.result.step_worst
-        for i in np.flatnonzero(counts > 0):
+        steps = [d.get("step") for d in self.docs]
+        bar = np.asarray([step_worst[st].key[0] if st in step_worst else -1.0 for st in steps])
+        if floor is not None:
+            bar = np.minimum(bar, floor[0])
+        else:
+            bar[:] = -1.0
+        for i in np.flatnonzero((counts > 0) & (peak_l >= bar)):
             key = (float(peak_l[i]), float(sum_l[i] / counts[i]))
-            doc, where = self.docs[i]
-            step = doc.get("step")
+            doc = self.docs[i]
+            where = "{}:{}".format(*self.where[i])
+            step = steps[i]
             best = step_worst.get(step)
             to_heap = floor is None or key > floor
             if not to_heap and best is not None and key <= best.key:
@@ -325,9 +362,9 @@ class _Accumulator:
 
 
 def _bins(np: Any, values: Any) -> Any:
-    with np.errstate(divide="ignore"):
-        b = np.ceil((np.log10(values) - LOW_DECADE) * BINS_PER_DECADE)
-    return np.clip(np.nan_to_num(b, nan=0.0, neginf=0.0), 0, N_BINS - 1).astype(np.int64)
+    """Histogram bins of non-negative floats from their bits: monotonic, 2**MANTISSA_BITS per octave."""
+    keys = (values.view(np.int64) >> _SHIFT) - (_LOW_KEY - 1)
+    return np.clip(keys, 0, N_BINS - 1)
 
 
 def _fold(np: Any, gap: Gap, values: Any, bins: Any) -> None:
@@ -335,22 +372,55 @@ def _fold(np: Any, gap: Gap, values: Any, bins: Any) -> None:
         return
     gap.count += int(len(values))
     gap.total += float(values.sum())
-    gap.squares += float(np.dot(values, values))
+    gap.squares += float((values * values).sum())  # not np.dot: BLAS threads cost more than they save here
     gap.peak = max(gap.peak, float(values.max()))
     gap.hist += np.bincount(bins, minlength=N_BINS)
 
 
-def _grow_add(np: Any, acc: tuple[Any, Any], index: Any, values: Any) -> tuple[Any, Any]:
-    sums, counts = acc
+def _grow_add(np: Any, acc: dict[str, Any], index: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Add values[q] at index into acc[q] = (sums, counts), growing the arrays to the largest index."""
     if not len(index):
         return acc
     size = int(index.max()) + 1
-    if size > len(sums):
-        sums = np.concatenate([sums, np.zeros(size - len(sums))])
-        counts = np.concatenate([counts, np.zeros(size - len(counts), np.int64)])
-    sums[:size] += np.bincount(index, weights=values, minlength=size)
-    counts[:size] += np.bincount(index, minlength=size)
-    return sums, counts
+    counts = np.bincount(index, minlength=size)
+    out = {}
+    for q, (sums, total) in acc.items():
+        if size > len(sums):
+            sums = np.concatenate([sums, np.zeros(size - len(sums))])
+            total = np.concatenate([total, np.zeros(size - len(total), np.int64)])
+        sums[:size] += np.bincount(index, weights=values[q], minlength=size)
+        total[:size] += counts
+        out[q] = (sums, total)
+    return out
+
+
+def _as_stored(np: Any, values: Any, dtypes: list[Any], lengths: Any) -> Any:
+    """Probabilities rounded to the dtype torch computes them in (float32 unless a line says bf16/fp16)."""
+    out = values.astype(np.float32).astype(np.float64)
+    for name in {d for d in dtypes if d and d != "float32"}:
+        where = np.repeat(np.asarray([d == name for d in dtypes]), lengths)
+        if name == "bfloat16":
+            bits = values[where].astype(np.float32).view(np.uint32).astype(np.uint64)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+            out[where] = bits.astype(np.uint32).view(np.float32)
+        elif name == "float16":
+            out[where] = values[where].astype(np.float16)
+    return out
+
+
+def _column(np: Any, docs: list[dict], key: str, total: int, dtype: Any, missing: Any) -> Any:
+    """One key's arrays of every line, end to end (a null or a non-number becomes `missing`)."""
+    try:
+        return np.fromiter(chain.from_iterable([d[key] for d in docs]), dtype, total)
+    except (TypeError, ValueError):
+        return np.asarray(
+            [
+                v if isinstance(v, (int, float)) and not isinstance(v, bool) else missing
+                for d in docs
+                for v in d[key]
+            ],
+            dtype,
+        )
 
 
 def log_files(root: Path) -> list[Path]:
@@ -372,7 +442,8 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
     acc = _Accumulator(result, keep)
     loads = json.loads
     for path in log_files(root):
-        result.files.append(str(path))
+        name = str(path)
+        result.files.append(name)
         with open(path, "rb") as f:
             for number, raw in enumerate(f, 1):
                 result.lines += 1
@@ -383,7 +454,10 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                         if len(result.errors) < 5:
                             result.errors.append(f"{path}:{number}: step {doc.get('step')}: {doc['error']}")
                         continue
-                    acc.add(doc, f"{path}:{number}")
+                    acc.docs.append(doc)
+                    acc.where.append((name, number))
+                    if len(acc.docs) >= CHUNK:
+                        acc.flush()
                 except (ValueError, KeyError, TypeError) as exc:
                     if not raw.strip():
                         result.lines -= 1
@@ -392,7 +466,6 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                     if len(result.bad_lines) < 5:
                         result.bad_lines.append(f"{path}:{number}: {type(exc).__name__}: {exc}"[:300])
                     continue
-                result.requests += 1
     acc.flush()
     result.worst = sorted(acc.heap, reverse=True)
     return result

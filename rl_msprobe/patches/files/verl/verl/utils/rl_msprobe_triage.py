@@ -17,7 +17,9 @@ A line (schema ``rl-msprobe-triage/1``): ``step`` (the trainer's ``global_steps`
 ``verl-request-id`` set when ``RL_MSPROBE_REQUEST_ID=1``; else null), ``uid``, ``prompt_len``,
 ``prompt_ids``, ``response_ids``, ``rollout_log_probs``, ``train_log_probs`` (one value per
 response position, up to the last position verl's mask counts, 9 significant digits: a float32
-round-trips), ``mask`` (only when some of those positions are masked out), and ``sample`` (the
+round-trips), ``rollout_dtype`` / ``train_dtype`` (only when not float32: verl's metric takes
+``exp`` in the tensor's own dtype, e.g. bf16 training log-probs), ``mask`` (only when some of
+those positions are masked out), and ``sample`` (the
 dataset row's ``data_source``, ``prompt``, ``ability``, ``reward_model``, ``extra_info`` where the
 batch carries them: enough to write a one-prompt data file that reproduces the request).
 
@@ -113,6 +115,10 @@ def _lines(data: Any, step: Any, source: Any):
         line["response_ids"] = [int(t) for t in responses[i, :end].tolist()]
         line["rollout_log_probs"] = _Floats(rollout[i, :end].tolist())
         line["train_log_probs"] = _Floats(train[i, :end].tolist())
+        for key, tensor in (("rollout_dtype", rollout), ("train_dtype", train)):
+            dtype = str(getattr(tensor, "dtype", "float32")).replace("torch.", "")
+            if dtype != "float32":  # verl takes exp() in this dtype: the report does the same
+                line[key] = dtype
         if 0 in valid[:end]:
             line["mask"] = valid[:end]
         sample = {k: _value(extra.get(k), i) for k in SAMPLE_KEYS if extra.get(k) is not None}
