@@ -19,9 +19,7 @@ python3 -m verl.trainer.main_ppo \\
 def test_prepare_triage_sets_log_probs_env_and_the_patch_set(tmp_path):
     script = tmp_path / "run_grpo.sh"
     script.write_text(SCRIPT)
-    code, out, err = run_cli(
-        "prepare", str(script), "--mode", "triage", "--python", "python3", "--json"
-    )
+    code, out, err = run_cli("prepare", str(script), "--mode", "triage", "--python", "python3", "--json")
     assert code == 0, err + out
     plan = json.loads(out)
     assert plan["patch_sets"] == ["verl-triage"] and plan["configs"] == {}
