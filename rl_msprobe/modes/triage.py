@@ -9,7 +9,7 @@ and request are worth a consistency dump. Rules (issue 13):
   `RL_MSPROBE_REQUEST_ID=1` reaching the rollout workers (request ids as in consistency);
 - `algorithm.rollout_correction.bypass_mode=False` when the script (or fully-async) turns it
   on: bypass reuses the rollout's log-probs as the training ones, so there is no gap to see;
-- patch set `verl-triage` (it includes `verl-request-id`).
+- patch sets `verl-triage` and `verl-request-id` (the ids a consistency dump joins on).
 No msprobe, no dumps, no batch or parallelism constraint.
 """
 
@@ -76,7 +76,7 @@ def requirements(ctx: Context) -> Requirements:
             "the rollout keeps each request's id, so triage lines name the ids a consistency dump uses",
         )
     )
-    req.patch_sets.append("verl-triage")
+    req.patch_sets += ["verl-triage", "verl-request-id"]
     req.notes.append(
         f"Output: {folder}/<pid>/triage.jsonl, one line per request per step. After (or during) the run: "
         f"rl-msprobe mismatch report {folder}"

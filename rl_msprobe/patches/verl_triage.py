@@ -35,14 +35,15 @@ VERL_TRIAGE = register(
             _where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
             _where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
         ),
-        includes=("verl-request-id",),
         notes=(
             "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
             "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "
             "ray_trainer.py is required.",
             "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
-            "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both, and "
-            "RL_MSPROBE_REQUEST_ID=1 for the request ids); then read the folder with `rl-msprobe mismatch report`.",
+            "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
+            "read the folder with `rl-msprobe mismatch report`.",
+            "Request ids in the lines come from verl-request-id (with RL_MSPROBE_REQUEST_ID=1): prepare --mode triage "
+            "lists both sets; without it the lines carry verl's uid only.",
         ),
     )
 )

@@ -1,6 +1,6 @@
 """Triage on the live verl 0.9.1 GRPO job on CPU (tests/support/live_job.py), from the plain script.
 
-One job of 4 steps: `prepare --mode triage`, the verl-triage set applied to a copy of the
+One job of 4 steps: `prepare --mode triage`, the sets it names (verl-triage, verl-request-id) applied to a copy of the
 release that the venv runs (first on PYTHONPATH), and a test-only rollout-side perturbation of
 one layer planted from the weight sync that step 3 samples with (tests/triage/live_perturb.py).
 Then `mismatch report`: its per-step mean |Δp| must equal verl's own
@@ -28,7 +28,9 @@ PLANT_STEP = 3
 def triage_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("live_triage")
     job = live_job.prepare_job(root / "job", steps=STEPS)
-    tree = patched_release("verl", "0.9.1", root / "verl-0.9.1", ["verl-triage"], with_git=False)
+    tree = patched_release(
+        "verl", "0.9.1", root / "verl-0.9.1", ["verl-triage", "verl-request-id"], with_git=False
+    )
     code, out, err = run_cli(
         "prepare",
         str(job.script),
