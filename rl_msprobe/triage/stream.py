@@ -28,7 +28,7 @@ from rl_msprobe.dumps.layout import walk_files
 from rl_msprobe.errors import UserError
 
 LOG_NAME = "triage.jsonl"
-CHUNK = 1024  # lines reduced together
+CHUNK = 256  # lines reduced together (small: the parsed lines stay in cache)
 MANTISSA_BITS = 6  # 2**6 bins per power of two
 _SHIFT = 52 - MANTISSA_BITS
 LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0; above 2**8 in the last
@@ -151,6 +151,7 @@ class Triage:
     error_count: int = 0
     bad_lines: list[str] = field(default_factory=list)  # unparsable lines (first few)
     bad_count: int = 0
+    blank: int = 0  # empty lines (not counted as lines)
     nonfinite: int = 0  # tokens with a non-finite log-prob (left out, as a NaN would poison verl's mean)
     steps: dict[Any, StepStats] = field(default_factory=dict)
     overall: dict[str, Gap] = field(default_factory=dict)
@@ -300,6 +301,20 @@ class _Accumulator:
             sel = vstep == k if len(local) > 1 else slice(None)
             _fold(np, gap, gv[sel], bins[sel])
 
+    def _candidates(self, np: Any, peak: Any, counts: Any, steps: list[Any]) -> list[int]:
+        """The only lines of a chunk that can enter the worst list: its `keep` largest peaks, and
+        each step's largest (if above the heap's floor or that step's worst so far)."""
+        peak = np.where(counts > 0, peak, -1.0)
+        k = min(self.keep, len(peak))
+        found = set(np.argpartition(-peak, k - 1)[:k].tolist()) if k else set()
+        first: dict[Any, int] = {}
+        for i, step in enumerate(steps):
+            j = first.setdefault(step, i)
+            if peak[i] > peak[j]:
+                first[step] = i
+        found.update(first.values())
+        return sorted(i for i in found if peak[i] >= 0)
+
     def _worst(self, stats, counts, starts, lengths, gaps, tokens, r, t) -> None:
         np = self.np
         sum_l, peak_l = stats["dlogp"]
@@ -307,12 +322,7 @@ class _Accumulator:
         floor = self.heap[0].key if len(self.heap) >= self.keep else None
         step_worst = self.result.step_worst
         steps = [d.get("step") for d in self.docs]
-        bar = np.asarray([step_worst[st].key[0] if st in step_worst else -1.0 for st in steps])
-        if floor is not None:
-            bar = np.minimum(bar, floor[0])
-        else:
-            bar[:] = -1.0
-        for i in np.flatnonzero((counts > 0) & (peak_l >= bar)):
+        for i in self._candidates(np, peak_l, counts, steps):
             key = (float(peak_l[i]), float(sum_l[i] / counts[i]))
             doc = self.docs[i]
             where = "{}:{}".format(*self.where[i])
@@ -445,8 +455,8 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
         name = str(path)
         result.files.append(name)
         with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
-                result.lines += 1
+            number = 0
+            for number, raw in enumerate(f, 1):  # noqa: B007 - counted after the loop
                 try:
                     doc = loads(raw)
                     if "error" in doc:
@@ -460,12 +470,14 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                         acc.flush()
                 except (ValueError, KeyError, TypeError) as exc:
                     if not raw.strip():
-                        result.lines -= 1
+                        result.blank += 1
                         continue
                     result.bad_count += 1
                     if len(result.bad_lines) < 5:
                         result.bad_lines.append(f"{path}:{number}: {type(exc).__name__}: {exc}"[:300])
                     continue
+            result.lines += number
+    result.lines -= result.blank
     acc.flush()
     result.worst = sorted(acc.heap, reverse=True)
     return result
