@@ -24,7 +24,7 @@ from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
 from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
-from rl_msprobe.modes import consistency, inference, training
+from rl_msprobe.modes import consistency, inference, training, triage
 from rl_msprobe.modes.base import (
     NEWEST,
     CheckResult,
@@ -36,17 +36,24 @@ from rl_msprobe.modes.base import (
     env_in_script,
 )
 
-MODE_MODULES = {"training": training, "inference": inference, "consistency": consistency}
+MODE_MODULES = {
+    "training": training,
+    "inference": inference,
+    "consistency": consistency,
+    "triage": triage,
+}
 DERIVED_PREFIX = {
     "training": "run_profiler_",
     "inference": "run_infer_dump_",
     "consistency": "run_consistency_",
+    "triage": "run_triage_",
 }
 PATCH_TARGET = {
     "verl-engine": "verl",
     "verl-prompts-only": "verl",
     "verl-request-id": "verl",
     "verl-consistency": "verl",
+    "verl-triage": "verl",
     "sglang-dump": "sglang",
     "sglang-bootstrap-room": "sglang",
     "vllm-ascend-dispatch-log": "vllm-ascend",

@@ -124,7 +124,9 @@ python_option = click.option(
     help="The training interpreter (may be `docker exec -i NAME python3`).",
 )
 mode_option = click.option(
-    "--mode", type=click.Choice(["training", "inference", "consistency"]), help="Collection mode."
+    "--mode",
+    type=click.Choice(["training", "inference", "consistency", "triage"]),
+    help="Collection mode (triage: log-prob gap per request, no msprobe).",
 )
 hint_option = click.option(
     "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
@@ -296,7 +298,7 @@ def prepare(
 
     text, path = _read_script(script)
     notes: list[str] = []
-    if python and not no_env_check:
+    if python and not no_env_check and mode != "triage":  # triage never imports msprobe
         from rl_msprobe import env as env_mod
 
         report = env_mod.probe(python)
@@ -311,7 +313,7 @@ def prepare(
                 click.echo(message, err=True)
             sys.exit(1)
         notes.append(f"msprobe {report.version} imports in {python}.")
-    elif not python:
+    elif not python and mode != "triage":
         notes.append(
             "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
         )

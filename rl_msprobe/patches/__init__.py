@@ -203,7 +203,7 @@ def register(patch_set: PatchSet) -> PatchSet:
 
 def _load_all() -> None:
     # Importing the modules registers their sets; each area keeps its own module.
-    from rl_msprobe.patches import verl  # noqa: F401
+    from rl_msprobe.patches import verl, verl_triage  # noqa: F401
 
     for optional in (
         "rl_msprobe.patches.sglang",

@@ -1,0 +1,84 @@
+"""Mismatch triage: per-request, per-token log-prob gap between rollout and training, before any dump.
+
+A cheap pass on the real job at full batch size that says how big the training–inference gap
+is, where (step, request, response position, token) and whether it grows, and so which step
+and request are worth a consistency dump. Rules (issue 13):
+- `actor_rollout_ref.rollout.calculate_log_probs=True`: the rollout returns its log-probs, and
+  verl then computes `training/rollout_probs_diff_*` right after the old-log-prob recompute;
+- env `RL_MSPROBE_TRIAGE=<absolute folder>` reaching the trainer (a Ray actor), and
+  `RL_MSPROBE_REQUEST_ID=1` reaching the rollout workers (request ids as in consistency);
+- `algorithm.rollout_correction.bypass_mode=False` when the script (or fully-async) turns it
+  on: bypass reuses the rollout's log-probs as the training ones, so there is no gap to see;
+- patch sets `verl-triage` and `verl-request-id` (the ids a consistency dump joins on).
+No msprobe, no dumps, no batch or parallelism constraint.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rl_msprobe.modes.base import Context, EnvVar, Requirements, Setting, is_abs_path
+
+R = "actor_rollout_ref.rollout."
+TRIAGE_ENV = "RL_MSPROBE_TRIAGE"
+
+
+def _true(value: object) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _false(value: object) -> bool:
+    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
+
+
+def triage_dir(ctx: Context) -> str:
+    return os.path.join(ctx.dump_dir, "triage")
+
+
+def requirements(ctx: Context) -> Requirements:
+    req = Requirements()
+    req.add(
+        Setting(
+            "triage.calculate_log_probs",
+            R + "calculate_log_probs",
+            True,
+            "",
+            "the rollout returns its log-probs, so verl compares them with the training recompute",
+            accept=_true,
+        )
+    )
+    if ctx.detection.fully_async or ctx.overrides.get("algorithm.rollout_correction.bypass_mode") is not None:
+        req.add(
+            Setting(
+                "triage.bypass_mode",
+                "algorithm.rollout_correction.bypass_mode",
+                False,
+                "",
+                "bypass mode reuses the rollout's log-probs as the training ones: no gap would be measured",
+                accept=_false,
+            )
+        )
+    folder = triage_dir(ctx)
+    req.env.append(
+        EnvVar(
+            "triage.env.RL_MSPROBE_TRIAGE",
+            TRIAGE_ENV,
+            folder,
+            "the folder the patched trainer writes one JSON line per request to",
+            accept=is_abs_path,
+        )
+    )
+    req.env.append(
+        EnvVar(
+            "triage.env.RL_MSPROBE_REQUEST_ID",
+            "RL_MSPROBE_REQUEST_ID",
+            "1",
+            "the rollout keeps each request's id, so triage lines name the ids a consistency dump uses",
+        )
+    )
+    req.patch_sets += ["verl-triage", "verl-request-id"]
+    req.notes.append(
+        f"Output: {folder}/<pid>/triage.jsonl, one line per request per step. After (or during) the run: "
+        f"rl-msprobe mismatch report {folder}"
+    )
+    return req

@@ -1,0 +1,49 @@
+"""The verl-triage patch set: per-request rollout vs training log-prob lines, no msprobe.
+
+Kept in its own module (one registration line in `patches/__init__.py`) so the set can follow
+the capability model of the other verl sets without touching them.
+"""
+
+from __future__ import annotations
+
+from rl_msprobe.codemods.verl_triage import (
+    VerlTriageRayTrainer,
+    VerlTriageSeparateTrainer,
+    VerlTriageSyncTrainer,
+    VerlTriageV1Trainer,
+)
+from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+
+TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")
+
+
+def _where_present(codemod, why: str) -> Piece:
+    """Patched wherever the tree ships the file (its measuring statement must then be there)."""
+    return Piece(codemod, essential=False, why_optional=why, needs_file=True)
+
+
+VERL_TRIAGE = register(
+    PatchSet(
+        name="verl-triage",
+        project="verl",
+        description="one JSON line per request (rollout vs training log-probs) where verl computes "
+        "training/rollout_probs_diff_* (RL_MSPROBE_TRIAGE=<folder>)",
+        pieces=(
+            Piece(TRIAGE_FILE),
+            Piece(VerlTriageRayTrainer()),
+            _where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
+            _where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
+            _where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
+        ),
+        notes=(
+            "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
+            "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "
+            "ray_trainer.py is required.",
+            "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
+            "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
+            "read the folder with `rl-msprobe mismatch report`.",
+            "Request ids in the lines come from verl-request-id (with RL_MSPROBE_REQUEST_ID=1): prepare --mode triage "
+            "lists both sets; without it the lines carry verl's uid only.",
+        ),
+    )
+)

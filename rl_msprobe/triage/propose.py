@@ -1,0 +1,182 @@
+"""From triage to a dump: which step and request to dump, and the ready commands to do it.
+
+The step: the first step whose mean |Δp| jumps (at least `JUMP` times the median of the steps
+before it); without a jump, the step with the largest mean |Δp|. The request: that step's worst
+(largest |Δ log p|). Its dataset row (or, lacking one, its prompt token ids) is written as a
+one-prompt jsonl data file (verl's RLHF dataset reads .jsonl); with the user's launch script, a
+reproduction script is derived from it (that file as train and val data, one step), ready for
+`rl-msprobe prepare --mode consistency`, which sets batch sizes, dumps and patches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_msprobe.triage.stream import Triage, Worst
+
+JUMP = 3.0  # a step's mean |Δp| at least this many times the median before it is a jump
+
+
+@dataclass
+class Growth:
+    first: float
+    last: float
+    jump_step: Any = None
+    jump_ratio: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "first_mean_dp": self.first,
+            "last_mean_dp": self.last,
+            "jump_step": self.jump_step,
+            "jump_ratio": self.jump_ratio,
+        }
+
+
+def growth(result: Triage) -> Growth | None:
+    steps = result.step_list()
+    means = [s.gaps["dp"].mean() for s in steps if "dp" in s.gaps]
+    if not means:
+        return None
+    g = Growth(means[0], means[-1])
+    for k in range(1, len(means)):
+        base = statistics.median(means[:k])
+        if base > 0 and means[k] >= JUMP * base and means[k] - base > 1e-6:
+            g.jump_step, g.jump_ratio = steps[k].step, means[k] / base
+            break
+    return g
+
+
+@dataclass
+class Proposal:
+    step: Any
+    why: str
+    request: Worst | None
+    data_file: str | None = None
+    script: str | None = None
+    commands: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "why": self.why,
+            "request": self.request.to_json() if self.request else None,
+            "data_file": self.data_file,
+            "script": self.script,
+            "commands": self.commands,
+            "notes": self.notes,
+        }
+
+
+def choose(result: Triage, step_worst: dict[Any, Worst]) -> Proposal | None:
+    g = growth(result)
+    steps = result.step_list()
+    if g is None or not steps:
+        return None
+    if g.jump_step is not None:
+        step = g.jump_step
+        why = f"the mean |Δp| jumps at step {step} ({g.jump_ratio:.1f}x the median of the steps before)"
+    else:
+        top = max(steps, key=lambda s: _finite(s.gaps["dp"].mean()))
+        step = top.step
+        why = f"no jump (>= {JUMP:g}x) between steps: step {step} has the largest mean |Δp|"
+    return Proposal(step, why, step_worst.get(step))
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -1.0
+
+
+def data_row(worst: Worst) -> tuple[dict[str, Any], bool]:
+    """The request's dataset row for verl's RLHF dataset; False when only token ids are known."""
+    sample = dict(worst.sample or {})
+    prompt = sample.pop("raw_prompt", None) or sample.get("prompt")
+    if prompt is not None:
+        row = {"data_source": sample.get("data_source", "rl_msprobe_triage"), "prompt": prompt}
+        for key in ("ability", "reward_model", "extra_info"):
+            if sample.get(key) is not None:
+                row[key] = sample[key]
+        return row, True
+    return {"data_source": "rl_msprobe_triage", "prompt_token_ids": worst.prompt_ids}, False
+
+
+def write_proposal(proposal: Proposal, out: Path, script: Path | None, verl_tree: str | None) -> None:
+    """Write the one-prompt data file (and the reproduction script) and fill in the commands."""
+    worst = proposal.request
+    if worst is None:
+        proposal.notes.append(f"no request with response tokens was logged at step {proposal.step}")
+        return
+    row, has_prompt = data_row(worst)
+    tag = (worst.request_id or worst.uid or f"row{worst.index}")[:12]
+    data = out / f"repro_step{proposal.step}_{_safe(tag)}.jsonl"
+    data.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    proposal.data_file = str(data)
+    if not has_prompt:
+        proposal.notes.append(
+            f"{data.name} holds the prompt's token ids only (the batch carried no dataset row): decode them with the "
+            "job's tokenizer into the chat messages of a `prompt` field before using it as data"
+        )
+    tree = f" --tree {shlex.quote(verl_tree)}" if verl_tree else " --tree <the verl tree that runs>"
+    if script is not None:
+        derived = write_repro_script(script, data, out, proposal.step)
+        proposal.script = str(derived)
+        proposal.commands.append(f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency{tree}")
+    else:
+        proposal.commands.append(
+            f"rl-msprobe prepare YOUR_SCRIPT --mode consistency{tree}   # after adding "
+            f"data.train_files={data} data.val_files={data} trainer.total_training_steps=1 to YOUR_SCRIPT "
+            "(or pass --script to `mismatch report` to have that script written)"
+        )
+    if isinstance(proposal.step, int) and proposal.step > 1:
+        proposal.notes.append(
+            f"step {proposal.step} ran on weights trained for {proposal.step - 1} step(s): resume the reproduction from "
+            f"that checkpoint (trainer.resume_mode=resume_path trainer.resume_from_path=<ckpt>/global_step_"
+            f"{proposal.step - 1}) when the run saved one; from fresh weights the dump shows step 1's gap"
+        )
+    proposal.notes.append(
+        f"the request: step {worst.step}, request id {worst.request_id or '-'}, prompt length {worst.prompt_len}, "
+        f"worst position {worst.positions[0]['position'] if worst.positions else '-'}; after the consistency run: "
+        "rl-msprobe dumps compare <rollout dump> <actor dump> --out <dir> shows the first diverging layer"
+    )
+
+
+def write_repro_script(script: Path, data: Path, out: Path, step: Any) -> Path:
+    """A copy of the user's launch script with the one-prompt data and one training step."""
+    from rl_msprobe import planner
+    from rl_msprobe.launch.overrides import Overrides
+    from rl_msprobe.launch.render import Token, comment, render
+
+    text = script.read_text(encoding="utf-8")
+    parsed = planner.read(text, str(script))
+    assert parsed.command is not None
+    tokens = [
+        Token("data.train_files", str(data), ""),
+        Token("data.val_files", str(data), ""),
+        Token("trainer.total_training_steps", 1, "++"),
+    ]
+    header = [
+        comment(
+            f"Derived by rl-msprobe mismatch report from {script}: the worst request of triage step {step} as the "
+            "only prompt; next: rl-msprobe prepare THIS --mode consistency"
+        )
+    ]
+    derived = render(parsed, Overrides(parsed.command.args), tokens, [], header)
+    stem = script.name[:-3] if script.name.endswith(".sh") else script.name
+    target = out / f"run_repro_step{step}_{stem}.sh"
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    tmp.write_text(derived, encoding="utf-8")
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
+    return target
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)

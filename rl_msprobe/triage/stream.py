@@ -1,0 +1,483 @@
+"""Stream triage lines (`<dir>/<pid>/triage.jsonl`) into bounded per-step, per-position and per-token sums.
+
+Quantities are verl's own (`verl/utils/debug/metrics.py`, 0.9.1): over the response tokens
+verl's mask counts, |Δp| = |exp(train log p) − exp(rollout log p)| is what verl logs as
+`training/rollout_probs_diff_{mean,max,std}` (token mean over the whole step; std unbiased),
+with each exp rounded to its tensor's dtype as torch does (float32, or bf16 when the training
+engine computes in bf16: the line says `train_dtype`);
+|Δ log p| = |train log p − rollout log p| is the same gap in log space. Mean, max and std are
+exact; p99 comes from a histogram with 64 bins per power of two (within 1.1%), binned on
+the float's own bits (exponent and top mantissa bits), which costs no logarithm.
+
+Lines are parsed one by one and their arrays gathered into chunks that numpy reduces at once,
+so the cost stays close to parsing the lines. Memory holds one chunk, one entry per step, one
+per response position and per token id, and the `keep` worst requests: never one per line.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from rl_msprobe.dumps.layout import walk_files
+from rl_msprobe.errors import UserError
+
+LOG_NAME = "triage.jsonl"
+CHUNK = 256  # lines reduced together (small: the parsed lines stay in cache)
+MANTISSA_BITS = 6  # 2**6 bins per power of two
+_SHIFT = 52 - MANTISSA_BITS
+LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0; above 2**8 in the last
+_LOW_KEY = (1023 + LOW_EXP) << MANTISSA_BITS
+N_BINS = 2 + ((HIGH_EXP - LOW_EXP) << MANTISSA_BITS)
+QUANTITIES = ("dlogp", "dp")  # |Δ log p|, |Δp|
+
+
+def _np():
+    try:
+        import numpy
+    except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency
+        raise UserError("mismatch report needs numpy: pip install numpy") from None
+    return numpy
+
+
+@dataclass
+class Gap:
+    """Running sums of one quantity over a set of tokens."""
+
+    count: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    peak: float = 0.0
+    hist: Any = None  # numpy int64[N_BINS]
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    def std(self) -> float:  # torch.std: unbiased
+        if self.count < 2:
+            return math.nan
+        var = (self.squares - self.total * self.total / self.count) / (self.count - 1)
+        return math.sqrt(max(var, 0.0))
+
+    def quantile(self, q: float) -> float:
+        if not self.count or self.hist is None:
+            return math.nan
+        np = _np()
+        cum = np.cumsum(self.hist)
+        b = int(np.searchsorted(cum, q * self.count))
+        return min(bin_upper(b), self.peak)
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "tokens": self.count,
+            "mean": self.mean(),
+            "p99": self.quantile(0.99),
+            "max": self.peak if self.count else math.nan,
+            "std": self.std(),
+        }
+
+
+def bin_upper(b: int) -> float:
+    """The upper edge of bin b (bin 0: below 2**LOW_EXP)."""
+    import struct
+
+    key = _LOW_KEY + b
+    return struct.unpack("<d", struct.pack("<q", key << _SHIFT))[0]
+
+
+@dataclass
+class StepStats:
+    step: Any
+    requests: int = 0
+    gaps: dict[str, Gap] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "requests": self.requests,
+            **{q: g.to_json() for q, g in self.gaps.items()},
+        }
+
+
+@dataclass(order=True)
+class Worst:
+    """One of the worst requests: ranked by its largest |Δ log p|, then its mean."""
+
+    key: tuple[float, float]
+    step: Any = field(compare=False)
+    request_id: str | None = field(compare=False)
+    uid: str | None = field(compare=False)
+    index: int | None = field(compare=False)
+    prompt_len: int | None = field(compare=False)
+    response_len: int = field(compare=False)
+    mean_dlogp: float = field(compare=False)
+    mean_dp: float = field(compare=False)
+    positions: list[dict[str, Any]] = field(compare=False)  # the worst positions of this request
+    where: str = field(compare=False)  # file:line
+    prompt_ids: list[int] | None = field(compare=False, default=None)
+    sample: dict[str, Any] | None = field(compare=False, default=None)
+
+    def to_json(self, full: bool = False) -> dict[str, Any]:
+        doc = {
+            "step": self.step,
+            "request_id": self.request_id,
+            "uid": self.uid,
+            "index": self.index,
+            "prompt_len": self.prompt_len,
+            "response_len": self.response_len,
+            "max_dlogp": self.key[0],
+            "mean_dlogp": self.mean_dlogp,
+            "mean_dp": self.mean_dp,
+            "positions": self.positions,
+            "where": self.where,
+        }
+        if full:
+            doc["prompt_ids"] = self.prompt_ids
+            doc["sample"] = self.sample
+        return doc
+
+
+@dataclass
+class Triage:
+    files: list[str] = field(default_factory=list)
+    lines: int = 0
+    requests: int = 0
+    errors: list[str] = field(default_factory=list)  # error lines written by the helper (first few)
+    error_count: int = 0
+    bad_lines: list[str] = field(default_factory=list)  # unparsable lines (first few)
+    bad_count: int = 0
+    blank: int = 0  # empty lines (not counted as lines)
+    nonfinite: int = 0  # tokens with a non-finite log-prob (left out, as a NaN would poison verl's mean)
+    steps: dict[Any, StepStats] = field(default_factory=dict)
+    overall: dict[str, Gap] = field(default_factory=dict)
+    by_position: dict[str, Any] = field(default_factory=dict)  # q -> (sum, count) numpy arrays
+    by_token: dict[str, Any] = field(default_factory=dict)  # q -> (sum, count) numpy arrays
+    worst: list[Worst] = field(default_factory=list)  # the worst requests, worst first
+    step_worst: dict[Any, Worst] = field(default_factory=dict)  # each step's worst request
+
+    def step_list(self) -> list[StepStats]:
+        return [self.steps[k] for k in sorted(self.steps, key=_step_order)]
+
+
+def _step_order(step: Any) -> tuple[int, Any]:
+    return (0, step) if isinstance(step, (int, float)) else (1, str(step))
+
+
+class _Accumulator:
+    """Gathers parsed lines into a chunk; `flush` reduces it into the Triage with numpy."""
+
+    def __init__(self, result: Triage, keep: int) -> None:
+        self.np = _np()
+        self.result = result
+        self.keep = keep
+        self.heap: list[Worst] = []
+        self._reset()
+        for q in QUANTITIES:
+            result.overall[q] = Gap(hist=self.np.zeros(N_BINS, self.np.int64))
+            result.by_position[q] = (self.np.zeros(0), self.np.zeros(0, self.np.int64))
+            result.by_token[q] = (self.np.zeros(0), self.np.zeros(0, self.np.int64))
+
+    def _reset(self) -> None:
+        self.docs: list[dict] = []
+        self.where: list[tuple[str, int]] = []
+
+    def flush(self) -> None:
+        self._validate()
+        docs = self.docs
+        if not docs:
+            self._reset()
+            return
+        np, res = self.np, self.result
+        lengths = self.lengths
+        starts = np.zeros(len(lengths), np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        total = int(lengths.sum())
+        r = _column(np, docs, "rollout_log_probs", total, np.float64, math.nan)
+        t = _column(np, docs, "train_log_probs", total, np.float64, math.nan)
+        tokens = _column(np, docs, "response_ids", total, np.int64, -1)
+        valid = np.ones(total, bool)
+        for i, doc in enumerate(docs):
+            mask = doc.get("mask")
+            if mask is not None:
+                seg = valid[starts[i] : starts[i] + lengths[i]]
+                seg[:] = np.asarray(mask[: len(seg)], bool) if len(mask) >= len(seg) else False
+        finite = np.isfinite(r) & np.isfinite(t)
+        res.nonfinite += int((valid & ~finite).sum())
+        valid &= finite
+        r = np.where(valid, r, 0.0)
+        t = np.where(valid, t, 0.0)
+        p_t = _as_stored(np, np.exp(t), [d.get("train_dtype") for d in docs], lengths)
+        p_r = _as_stored(np, np.exp(r), [d.get("rollout_dtype") for d in docs], lengths)
+        gaps = {"dlogp": np.abs(t - r), "dp": np.abs(p_t - p_r)}
+        local: dict[Any, int] = {}  # this chunk's steps -> local ids
+        line_step = np.fromiter(
+            [local.setdefault(d.get("step"), len(local)) for d in docs], np.int64, len(docs)
+        )
+        vstep = np.repeat(line_step, lengths)[valid]
+        vpos = (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths))[valid]
+        vtok = tokens[valid]
+        known = vtok >= 0
+        valid_gaps = {q: g[valid] for q, g in gaps.items()}
+        res.by_position = _grow_add(np, res.by_position, vpos, valid_gaps)
+        res.by_token = _grow_add(np, res.by_token, vtok[known], {q: g[known] for q, g in valid_gaps.items()})
+        line_stats = {}
+        for q, g in gaps.items():
+            gv = valid_gaps[q]
+            bins = _bins(np, gv)
+            self._steps(q, gv, bins, vstep, local)
+            _fold(np, res.overall[q], gv, bins)
+            masked = np.where(valid, g, 0.0)
+            line_stats[q] = (np.add.reduceat(masked, starts), np.maximum.reduceat(masked, starts))
+        for step, k in local.items():
+            res.steps[step].requests += int((line_step == k).sum())
+        counts = np.add.reduceat(valid.astype(np.int64), starts)
+        self._worst(line_stats, counts, starts, lengths, gaps, tokens, r, t)
+        self._reset()
+
+    def _validate(self) -> None:
+        """Keep the chunk's lines that hold two equally long arrays; the rest are counted, not read."""
+        np, res, docs = self.np, self.result, self.docs
+        try:
+            lr = np.fromiter([len(d["rollout_log_probs"]) for d in docs], np.int64, len(docs))
+            lt = np.fromiter([len(d["train_log_probs"]) for d in docs], np.int64, len(docs))
+            tok = [d.get("response_ids") for d in docs]
+            lk = np.fromiter([-1 if v is None else len(v) for v in tok], np.int64, len(docs))
+        except (KeyError, TypeError, AttributeError):
+            lr, lt, lk = self._validate_slowly()
+        for i in np.flatnonzero(lk != lr):
+            docs[i]["response_ids"] = [-1] * int(lr[i])
+        keep = (lr == lt) & (lr > 0)
+        res.requests += int((lr == lt).sum())
+        if keep.all():
+            self.lengths = lr
+            return
+        for i in np.flatnonzero(lr != lt):
+            res.bad_count += 1
+            if len(res.bad_lines) < 5:
+                res.bad_lines.append(
+                    "{}:{}: ".format(*self.where[i]) + f"{lr[i]} rollout but {lt[i]} training log-probs"
+                )
+        for i in np.flatnonzero((lr == lt) & (lr == 0)):  # nothing verl's mask counts: a request, no tokens
+            step = docs[i].get("step")
+            res.steps.setdefault(step, StepStats(step)).requests += 1
+        index = np.flatnonzero(keep)
+        self.docs = [docs[i] for i in index]
+        self.where = [self.where[i] for i in index]
+        self.lengths = lr[index]
+
+    def _validate_slowly(self) -> tuple[Any, Any, Any]:
+        """Line by line: a line that is not an object with the two arrays becomes a bad line."""
+        good, where = [], []
+        for doc, at in zip(self.docs, self.where):
+            try:
+                lengths = (len(doc["rollout_log_probs"]), len(doc["train_log_probs"]))
+                tokens = doc.get("response_ids")
+                lengths += (-1 if tokens is None else len(tokens),)
+            except (KeyError, TypeError, AttributeError) as exc:
+                self.result.bad_count += 1
+                if len(self.result.bad_lines) < 5:
+                    self.result.bad_lines.append("{}:{}: ".format(*at) + f"{type(exc).__name__}: {exc}")
+                continue
+            good.append((doc, lengths))
+            where.append(at)
+        self.docs, self.where = [d for d, _ in good], where
+        np = self.np
+        return tuple(np.asarray([n[k] for _, n in good], np.int64) for k in range(3))  # type: ignore[return-value]
+
+    def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Any, int]) -> None:
+        np = self.np
+        for step, k in local.items():
+            stats = self.result.steps.get(step)
+            if stats is None:
+                stats = self.result.steps[step] = StepStats(step)
+            gap = stats.gaps.get(q)
+            if gap is None:
+                gap = stats.gaps[q] = Gap(hist=np.zeros(N_BINS, np.int64))
+            sel = vstep == k if len(local) > 1 else slice(None)
+            _fold(np, gap, gv[sel], bins[sel])
+
+    def _candidates(self, np: Any, peak: Any, counts: Any, steps: list[Any]) -> list[int]:
+        """The only lines of a chunk that can enter the worst list: its `keep` largest peaks, and
+        each step's largest (if above the heap's floor or that step's worst so far)."""
+        peak = np.where(counts > 0, peak, -1.0)
+        k = min(self.keep, len(peak))
+        found = set(np.argpartition(-peak, k - 1)[:k].tolist()) if k else set()
+        first: dict[Any, int] = {}
+        for i, step in enumerate(steps):
+            j = first.setdefault(step, i)
+            if peak[i] > peak[j]:
+                first[step] = i
+        found.update(first.values())
+        return sorted(i for i in found if peak[i] >= 0)
+
+    def _worst(self, stats, counts, starts, lengths, gaps, tokens, r, t) -> None:
+        np = self.np
+        sum_l, peak_l = stats["dlogp"]
+        sum_p, _ = stats["dp"]
+        floor = self.heap[0].key if len(self.heap) >= self.keep else None
+        step_worst = self.result.step_worst
+        steps = [d.get("step") for d in self.docs]
+        for i in self._candidates(np, peak_l, counts, steps):
+            key = (float(peak_l[i]), float(sum_l[i] / counts[i]))
+            doc = self.docs[i]
+            where = "{}:{}".format(*self.where[i])
+            step = steps[i]
+            best = step_worst.get(step)
+            to_heap = floor is None or key > floor
+            if not to_heap and best is not None and key <= best.key:
+                continue
+            a, n = int(starts[i]), int(lengths[i])
+            seg = gaps["dlogp"][a : a + n]
+            top = np.argsort(seg)[::-1][:5]
+            positions = [
+                {
+                    "position": int(p),
+                    "token_id": int(tokens[a + p]),
+                    "rollout_log_prob": float(r[a + p]),
+                    "train_log_prob": float(t[a + p]),
+                    "dlogp": float(seg[p]),
+                }
+                for p in top
+                if seg[p] > 0
+            ]
+            worst = Worst(
+                key,
+                step,
+                doc.get("request_id"),
+                doc.get("uid"),
+                doc.get("index"),
+                doc.get("prompt_len"),
+                n,
+                float(sum_l[i] / counts[i]),
+                float(sum_p[i] / counts[i]),
+                positions,
+                where,
+                doc.get("prompt_ids"),
+                doc.get("sample"),
+            )
+            if best is None or key > best.key:
+                step_worst[step] = worst
+            if not to_heap:
+                continue
+            if len(self.heap) < self.keep:
+                heapq.heappush(self.heap, worst)
+            else:
+                heapq.heapreplace(self.heap, worst)
+            floor = self.heap[0].key if len(self.heap) >= self.keep else None
+
+
+def _bins(np: Any, values: Any) -> Any:
+    """Histogram bins of non-negative floats from their bits: monotonic, 2**MANTISSA_BITS per octave."""
+    keys = (values.view(np.int64) >> _SHIFT) - (_LOW_KEY - 1)
+    return np.clip(keys, 0, N_BINS - 1)
+
+
+def _fold(np: Any, gap: Gap, values: Any, bins: Any) -> None:
+    if not len(values):
+        return
+    gap.count += int(len(values))
+    gap.total += float(values.sum())
+    gap.squares += float((values * values).sum())  # not np.dot: BLAS threads cost more than they save here
+    gap.peak = max(gap.peak, float(values.max()))
+    gap.hist += np.bincount(bins, minlength=N_BINS)
+
+
+def _grow_add(np: Any, acc: dict[str, Any], index: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Add values[q] at index into acc[q] = (sums, counts), growing the arrays to the largest index."""
+    if not len(index):
+        return acc
+    size = int(index.max()) + 1
+    counts = np.bincount(index, minlength=size)
+    out = {}
+    for q, (sums, total) in acc.items():
+        if size > len(sums):
+            sums = np.concatenate([sums, np.zeros(size - len(sums))])
+            total = np.concatenate([total, np.zeros(size - len(total), np.int64)])
+        sums[:size] += np.bincount(index, weights=values[q], minlength=size)
+        total[:size] += counts
+        out[q] = (sums, total)
+    return out
+
+
+def _as_stored(np: Any, values: Any, dtypes: list[Any], lengths: Any) -> Any:
+    """Probabilities rounded to the dtype torch computes them in (float32 unless a line says bf16/fp16)."""
+    out = values.astype(np.float32).astype(np.float64)
+    for name in {d for d in dtypes if d and d != "float32"}:
+        where = np.repeat(np.asarray([d == name for d in dtypes]), lengths)
+        if name == "bfloat16":
+            bits = values[where].astype(np.float32).view(np.uint32).astype(np.uint64)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+            out[where] = bits.astype(np.uint32).view(np.float32)
+        elif name == "float16":
+            out[where] = values[where].astype(np.float16)
+    return out
+
+
+def _column(np: Any, docs: list[dict], key: str, total: int, dtype: Any, missing: Any) -> Any:
+    """One key's arrays of every line, end to end (a null or a non-number becomes `missing`)."""
+    try:
+        return np.fromiter(chain.from_iterable([d[key] for d in docs]), dtype, total)
+    except (TypeError, ValueError):
+        return np.asarray(
+            [
+                v if isinstance(v, (int, float)) and not isinstance(v, bool) else missing
+                for d in docs
+                for v in d[key]
+            ],
+            dtype,
+        )
+
+
+def log_files(root: Path) -> list[Path]:
+    """Every triage.jsonl under root ({root}/{pid}/triage.jsonl, or root itself when it is one)."""
+    if root.is_file():
+        return [root]
+    files = list(walk_files(root, {LOG_NAME}, max_depth=3))
+    if not files:
+        raise UserError(
+            f"{root}: no {LOG_NAME} below it. Pass the folder RL_MSPROBE_TRIAGE pointed at (it holds "
+            f"<pid>/{LOG_NAME}), after a run prepared with `rl-msprobe prepare --mode triage` and patched with verl-triage."
+        )
+    return files
+
+
+def read_triage(root: Path, keep: int = 10) -> Triage:
+    """One streaming pass over every triage line under root."""
+    result = Triage()
+    acc = _Accumulator(result, keep)
+    loads = json.loads
+    for path in log_files(root):
+        name = str(path)
+        result.files.append(name)
+        with open(path, "rb") as f:
+            number = 0
+            for number, raw in enumerate(f, 1):  # noqa: B007 - counted after the loop
+                try:
+                    doc = loads(raw)
+                    if "error" in doc:
+                        result.error_count += 1
+                        if len(result.errors) < 5:
+                            result.errors.append(f"{path}:{number}: step {doc.get('step')}: {doc['error']}")
+                        continue
+                    acc.docs.append(doc)
+                    acc.where.append((name, number))
+                    if len(acc.docs) >= CHUNK:
+                        acc.flush()
+                except (ValueError, KeyError, TypeError) as exc:
+                    if not raw.strip():
+                        result.blank += 1
+                        continue
+                    result.bad_count += 1
+                    if len(result.bad_lines) < 5:
+                        result.bad_lines.append(f"{path}:{number}: {type(exc).__name__}: {exc}"[:300])
+                    continue
+            result.lines += number
+    result.lines -= result.blank
+    acc.flush()
+    result.worst = sorted(acc.heap, reverse=True)
+    return result

@@ -1,0 +1,83 @@
+"""verl-triage on real verl releases from the package index (cached): every trainer file the
+release ships gets its line, the full cycle holds (valid diff, apply, status, compile, no-op
+second apply, byte-exact revert, branch + commit), the set lives beside verl-consistency in the
+same files, and a shipped trainer without the measuring statement fails loudly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.trees import full_cycle, run_cli, scratch_copy
+
+pytestmark = pytest.mark.release
+
+RAY = "verl/trainer/ppo/ray_trainer.py"
+SEPARATE = "verl/experimental/separation/ray_trainer.py"
+SYNC = "verl/trainer/main_ppo_sync.py"
+V1 = "verl/trainer/ppo/v1/trainer_base.py"
+HELPER = "verl/utils/rl_msprobe_triage.py"
+
+# version -> the trainer files the release ships (each gets its line)
+EXPECTED = {
+    "0.7.0": {RAY},
+    "0.7.1": {RAY, SEPARATE},
+    "0.8.0": {RAY, SEPARATE, SYNC},
+    "0.9.1": {RAY, SEPARATE, V1},
+}
+
+
+@pytest.mark.parametrize("version", sorted(EXPECTED))
+def test_triage_full_cycle_and_files(tmp_path, version):
+    trainers = EXPECTED[version]
+    tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
+    code, out, err = run_cli("patch", "diff", "verl-triage", "--tree", str(tree), "--json")
+    assert code == 1, err
+    doc = json.loads(out)
+    touched = {f["path"]: f for f in doc["summary"]["files"]}
+    assert set(touched) == {HELPER} | trainers
+    for path in trainers:
+        assert touched[path]["added"] == 2 and touched[path]["removed"] == 0  # the import and the call
+    status = full_cycle(tree, ["verl-triage"])
+    (entry,) = status["sets"]
+    for f in entry["files"]:
+        assert f["status"] in ("applied", "not-applicable"), f
+        assert f["status"] == "applied" or f["detail"], f
+
+
+def test_triage_and_consistency_share_trainer_files(tmp_path):
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl")
+    status = full_cycle(tree, ["verl-consistency", "verl-triage"])
+    assert {s["name"]: s["status"] for s in status["sets"]} == {
+        "verl-consistency": "applied",
+        "verl-triage": "applied",
+    }
+    # reverting triage alone takes its lines out of the shared trainer file and leaves consistency whole
+    plain = scratch_copy("verl", "0.9.1", tmp_path / "plain", with_git=False)
+    assert run_cli("patch", "apply", "verl-consistency", "verl-triage", "--tree", str(plain))[0] == 0
+    code, _, err = run_cli("patch", "revert", "verl-triage", "--tree", str(plain))
+    assert code == 0, err
+    v1 = (plain / V1).read_text()
+    assert "rl_msprobe_triage" not in v1 and "rl_msprobe_consistency.trim_to_prompts" in v1
+    code, out, _ = run_cli("patch", "status", "verl-consistency", "--tree", str(plain), "--json")
+    assert code == 0 and json.loads(out)["sets"][0]["status"] == "applied", out
+
+
+@pytest.mark.parametrize("missing", [SEPARATE, RAY])
+def test_a_trainer_without_the_measuring_statement_fails_loudly(tmp_path, missing):
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    path = tree / missing
+    text = path.read_text()
+    assert "metrics.update(calculate_debug_metrics(batch))" in text
+    path.write_text(text.replace("metrics.update(calculate_debug_metrics(batch))", "pass"))
+    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    assert code == 2 and missing in err and "calculate_debug_metrics" in err, err
+    assert not (tree / "verl/utils/rl_msprobe_triage.py").exists()  # nothing half-written
+
+
+def test_a_tree_without_the_legacy_trainer_is_refused(tmp_path):
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    (tree / RAY).unlink()
+    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    assert code == 2 and RAY in err, err

@@ -1,0 +1,182 @@
+"""`rl-msprobe mismatch report`: the streamed sums against a direct computation, bad input, the
+jump and the proposed consistency dump, the files it writes, and --json."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rl_msprobe.triage import stream
+from rl_msprobe.triage.stream import read_triage
+from tests.support.trees import run_cli
+
+SCRIPT = """#!/bin/bash
+python3 -m verl.trainer.main_ppo \\
+    data.train_files=/data/train.parquet \\
+    data.val_files=/data/val.parquet \\
+    actor_rollout_ref.rollout.name=vllm \\
+    trainer.total_training_steps=100 $@
+"""
+
+
+def write_log(
+    folder: Path, steps: int = 5, per_step: int = 30, jump_at: int | None = 4, seed: int = 0
+) -> list[dict]:
+    rnd = random.Random(seed)
+    lines = []
+    for step in range(1, steps + 1):
+        for i in range(per_step):
+            n = rnd.randint(1, 40)
+            rollout = [-rnd.expovariate(1.0) for _ in range(n)]
+            scale = 0.05 if jump_at and step >= jump_at else 0.005
+            train = [r + rnd.gauss(0, scale) for r in rollout]
+            line = {
+                "schema": "rl-msprobe-triage/1",
+                "step": step,
+                "index": i,
+                "request_id": f"s{step}r{i}",
+                "uid": f"u{i // 2}",
+                "prompt_len": 3,
+                "prompt_ids": [1, 2, 3],
+                "response_ids": [rnd.randrange(50) for _ in range(n)],
+                "rollout_log_probs": [float(np.float32(v)) for v in rollout],
+                "train_log_probs": [float(np.float32(v)) for v in train],
+                "sample": {"data_source": "d", "prompt": [{"role": "user", "content": f"q{i}"}]},
+            }
+            if i % 7 == 3 and n > 2:
+                line["mask"] = [1] * (n - 2) + [0, 1]
+            lines.append(line)
+    (folder / "123").mkdir(parents=True)
+    (folder / "123" / "triage.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return lines
+
+
+def direct(lines: list[dict], step: int) -> dict[str, np.ndarray]:
+    """verl's definition by hand: float32 exp, verl's mask, one token list per step."""
+    rs = [x for x in lines if x["step"] == step]
+    r = np.concatenate([np.float32(x["rollout_log_probs"]) for x in rs])
+    t = np.concatenate([np.float32(x["train_log_probs"]) for x in rs])
+    m = np.concatenate([np.array(x.get("mask", [1] * len(x["rollout_log_probs"])), bool) for x in rs])
+    return {
+        "dp": np.abs(np.exp(t) - np.exp(r)).astype(np.float64)[m],
+        "dlogp": np.abs(t.astype(float) - r)[m],
+    }
+
+
+@pytest.mark.parametrize("chunk", [7, stream.CHUNK])  # many flushes, and one
+def test_per_step_numbers_equal_a_direct_computation(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(stream, "CHUNK", chunk)
+    lines = write_log(tmp_path)
+    result = read_triage(tmp_path)
+    assert result.requests == len(lines) and result.bad_count == 0
+    for stats in result.step_list():
+        want = direct(lines, stats.step)
+        for q in ("dp", "dlogp"):
+            gap = stats.gaps[q]
+            assert gap.count == len(want[q])
+            # the direct way subtracts in float32, the report in float64: float32 precision apart
+            assert gap.mean() == pytest.approx(want[q].mean(), rel=1e-5)
+            assert gap.peak == pytest.approx(want[q].max(), rel=1e-5)
+            assert gap.std() == pytest.approx(want[q].std(ddof=1), rel=1e-5)
+            p99 = gap.quantile(0.99)
+            exact = np.quantile(want[q], 0.99, method="inverted_cdf")
+            assert exact * (1 - 1e-9) <= p99 <= max(exact * 1.016, 1e-9)  # histogram: within one bin above
+
+
+def test_positions_tokens_and_worst_requests(tmp_path):
+    lines = write_log(tmp_path, jump_at=None)
+    k = next(i for i, x in enumerate(lines) if len(x["rollout_log_probs"]) > 3 and "mask" not in x)
+    lines[k]["rollout_log_probs"][2] -= 3.0  # one planted token: the worst request, at position 2
+    (tmp_path / "123" / "triage.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = read_triage(tmp_path, keep=3)
+    worst = result.worst[0]
+    assert worst.request_id == lines[k]["request_id"] and worst.positions[0]["position"] == 2
+    assert worst.positions[0]["token_id"] == lines[k]["response_ids"][2]
+    assert len(result.worst) == 3 and result.worst[0].key >= result.worst[1].key >= result.worst[2].key
+    sums, counts = result.by_position["dlogp"]
+    assert counts.sum() == result.overall["dlogp"].count
+    assert counts[0] == len(lines)  # every response has a position 0
+    tsums, tcounts = result.by_token["dp"]
+    assert tcounts.sum() == result.overall["dp"].count
+
+
+def test_bad_and_error_lines_are_counted_and_named(tmp_path):
+    write_log(tmp_path, steps=2, per_step=3)
+    with open(tmp_path / "123" / "triage.jsonl", "a") as f:
+        f.write('{"schema": "rl-msprobe-triage/1", "step": 2, "error": "KeyError: old_log_probs"}\n')
+        f.write("not json\n")
+        f.write('{"step": 2, "rollout_log_probs": [1.0], "train_log_probs": []}\n')
+        f.write('{"step": 2, "rollout_log_probs": [-1.0, null], "train_log_probs": [-1.0, -2.0]}\n')
+        f.write("\n")
+    result = read_triage(tmp_path)
+    assert result.error_count == 1 and "old_log_probs" in result.errors[0]
+    assert result.bad_count == 2 and ":8:" in result.bad_lines[0] or ":8:" in " ".join(result.bad_lines)
+    assert result.nonfinite == 1 and result.requests == 7
+
+
+def test_a_folder_without_logs_is_exit_2(tmp_path):
+    code, _, err = run_cli("mismatch", "report", str(tmp_path))
+    assert code == 2 and "triage.jsonl" in err and "--mode triage" in err
+
+
+def test_report_files_jump_and_proposal(tmp_path):
+    folder = tmp_path / "triage"
+    write_log(folder)
+    script = tmp_path / "run_job.sh"
+    script.write_text(SCRIPT)
+    code, out, err = run_cli(
+        "mismatch", "report", str(folder), "--script", str(script), "--tree", "/opt/verl", "--json"
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["growth"]["jump_step"] == 4 and doc["proposal"]["step"] == 4
+    proposal = doc["proposal"]
+    assert proposal["request"]["step"] == 4
+    assert proposal["commands"] == [
+        f"rl-msprobe prepare {proposal['script']} --mode consistency --tree /opt/verl"
+    ]
+    row = json.loads(Path(proposal["data_file"]).read_text())
+    assert row["prompt"][0]["role"] == "user" and row["data_source"] == "d"
+    derived = Path(proposal["script"]).read_text()
+    assert (
+        f"data.train_files={proposal['data_file']}" in derived
+        and f"data.val_files={proposal['data_file']}" in derived
+    )
+    assert (
+        "trainer.total_training_steps=1" in derived and script.read_text() == SCRIPT
+    )  # the original untouched
+    out_dir = folder / "report"
+    for name in ("report.md", "report.html", "summary.json", "gap_per_step.png", "gap_by_position.png"):
+        assert (out_dir / name).is_file(), name
+    md = (out_dir / "report.md").read_text()
+    assert "jumps at step 4" in md and "rl-msprobe prepare" in md and "| step | requests |" in md
+    assert "data:image/png;base64," in (out_dir / "report.html").read_text()
+    # the proposed script is what `prepare --mode consistency` takes
+    code, out, err = run_cli("prepare", proposal["script"], "--mode", "consistency", "--json")
+    assert json.loads(out)["written"] is True, err
+
+
+def test_without_matplotlib_the_report_says_so(tmp_path, monkeypatch):
+    write_log(tmp_path, steps=2, per_step=3)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    code, out, err = run_cli("mismatch", "report", str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert code == 0 and any("matplotlib is not installed" in n for n in doc["notes"])
+    assert not list((tmp_path / "report").glob("*.png")) and (tmp_path / "report" / "report.md").is_file()
+
+
+def test_flat_gap_proposes_the_largest_step_without_script(tmp_path):
+    write_log(tmp_path, steps=3, jump_at=None)
+    code, out, _ = run_cli("mismatch", "report", str(tmp_path), "--json")
+    doc = json.loads(out)
+    means = {s["step"]: s["dp"]["mean"] for s in doc["steps"]}
+    assert doc["growth"]["jump_step"] is None
+    assert doc["proposal"]["step"] == max(means, key=means.get)
+    assert "YOUR_SCRIPT" in doc["proposal"]["commands"][0]
+    assert all(math.isfinite(s["dlogp"]["p99"]) for s in doc["steps"])
