@@ -12,14 +12,28 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
-from rl_msprobe.patches import NewFile, PatchSet, Piece, register
+from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
+from rl_msprobe.patches.verl import NEWEST
 
 TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")
 
 
 def _where_present(codemod, why: str) -> Piece:
     """Patched wherever the tree ships the file (its measuring statement must then be there)."""
-    return Piece(codemod, essential=False, why_optional=why, needs_file=True)
+    return Piece(codemod, essential=False, why_optional=why)
+
+
+TRIAGE_LINES = Capability(
+    "triage lines",
+    "after `metrics.update(calculate_debug_metrics(...))` in every trainer the tree ships "
+    "(RayPPOTrainer.fit always; the separation, main_ppo_sync and v1 trainers where present)",
+    (
+        "verl-triage-ray-trainer",
+        "verl-triage-separate-trainer",
+        "verl-triage-sync-trainer",
+        "verl-triage-v1-trainer",
+    ),
+)
 
 
 VERL_TRIAGE = register(
@@ -35,6 +49,9 @@ VERL_TRIAGE = register(
             _where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
             _where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
         ),
+        capabilities=(TRIAGE_LINES,),
+        min_version="0.7.0",
+        max_version=NEWEST,
         notes=(
             "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
             "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "

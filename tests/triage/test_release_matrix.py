@@ -32,7 +32,7 @@ EXPECTED = {
 def test_triage_full_cycle_and_files(tmp_path, version):
     trainers = EXPECTED[version]
     tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
-    code, out, err = run_cli("patch", "diff", "verl-triage", "--tree", str(tree), "--json")
+    code, out, err = run_cli("patch", "diff", "verl-triage", "--tree", str(tree), "--json", "--exit-code")
     assert code == 1, err
     doc = json.loads(out)
     touched = {f["path"]: f for f in doc["summary"]["files"]}
@@ -59,7 +59,7 @@ def test_triage_and_consistency_share_trainer_files(tmp_path):
     code, _, err = run_cli("patch", "revert", "verl-triage", "--tree", str(plain))
     assert code == 0, err
     v1 = (plain / V1).read_text()
-    assert "rl_msprobe_triage" not in v1 and "rl_msprobe_consistency.trim_to_prompts" in v1
+    assert "rl_msprobe_triage" not in v1 and "rl_msprobe_consistency.prompts_forward" in v1
     code, out, _ = run_cli("patch", "status", "verl-consistency", "--tree", str(plain), "--json")
     assert code == 0 and json.loads(out)["sets"][0]["status"] == "applied", out
 
