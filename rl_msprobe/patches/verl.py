@@ -60,7 +60,7 @@ from rl_msprobe.codemods.verl_trainer import (  # noqa: E402
 CONSISTENCY_FILE = NewFile("verl", "verl/utils/rl_msprobe_consistency.py", name="verl-consistency-file")
 
 
-def _only(codemod, why: str) -> Piece:
+def where_present(codemod, why: str) -> Piece:
     """A piece that applies where the tree has its file (and the codemod's subject); `why` says
     which verl has it. A capability still needs one site among its pieces."""
     return Piece(codemod, essential=False, why_optional=why)
@@ -96,19 +96,19 @@ VERL_PROMPTS_ONLY = register(
         pieces=(
             Piece(CONSISTENCY_FILE),
             Piece(VerlRayTrainer()),
-            _only(
+            where_present(
                 VerlSeparateTrainer(),
                 "SeparateRayPPOTrainer (verl/experimental/separation) is in verl 0.7.1 and later",
             ),
-            _only(
+            where_present(
                 VerlSyncTrainer(),
                 "verl/trainer/main_ppo_sync.py (TransferQueue trainer) is in verl 0.8.0",
             ),
-            _only(
+            where_present(
                 VerlV1Trainer(),
                 "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) is in verl 0.9.0 and later",
             ),
-            _only(
+            where_present(
                 VerlFullyAsyncTrainer(),
                 "verl wheels ship it from 0.8.0; 0.7.1 has only its config; FullyAsyncTrainer inherits the "
                 "patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
@@ -137,19 +137,19 @@ VERL_REQUEST_ID = register(
         description="the id each rollout request carries is kept in the output's extra_fields['request_id']",
         pieces=(
             Piece(CONSISTENCY_FILE),
-            _only(
+            where_present(
                 VerlAgentLoopRequestId(),
                 "from verl 0.8.0 the rollout client is LLMServerClient in verl/workers/rollout/llm_server.py",
             ),
-            _only(
+            where_present(
                 VerlLLMServerRequestId(),
                 "before verl 0.8.0 the rollout client is AsyncLLMServerManager in agent_loop.py",
             ),
-            _only(
+            where_present(
                 VerlFullyAsyncRolloutRequestId(),
                 "the fully-async client is defined in fully_async_rollouter.py in verl 0.8.0 (in llm_server.py later)",
             ),
-            _only(
+            where_present(
                 VerlAgentLoopTQRequestId(),
                 "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) is in verl 0.9.0 "
                 "and later",

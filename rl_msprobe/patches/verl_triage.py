@@ -13,14 +13,9 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageV1Trainer,
 )
 from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
-from rl_msprobe.patches.verl import NEWEST
+from rl_msprobe.patches.verl import NEWEST, where_present
 
 TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")
-
-
-def _where_present(codemod, why: str) -> Piece:
-    """Patched wherever the tree ships the file (its measuring statement must then be there)."""
-    return Piece(codemod, essential=False, why_optional=why)
 
 
 TRIAGE_LINES = Capability(
@@ -45,9 +40,9 @@ VERL_TRIAGE = register(
         pieces=(
             Piece(TRIAGE_FILE),
             Piece(VerlTriageRayTrainer()),
-            _where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
-            _where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
-            _where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
+            where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
+            where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
+            where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
         ),
         capabilities=(TRIAGE_LINES,),
         min_version="0.7.0",
