@@ -423,6 +423,7 @@ def plan(
     train_backend: str | None = None,
     command: int | None = None,
     verl_root: Path | None = None,
+    python: str | None = None,
 ) -> Plan:
     """Everything `prepare` writes, in memory. `path` must be absolute."""
     versions = dict(versions or {})
@@ -459,6 +460,7 @@ def plan(
         pd,
         dump_dir_given=bool(dump_dir),
         train_backend=train_backend,
+        python=python,
     )
     ctx = build_context(script, detection, versions, options, config_dir, dump_root)
     req = requirements(ctx, chosen)

@@ -30,12 +30,25 @@ def mismatch() -> None:
     "--tree", metavar="T", help="The verl tree the proposed prepare command names (path or release:verl==V)."
 )
 @click.option(
+    "--python",
+    "python",
+    metavar="PY",
+    help="The interpreter that runs verl (the proposed prepare command names it; default: the one "
+    "`prepare --python` recorded above FOLDER, if any).",
+)
+@click.option(
     "--keep", type=click.IntRange(1, 1000), default=10, show_default=True, help="Worst requests listed."
 )
 @json_option
 @handles_user_errors
 def report(
-    folder: Path, out: Path | None, script: Path | None, tree: str | None, keep: int, as_json: bool
+    folder: Path,
+    out: Path | None,
+    script: Path | None,
+    tree: str | None,
+    python: str | None,
+    keep: int,
+    as_json: bool,
 ) -> None:
     """Stream FOLDER's <pid>/triage.jsonl lines into report.md / report.html / PNGs / summary.json.
 
@@ -43,6 +56,7 @@ def report(
     growth over steps, the gap by response position and by token id, the worst requests and their
     positions, and the next step: a one-prompt data file and a ready `prepare --mode consistency` command.
     """
+    from rl_msprobe.dumps.compare import recorded_python
     from rl_msprobe.errors import UserError
     from rl_msprobe.triage.propose import choose, growth, write_proposal
     from rl_msprobe.triage.report import fmt, write_report
@@ -56,7 +70,8 @@ def report(
     g = growth(result)
     proposal = choose(result, result.step_worst)
     if proposal is not None:
-        write_proposal(proposal, out, script.resolve() if script else None, tree)
+        python = python or recorded_python([folder])[0]
+        write_proposal(proposal, out, script.resolve() if script else None, tree, python)
     paths, notes = write_report(result, g, proposal, out)
     if as_json:
         from rl_msprobe.triage.report import summary_json

@@ -339,6 +339,7 @@ def prepare(
         train_backend=train_backend,
         command=command,
         verl_root=roots.get("verl"),
+        python=python,
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:

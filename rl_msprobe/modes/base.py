@@ -158,6 +158,7 @@ class Options:
     pd: bool | None = None
     dump_dir_given: bool = False
     train_backend: str | None = None  # training backend forced by the user
+    python: str | None = None  # prepare --python: the interpreter that runs verl
 
 
 @dataclass

@@ -16,6 +16,7 @@ No msprobe, no dumps, no batch or parallelism constraint.
 from __future__ import annotations
 
 import os
+import shlex
 
 from rl_msprobe.modes.base import Context, EnvVar, Requirements, Setting, is_abs_path
 
@@ -77,8 +78,10 @@ def requirements(ctx: Context) -> Requirements:
         )
     )
     req.patch_sets += ["verl-triage", "verl-request-id"]
+    report = f"rl-msprobe mismatch report {shlex.quote(folder)} --script {shlex.quote(ctx.script.path)}"
+    if ctx.options.python:  # the proposed consistency command then names it too
+        report += f" --python {shlex.quote(ctx.options.python)}"
     req.notes.append(
-        f"Output: {folder}/<pid>/triage.jsonl, one line per request per step. After (or during) the run: "
-        f"rl-msprobe mismatch report {folder}"
+        f"Output: {folder}/<pid>/triage.jsonl, one line per request per step. After (or during) the run: {report}"
     )
     return req

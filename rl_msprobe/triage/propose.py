@@ -108,8 +108,13 @@ def data_row(worst: Worst) -> tuple[dict[str, Any], bool]:
     return {"data_source": "rl_msprobe_triage", "prompt_token_ids": worst.prompt_ids}, False
 
 
-def write_proposal(proposal: Proposal, out: Path, script: Path | None, verl_tree: str | None) -> None:
-    """Write the one-prompt data file (and the reproduction script) and fill in the commands."""
+def write_proposal(
+    proposal: Proposal, out: Path, script: Path | None, verl_tree: str | None, python: str | None = None
+) -> None:
+    """Write the one-prompt data file (and the reproduction script) and fill in the commands.
+
+    The consistency command names the training interpreter (`--python`) when it is known: a
+    consistency dump patches verl and the rollout engine, and `dumps compare` runs msprobe there."""
     worst = proposal.request
     if worst is None:
         proposal.notes.append(f"no request with response tokens was logged at step {proposal.step}")
@@ -124,7 +129,7 @@ def write_proposal(proposal: Proposal, out: Path, script: Path | None, verl_tree
             f"{data.name} holds the prompt's token ids only (the batch carried no dataset row): decode them with the "
             "job's tokenizer into the chat messages of a `prompt` field before using it as data"
         )
-    tree = f" --tree {shlex.quote(verl_tree)}" if verl_tree else " --tree <the verl tree that runs>"
+    tree = target_args(verl_tree, python)
     if script is not None:
         derived = write_repro_script(script, data, out, proposal.step)
         proposal.script = str(derived)
@@ -136,16 +141,57 @@ def write_proposal(proposal: Proposal, out: Path, script: Path | None, verl_tree
             "(or pass --script to `mismatch report` to have that script written)"
         )
     if isinstance(proposal.step, int) and proposal.step > 1:
-        proposal.notes.append(
-            f"step {proposal.step} ran on weights trained for {proposal.step - 1} step(s): resume the reproduction from "
-            f"that checkpoint (trainer.resume_mode=resume_path trainer.resume_from_path=<ckpt>/global_step_"
-            f"{proposal.step - 1}) when the run saved one; from fresh weights the dump shows step 1's gap"
-        )
+        proposal.notes.append(trained_weights_note(proposal.step, save_freq(script) if script else None))
     proposal.notes.append(
         f"the request: step {worst.step}, request id {worst.request_id or '-'}, prompt length {worst.prompt_len}, "
         f"worst position {worst.positions[0]['position'] if worst.positions else '-'}; after the consistency run: "
         "rl-msprobe dumps compare <rollout dump> <actor dump> --out <dir> shows the first diverging layer"
     )
+
+
+def trained_weights_note(step: int, freq: Any) -> str:
+    """Step N > 1 sampled with weights trained for N-1 steps; the reproduction starts from the
+    script's model. Say what that shows, and how to dump the trained weights instead: the full
+    HF model verl saves under global_step_K/actor/huggingface as the model (a resume would also
+    restore the dataloader position, past the one-prompt data)."""
+    before = step - 1
+    saved = isinstance(freq, int) and freq > 0 and before % freq == 0
+    shown = freq if freq is not None else "-1, verl's default"
+    how = (
+        f"the triage run saved a checkpoint at step {before} (trainer.save_freq={freq}); if it holds the HF model "
+        "(actor_rollout_ref.actor.checkpoint.save_contents with hf_model), "
+        if saved
+        else f"the triage run saved no checkpoint at step {before} (trainer.save_freq={shown}): rerun it with "
+        f"trainer.save_freq={before} and actor_rollout_ref.actor.checkpoint.save_contents="
+        "[model,optimizer,extra,hf_model], then "
+    )
+    return (
+        f"step {step} ran on weights trained for {before} step(s); the reproduction starts from the script's model, "
+        "so its dump shows the gap of the initial weights on this prompt: a rollout-side bug present from the start "
+        f"shows there, a gap that needs trained weights may not. To dump step {step}'s weights: {how}set "
+        f"actor_rollout_ref.model.path=<trainer.default_local_dir>/global_step_{before}/actor/huggingface "
+        "in the reproduction script"
+    )
+
+
+def save_freq(script: Path) -> Any:
+    """trainer.save_freq as the launch script sets it (None: not set, verl's default -1)."""
+    from rl_msprobe import planner
+    from rl_msprobe.launch.overrides import Overrides
+
+    parsed = planner.read(script.read_text(encoding="utf-8"), str(script))
+    found = Overrides(parsed.command.args).get("trainer.save_freq") if parsed.command else None
+    value = found.value if found is not None else None
+    return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else value
+
+
+def target_args(verl_tree: str | None, python: str | None) -> str:
+    """Where `prepare` finds the trees: --python (verl and the rollout engine, msprobe checked)
+    and/or --tree; a placeholder to fill in when neither is known."""
+    if not python and not verl_tree:
+        return " --python <the python that runs verl>"
+    args = f" --python {shlex.quote(python)}" if python else ""
+    return args + (f" --tree {shlex.quote(verl_tree)}" if verl_tree else "")
 
 
 def write_repro_script(script: Path, data: Path, out: Path, step: Any) -> Path:

@@ -30,7 +30,8 @@ def test_prepare_triage_sets_log_probs_env_and_the_patch_set(tmp_path):
     assert f"export RL_MSPROBE_TRIAGE={folder}" in derived and "export RL_MSPROBE_REQUEST_ID=1" in derived
     assert f"++ray_kwargs.ray_init.runtime_env.env_vars.RL_MSPROBE_TRIAGE={folder}" in derived
     assert "data.train_batch_size=1024" in derived  # no batch constraint
-    assert any(f"mismatch report {folder}" in n for n in plan["notes"])
+    # the report command to run next carries the script and the interpreter, for its own next command
+    assert any(f"mismatch report {folder} --script {script} --python python3" in n for n in plan["notes"])
     code, _, _ = run_cli("check", str(tmp_path / "run_triage_grpo.sh"), "--mode", "triage")
     assert code == 0
     code, out, _ = run_cli("check", str(script), "--mode", "triage", "--json")

@@ -125,6 +125,33 @@ def test_a_folder_without_logs_is_exit_2(tmp_path):
     assert code == 2 and "triage.jsonl" in err and "--mode triage" in err
 
 
+def proposal_of(tmp_path: Path, *args: str, script_text: str = SCRIPT) -> dict:
+    """`mismatch report` of the standard log (jump at step 4) with --script and ARGS: its proposal."""
+    folder = tmp_path / "triage"
+    if not folder.exists():
+        write_log(folder)
+    script = tmp_path / "run_job.sh"
+    script.write_text(script_text)
+    code, out, err = run_cli("mismatch", "report", str(folder), "--script", str(script), *args, "--json")
+    assert code == 0, err
+    return json.loads(out)["proposal"]
+
+
+def test_the_proposed_command_names_the_interpreter_or_asks_for_it(tmp_path):
+    """A consistency dump patches verl and the rollout engine and compares with msprobe in the
+    training interpreter: the command names it (--python) when known, else a placeholder."""
+    proposal = proposal_of(tmp_path, "--python", "/v/bin/python")
+    assert proposal["commands"] == [
+        f"rl-msprobe prepare {proposal['script']} --mode consistency --python /v/bin/python"
+    ]
+    assert proposal_of(tmp_path)["commands"][0].endswith(
+        "--mode consistency --python <the python that runs verl>"
+    )
+    # the interpreter `prepare --python` recorded above the folder (rl_msprobe.dumps.compare.PYTHON_RECORD)
+    (tmp_path / "rl-msprobe-python.json").write_text(json.dumps({"python": "/rec/python3"}))
+    assert proposal_of(tmp_path)["commands"][0].endswith("--mode consistency --python /rec/python3")
+
+
 def test_report_files_jump_and_proposal(tmp_path):
     folder = tmp_path / "triage"
     write_log(folder)
@@ -143,6 +170,10 @@ def test_report_files_jump_and_proposal(tmp_path):
     ]
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user" and row["data_source"] == "d"
+    # step 4 sampled with weights trained for 3 steps; the script saved none: say so and how
+    trained = [n for n in proposal["notes"] if "trained for 3 step(s)" in n]
+    assert trained and "saved no checkpoint at step 3 (trainer.save_freq=-1, verl's default)" in trained[0]
+    assert "global_step_3/actor/huggingface" in trained[0]
     derived = Path(proposal["script"]).read_text()
     assert (
         f"data.train_files={proposal['data_file']}" in derived
@@ -180,3 +211,8 @@ def test_flat_gap_proposes_the_largest_step_without_script(tmp_path):
     assert doc["proposal"]["step"] == max(means, key=means.get)
     assert "YOUR_SCRIPT" in doc["proposal"]["commands"][0]
     assert all(math.isfinite(s["dlogp"]["p99"]) for s in doc["steps"])
+
+
+def test_a_checkpoint_the_triage_run_saved_is_named(tmp_path):
+    notes = proposal_of(tmp_path, script_text=SCRIPT.replace("$@", "trainer.save_freq=3 $@"))["notes"]
+    assert any("saved a checkpoint at step 3 (trainer.save_freq=3)" in n for n in notes), notes
