@@ -14,6 +14,12 @@ read as numbers at all:
   layer's fused add-RMSNorm, which takes `(hidden, residual)` as two inputs; token ids are
   int32 where training has int64, and `positions` come first. Such rows are *not
   comparable*; the modules inside (projections, attention, MLP, norm outputs) still are.
+- a module's own weights (`parameters.*` rows), statistics mode: msprobe's statistics checkers
+  judge a module's outputs against its inputs and never its weights, so a weight that differs
+  between the engines passes, and behind vLLM's fused add-RMSNorm (whose input is another
+  quantity) so does its output. After the weight sync both engines hold the same weights: a
+  same-shape weight whose norm differs by more than `WEIGHT_TOLERANCE` (round-off between two
+  dtypes is ~0.4%) is rl-msprobe's own finding, marked `error` with a message saying so.
 - msprobe's "Required_Grad inconsistent": the actor's parameters (and, with grad enabled, its
   activations) require grad, vLLM's never do. A row whose *only* complaints are that and the
   engines' layouts is not comparable by convention; a numeric complaint still counts.
@@ -231,6 +237,25 @@ GRAD_NOTE = (
 )
 
 
+WEIGHT_TOLERANCE = 1.0  # NormRelativeErr, percent: bf16 vs fp32 copies of one weight differ ~0.4%
+WEIGHT_MESSAGE = "rl-msprobe: the engines hold different weights"
+
+
+def weights_differ(rec: dict, tensor: str, mode: str, rel: float | None) -> str:
+    """rl-msprobe's complaint about a module's weight (module doc), '' when there is none."""
+    if (
+        mode != "statistics"
+        or not tensor.startswith("parameters")
+        or rel is None
+        or abs(rel) <= WEIGHT_TOLERANCE
+    ):
+        return ""
+    shapes = (_squeeze(rec.get("NPU Tensor Shape") or ""), _squeeze(rec.get("Bench Tensor Shape") or ""))
+    if shapes[0] != shapes[1] or not shapes[0]:
+        return ""
+    return f"{WEIGHT_MESSAGE}: NormRelativeErr {abs(rel):g}% > {WEIGHT_TOLERANCE:g}%"
+
+
 def _complaints(message: str) -> list[str] | None:
     """msprobe's Err_message items (a JSON list), or None when it is not one."""
     try:
@@ -349,6 +374,10 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
             if not note and sim is None and err is None and sim_text.strip() != "shape unmatched":
                 note = "no metric"
             waiver = "" if note else convention_waiver(rec, rollout, mode)
+            result, message = (rec.get("Result") or "").strip(), (rec.get("Err_message") or "").strip()
+            weights = "" if note else weights_differ(rec, tensor, mode, rel)
+            if weights:
+                result, message = "error", json.dumps([*(_complaints(message) or []), weights])
             m = _LAYER.search(module + ".")
             rows.append(
                 Row(
@@ -361,10 +390,10 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
                     cosine=sim,
                     max_abs_err=err,
                     rel_err=rel,
-                    result=(rec.get("Result") or "").strip(),
-                    message=(rec.get("Err_message") or "").strip(),
+                    result=result,
+                    message=message,
                     comparable=not note,
-                    note=note or waiver,
+                    note=note or ("" if weights else waiver),
                     train_dtype=(rec.get("NPU Dtype") or "").strip(),
                     rollout_dtype=(rec.get("Bench Dtype") or "").strip(),
                 )

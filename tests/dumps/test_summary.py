@@ -276,3 +276,42 @@ def test_statistics_shape_complaints_read_like_the_consistency_checker(tmp_path:
     s = summarize(p)
     assert [r.module for r in s.divergent] == ["model.layers.1.mlp"]
     assert "squeezed" in s.rows[0].note and "fused" in s.rows[1].note
+
+
+def test_statistics_weights_that_differ_are_rl_msprobes_finding(tmp_path: Path) -> None:
+    """msprobe's statistics checkers pass a module's own weight (no input -> output rule covers
+    it); a same-shape weight whose norm differs beyond round-off is marked, with rl-msprobe's
+    own message. Seen on the live job: layer 1's post_attention_layernorm weight x4 on the
+    rollout passed, and so did the norm's output behind vLLM's fused add-RMSNorm."""
+    head = ["NPU Name", "Bench Name", "NPU Tensor Shape", "Bench Tensor Shape", "Max diff", "NormRelativeErr"]
+    norm = "post_attention_layernorm.Qwen2RMSNorm"
+    cases = [  # (layer, parameter, train shape, rollout shape, NormRelativeErr)
+        (0, "parameters.weight", "[128]", "[128]", "0.39%"),  # bf16 against fp32: round-off
+        (1, "parameters.bias", "[128, 128]", "[0]", "100%"),  # not dumped on one side: no finding
+        (1, "parameters.weight", "[128]", "[128]", "75.0%"),
+    ]
+    p = tmp_path / "compare_result_4.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*head, "Result", "Err_message"])
+        for layer, x, ts, rs, rel in cases:
+            w.writerow(
+                [
+                    T.format(l=layer, m=norm, x=x),
+                    R.format(l=layer, m=norm, x=x),
+                    ts,
+                    rs,
+                    "-3",
+                    rel,
+                    "pass",
+                    "[]",
+                ]
+            )
+    s = summarize(p)
+    assert [(r.layer, r.tensor) for r in s.divergent] == [(1, "parameters.weight")]
+    first = s.first_divergence
+    assert (
+        first is not None
+        and first.result == "error"
+        and "rl-msprobe: the engines hold different weights" in first.message
+    )
