@@ -2,7 +2,7 @@
 rollout, real TransferQueue 0.1.11), from the plain user launch script, as a user would run it.
 
 The user's venv is the shared job venv seen through a small venv of its own
-(``user_venv``): its site-packages holds copies of ``verl`` and ``vllm`` (what ``patch apply``
+(``tests/support/user_venv.py``): its site-packages holds copies of ``verl`` and ``vllm`` (what ``patch apply``
 edits) and reaches every other package of the job venv through a ``.pth`` line. So the patches
 go into the tree that actually runs, and the shared job venv that other tests use is never
 edited. The flow, all through the CLI with ``--python <user venv>``:
@@ -22,7 +22,6 @@ user venv 17 s, compare ~30 s per run); the tests on its results take < 1 s.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import live_job
-from tests.support.vllm_cpu import site_packages
+from tests.support import live_flow, live_job
+from tests.support.user_venv import user_venv
+from tests.support.vllm_cpu import site_packages, tree_digest
 
 pytestmark = pytest.mark.e2e
 
@@ -74,32 +74,6 @@ def ok(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout
 
 
-def user_venv(dest: Path, job_python: Path) -> Path:
-    """A venv whose own site-packages holds copies of verl and vllm (and their dist-info) and
-    reaches the job venv's other packages through a .pth line (~15 s, ~530 MB)."""
-    job_site = site_packages(job_python)
-    base = os.path.realpath(job_python)  # a venv's python links to its base interpreter
-    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True)
-    python = dest / "bin" / "python"
-    site = site_packages(python)
-    for name in ("verl", "vllm"):
-        shutil.copytree(job_site / name, site / name, symlinks=True)
-    for info in job_site.glob("*.dist-info"):
-        if info.name.startswith(("verl-", "vllm_cpu-", "vllm-")):
-            shutil.copytree(info, site / info.name)
-    (site / "zz_job_venv.pth").write_text(f"import site; site.addsitedir({str(job_site)!r})\n")
-    return python
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Every file under ROOT (relative path -> sha256), the manifest rl-msprobe keeps included."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
 @dataclass
 class Run:
     result: live_job.JobResult
@@ -130,25 +104,10 @@ def _sets_from(prepare_out: str) -> list[str]:
 
 
 def _after_run(python: Path, dump: Path, out: Path) -> tuple:
-    check = cli("dumps", "check", str(dump / "generate"), str(dump / "actor"), "--mode", "consistency")
     correlate = json.loads(
         ok(cli("dumps", "correlate", str(dump / "generate"), str(dump / "actor"), "--json"))
     )
-    proc = cli(
-        "dumps",
-        "compare",
-        str(dump / "generate"),
-        str(dump / "actor"),
-        "--out",
-        str(out),
-        "--python",
-        str(python),
-        "--json",
-    )
-    try:
-        compare = json.loads(proc.stdout)
-    except ValueError:
-        compare = {"error": f"exit {proc.returncode}: {proc.stdout[-2000:]} {proc.stderr[-3000:]}"}
+    check, compare, proc = live_flow.check_and_compare(dump, python, out)
     return check, correlate, compare, proc
 
 

@@ -113,3 +113,18 @@ def session(job: live_job.Job, mode: str, hint: str, *prepare_args: str):
                     if before[name].get(k) != after[name].get(k)
                 )
                 assert not changed, f"site-packages/{name} differs after `patch revert`: {changed[:20]}"
+
+
+def check_and_compare(
+    dump: Path, python: Path, out: Path
+) -> tuple[subprocess.CompletedProcess, dict, subprocess.CompletedProcess]:
+    """A consistency run's DUMP root (generate/ and actor/): `dumps check`, then `dumps compare
+    --python PY --json` into OUT; the compare document, or {"error": ...} when it wrote none."""
+    sides = (str(dump / "generate"), str(dump / "actor"))
+    check = cli("dumps", "check", *sides, "--mode", "consistency")
+    proc = cli("dumps", "compare", *sides, "--out", str(out), "--python", str(python), "--json")
+    try:
+        compare = json.loads(proc.stdout)
+    except ValueError:
+        compare = {"error": describe(proc)}
+    return check, compare, proc

