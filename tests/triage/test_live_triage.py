@@ -1,36 +1,79 @@
-"""Triage on the live verl 0.9.1 GRPO job on CPU (tests/support/live_job.py), from the plain script.
+"""Triage on the live verl 0.9.1 GRPO job on CPU (tests/support/live_job.py), from the plain
+script, and the user's next step the report proposes: a consistency dump of one prompt.
 
-One job of 4 steps: `prepare --mode triage`, the sets it names (verl-triage, verl-request-id) applied to a copy of the
-release that the venv runs (first on PYTHONPATH), and a test-only rollout-side perturbation of
-one layer planted from the weight sync that step 3 samples with (tests/triage/live_perturb.py).
-Then `mismatch report`: its per-step mean |Δp| must equal verl's own
-training/rollout_probs_diff_mean of the same steps, and its gap must jump at step 3.
+Job 1 (triage, 4 steps): `prepare --mode triage --python <user venv>`, the sets it names
+(verl-triage, verl-request-id) applied to a copy of the release first on PYTHONPATH, and a
+test-only rollout-side perturbation of one layer (tests/triage/live_perturb.py: layer 1's
+post_attention_layernorm x4 in vLLM) planted from the weight sync that step 3 samples with.
+Then the `mismatch report` command prepare printed: its per-step mean |Δp| must equal verl's
+own training/rollout_probs_diff_mean of the same steps, and its gap must jump at step 3.
+
+Job 2 (the reproduction, 1 step): the report's `prepare <repro script> --mode consistency
+--python <user venv>` run exactly as printed, `patch apply` of exactly the sets it prints into
+the user's venv (tests/support/user_venv.py), the derived script run with the same rollout bug
+planted from the first weight sync (a rollout bug is there from step 1; the reproduction starts
+from the script's model), `dumps check`, `dumps compare --python`: DIVERGENT, first at layer 1,
+then `patch revert` and the venv's site-packages byte-identical.
+
+Measured (2 cores shared with other sessions, 2026-12-01, two runs): the triage fixture
+230-276 s (user venv ~15 s, the 4-step job, the report < 5 s); the reproduction fixture 191 s
+(its 1-step job 165-191 s; prepare, patch apply / revert, check and compare ~25 s); the whole
+module 8 min. Verdict: `DIVERGENT: 1 of 1 pair(s); first divergence
+model.layers.1.post_attention_layernorm parameters.weight (layer 1)`.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
+import subprocess
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from tests.support import live_job
+from tests.support import live_flow, live_job
 from tests.support.trees import patched_release, run_cli
+from tests.support.user_venv import user_venv
+from tests.support.vllm_cpu import site_packages, tree_digest
+from tests.triage import live_perturb
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 4
 PLANT_STEP = 3
+PLANTED_LAYER = live_perturb.LAYER
+
+
+@dataclass
+class Triage:
+    job: live_job.Job
+    hooks: Path  # live_perturb.py, for the worker-module hook
+    result: live_job.JobResult
+    report: dict  # `mismatch report --json`, run as `prepare --mode triage` printed it
+    plant_log: str
 
 
 @pytest.fixture(scope="module")
-def triage_run(tmp_path_factory):
+def user_python(tmp_path_factory):
+    """The user's venv (tests/support/user_venv.py): the interpreter the report's command names."""
+    job_python = live_job.VENV.python_or_skip()
+    root = tmp_path_factory.mktemp("user")
+    yield user_venv(root / "venv", job_python)
+    shutil.rmtree(root / "venv", ignore_errors=True)  # ~530 MB; pytest keeps 3 tmp roots
+
+
+@pytest.fixture(scope="module")
+def triage_run(tmp_path_factory, user_python):
     root = tmp_path_factory.mktemp("live_triage")
     job = live_job.prepare_job(root / "job", steps=STEPS)
     tree = patched_release(
         "verl", "0.9.1", root / "verl-0.9.1", ["verl-triage", "verl-request-id"], with_git=False
     )
+    # --tree: the patched copy the job runs (first on PYTHONPATH); --python: the user's venv,
+    # which the report's next command (a consistency dump) names
     code, out, err = run_cli(
         "prepare",
         str(job.script),
@@ -40,6 +83,8 @@ def triage_run(tmp_path_factory):
         str(root / "prepared"),
         "--tree",
         str(tree),
+        "--python",
+        str(user_python),
         "--json",
     )
     assert code == 0, err + out
@@ -58,14 +103,24 @@ def triage_run(tmp_path_factory):
         RL_MSPROBE_TEST_PLANT_LOG=str(plant_log),
     )
     assert result.returncode == 0, result.tail()
+    report_cmd = printed("\n".join(plan["notes"]), r"rl-msprobe mismatch report [^\n]*")
     folder = Path(plan["script"]).parent / "msprobe_tiny_grpo" / "dump" / "triage"
-    code, out, err = run_cli("mismatch", "report", str(folder), "--script", str(job.script), "--json")
+    assert report_cmd[3:6] == [str(folder), "--script", str(job.script)], report_cmd
+    code, out, err = run_cli(*report_cmd[1:], "--json")
     assert code == 0, err + out
-    return result, json.loads(out), plant_log.read_text() if plant_log.exists() else ""
+    log = plant_log.read_text() if plant_log.exists() else ""
+    return Triage(job, hooks, result, json.loads(out), log)
+
+
+def printed(text: str, pattern: str) -> list[str]:
+    """The one command line matching PATTERN in TEXT, split as a shell would."""
+    found = re.findall(pattern, text)
+    assert len(found) == 1, (pattern, text)
+    return shlex.split(found[0])
 
 
 def test_report_mean_dp_is_verls_rollout_probs_diff_mean(triage_run):
-    result, report, _ = triage_run
+    result, report = triage_run.result, triage_run.report
     ours = {s["step"]: s for s in report["steps"]}
     assert sorted(ours) == list(range(1, STEPS + 1)), report["steps"]
     for step in range(1, STEPS + 1):
@@ -83,7 +138,7 @@ def test_report_mean_dp_is_verls_rollout_probs_diff_mean(triage_run):
 
 
 def test_planted_rollout_perturbation_makes_the_gap_jump_at_its_step(triage_run):
-    result, report, plant_log = triage_run
+    report, plant_log = triage_run.report, triage_run.plant_log
     assert "planted" in plant_log, plant_log
     means = {s["step"]: s["dp"]["mean"] for s in report["steps"]}
     before = max(means[s] for s in range(1, PLANT_STEP))
@@ -95,3 +150,106 @@ def test_planted_rollout_perturbation_makes_the_gap_jump_at_its_step(triage_run)
     assert proposal["commands"][0].startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user", row  # the dataset row came through, ready for verl's loader
+
+
+@dataclass
+class Repro:
+    prepare: str  # the output of the report's consistency command, run as printed
+    sets: list[list[str]]  # the `patch apply` command lines prepare printed
+    derived: Path
+    result: live_job.JobResult
+    plant_log: str
+    check: subprocess.CompletedProcess
+    compare: dict
+    compare_proc: subprocess.CompletedProcess
+    changed: list[str]  # files of the user venv's site-packages that differ after the revert
+
+
+@pytest.fixture(scope="module")
+def repro_run(triage_run, user_python):
+    """The user's next step: the report's consistency command as printed, the patch sets it
+    prints applied to the user's venv, the derived reproduction run with the same rollout bug
+    planted from the first weight sync (the reproduction has one step), dumps check and compare,
+    then the sets reverted."""
+    command = triage_run.report["proposal"]["commands"][0]
+    argv = shlex.split(command)
+    assert argv[0] == "rl-msprobe" and "<" not in command, command  # nothing left to fill in
+    prepared = live_flow.cli(*argv[1:])
+    assert prepared.returncode == 0, live_flow.describe(prepared)
+    applies = [shlex.split(c) for c in re.findall(r"rl-msprobe patch apply [^\n]+", prepared.stdout)]
+    derived = Path(printed(prepared.stdout, r"(?m)(?<=^wrote )\S+\.sh$")[0])
+    config = Path(printed(prepared.stdout, r"(?m)(?<=^wrote )\S+(?=  \(generate msprobe config\))")[0])
+    dump = config.parent / "dump"
+    site = site_packages(user_python)
+    before = tree_digest(site)
+    plant_log = derived.parent / "plant.log"
+    applied: list[list[str]] = []
+    try:
+        for apply in applies:
+            proc = live_flow.cli(*apply[1:])
+            assert proc.returncode == 0, live_flow.describe(proc)
+            applied.append(apply)
+        result = live_job.run(
+            replace(triage_run.job, python=user_python),
+            derived,
+            timeout_s=1500,
+            pythonpath=(triage_run.hooks,),
+            worker_modules=("live_perturb",),
+            RL_MSPROBE_TEST_PLANT_FROM_SYNC="1",
+            RL_MSPROBE_TEST_PLANT_LOG=str(plant_log),
+        )
+    finally:
+        for apply in reversed(applied):
+            proc = live_flow.cli("patch", "revert", *apply[3:])
+            assert proc.returncode == 0, live_flow.describe(proc)
+    after = tree_digest(site)
+    check, compare, compare_proc = live_flow.check_and_compare(dump, user_python, derived.parent / "compare")
+    print(f"live repro: job {result.wall_s:.0f} s; {compare.get('verdict', compare)}")
+    return Repro(
+        prepared.stdout,
+        applies,
+        derived,
+        result,
+        plant_log.read_text() if plant_log.exists() else "",
+        check,
+        compare,
+        compare_proc,
+        sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)),
+    )
+
+
+def test_the_proposed_consistency_command_prepares_the_reproduction(triage_run, repro_run):
+    proposal = triage_run.report["proposal"]
+    assert [a[3] for a in repro_run.sets][:1] == ["verl-consistency"], repro_run.prepare
+    assert any("vllm-dump" in a for a in repro_run.sets), repro_run.prepare
+    derived = repro_run.derived.read_text()
+    assert f"data.train_files={proposal['data_file']}" in derived, derived
+    assert f"data.val_files={proposal['data_file']}" in derived, derived
+    row = json.loads(Path(proposal["data_file"]).read_text())  # the job's dataset row, reward fields too
+    assert row["data_source"] and row["reward_model"]["ground_truth"], row
+
+
+def test_the_reproduction_runs_one_step_with_the_bug_planted(repro_run):
+    result = repro_run.result
+    assert result.returncode == 0, result.tail()
+    assert sorted(result.metrics) == [1], result.metrics  # the one prompt, one step
+    assert "sync 1 planted" in repro_run.plant_log, repro_run.plant_log
+    assert repro_run.check.returncode == 0, repro_run.check.stdout + repro_run.check.stderr
+
+
+def test_its_compare_points_at_the_planted_layer(repro_run):
+    compare = repro_run.compare
+    assert repro_run.compare_proc.returncode == 1 and not compare["consistent"], compare.get(
+        "verdict", compare
+    )
+    assert compare["verdict"].startswith("DIVERGENT"), compare["verdict"]
+    assert compare["pairs"], compare
+    for pair in compare["pairs"]:
+        first = pair["summary"]["first_divergence"]
+        assert first is not None and f"layers.{PLANTED_LAYER}." in first["module"], first
+        assert first["layer"] == PLANTED_LAYER, first  # nothing before that layer diverges
+    assert f"layers.{PLANTED_LAYER}." in compare["verdict"], compare["verdict"]
+
+
+def test_revert_leaves_the_user_venv_byte_identical(repro_run):
+    assert not repro_run.changed, repro_run.changed[:20]
