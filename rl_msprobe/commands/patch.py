@@ -207,7 +207,11 @@ def apply(
         return
     _echo_recovered(result.get("recovered"))
     if result["noop"]:
-        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; nothing changed.")
+        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; no file changed.")
+        if result["git"]:  # its pieces came with another set: recorded, so reverting that one keeps them
+            click.echo(
+                f"git: recorded on branch {result['git']['branch']}, commit {result['git']['commit'][:12]}"
+            )
     else:
         click.echo(f"applied {', '.join(result['sets'])} to {target.describe()}:")
         for path in result["changed"]:
@@ -243,11 +247,14 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     for note in result["notes"]:
         click.echo(f"note: {note}")
     if result["noop"]:
-        click.echo(f"{', '.join(result['sets'])}: not applied to {target.describe()}; nothing changed.")
-        return
-    click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
+        what = "no file changed" if result["kept"] else "not applied; nothing changed"
+        click.echo(f"{', '.join(result['sets'])}: {what} in {target.describe()}.")
+    else:
+        click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
     for path in result["changed"]:
         click.echo(f"  {path}")
+    for kept in result["kept"]:
+        click.echo(f"  kept: {kept['path']} [{kept['codemod']}] ({kept['detail']})")
     if result["git"]:
         click.echo(f"git: revert commit {result['git']['commit'][:12]} on {result['git']['branch']}")
 
