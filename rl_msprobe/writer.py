@@ -14,6 +14,7 @@ import stat
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -448,6 +449,20 @@ def _tree_entries(root: Path, changes: list[FileChange]) -> list[journal.Entry]:
     return [journal.Entry(root / c.path, c.before, c.after, c.path) for c in changes if c.before != c.after]
 
 
+@dataclass(frozen=True)
+class Done:
+    """A finished apply or revert on one tree: what a command over several trees takes back when a
+    later tree fails (`rl_msprobe.multitree`)."""
+
+    tree: Tree
+    entries: list[journal.Entry]
+    git: dict[str, Any] | None  # the journal's git record, with "commit": the commit made (None: none)
+
+
+# set by `multitree.each` while a command runs over several trees: each finished operation lands here
+DONE: ContextVar[list[Done] | None] = ContextVar("rl_msprobe_done", default=None)
+
+
 def _run(tree: Tree, op: str, entries: list[journal.Entry], extra: dict[str, Any], steps: Any) -> Any:
     """Journal first, then the steps; any failure puts everything back (or leaves it to the next run)."""
     journal.begin(tree.state, op, entries, extra)
@@ -458,6 +473,10 @@ def _run(tree: Tree, op: str, entries: list[journal.Entry], extra: dict[str, Any
         _undo(tree, exc)
         raise
     journal.finish(tree.state)
+    done = DONE.get()
+    if done is not None:
+        info = extra.get("git")
+        done.append(Done(tree, entries, {**info, "commit": out} if info else None))
     return out
 
 
