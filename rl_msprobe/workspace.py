@@ -18,7 +18,7 @@ from typing import Any
 from rl_msprobe import __version__, journal
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches import NewFile, PatchSet, Piece, get_set, shape
+from rl_msprobe.patches import NewFile, PatchSet, Piece, all_sets, shape
 from rl_msprobe.targets import Target
 
 MANIFEST = "manifest.json"
@@ -198,12 +198,12 @@ def holders(target: Target, sets: list[PatchSet], recorded: list[str]) -> dict[s
     or manifest); a recorded set counts only while one of its pieces is applied (a stale record, e.g.
     after a hand revert, keeps nothing).
     """
-    reverting = {s.name for s in sets}
+    known = {s.name: s for s in all_sets()}  # a set recorded by another rl-msprobe version may be gone
     labels = {piece.label for _, piece in _unique_pieces(sets)}
     read = _text_reader(target.root)
     out: dict[str, list[str]] = {}
     for name in dict.fromkeys(recorded):
-        other = get_set(name) if name not in reverting else None
+        other = known.get(name) if name not in {s.name for s in sets} else None
         if other is None or other.project != target.project:
             continue
         pieces = other.all_pieces()

@@ -522,7 +522,8 @@ def _apply_git(
     allow_dirty: bool,
 ) -> dict[str, Any]:
     repo = tree.repo
-    _check_git_clean(repo, target.root, plan.changes, allow_dirty)
+    # no file to change (only the record): the user's uncommitted work is never part of that commit
+    _check_git_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = _repo_paths(repo, target.root, plan.changes)
     _preflight(target.root, plan.changes)
     original_branch = None if repo.head.is_detached else repo.active_branch.name

@@ -127,3 +127,15 @@ def test_a_manifest_with_a_bad_record_exit_2(tmp_path: Path) -> None:
     manifest.write_text(json.dumps({**doc, "applied": "verl-engine"}))
     code, _, err = run_cli("patch", "revert", "verl-engine", "--tree", str(tree))
     assert code == 2 and '"applied"' in err and str(manifest) in err, err
+
+
+def test_a_recorded_set_this_version_does_not_know_is_ignored(tmp_path: Path) -> None:
+    """A record written by another rl-msprobe version may name a set that no longer exists."""
+    tree = _tree(tmp_path, ("verl-engine",), with_git=False)
+    before = snapshot(tree)
+    _cli("apply", tree, "verl-engine")
+    manifest = tree / ".rl-msprobe" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**doc, "applied": ["verl-old-name", "verl-engine"]}))
+    _cli("revert", tree, "verl-engine")
+    assert snapshot(tree) == before
