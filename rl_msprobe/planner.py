@@ -577,12 +577,11 @@ def _regenerate(command: str | None, path: str, mode: str) -> str:
 
 
 def patch_commands(sets: list[str], targets: dict[str, str]) -> list[str]:
-    """The exact `rl-msprobe patch apply` command per target tree."""
-    by_target: dict[str, list[str]] = {}
+    """The exact `rl-msprobe patch apply` commands: one per tree, but one for every tree a single
+    --python imports (`patch apply` then patches them all or none)."""
+    groups: dict[tuple[str, str], list[str]] = {}  # (project, or "" for a shared --python; where) -> sets
     for name in sets:
-        by_target.setdefault(PATCH_TARGET.get(name, "verl"), []).append(name)
-    out = []
-    for project, names in by_target.items():
+        project = PATCH_TARGET.get(name, "verl")
         where = targets.get(project) or f"--tree <the {project} tree that actually runs>"
-        out.append(f"rl-msprobe patch apply {' '.join(names)} {where}")
-    return out
+        groups.setdefault(("" if where.startswith("--python ") else project, where), []).append(name)
+    return [f"rl-msprobe patch apply {' '.join(names)} {where}" for (_, where), names in groups.items()]

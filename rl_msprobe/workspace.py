@@ -18,7 +18,7 @@ from typing import Any
 from rl_msprobe import __version__, journal
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches import NewFile, PatchSet, Piece, shape
+from rl_msprobe.patches import NewFile, PatchSet, Piece, all_sets, shape
 from rl_msprobe.targets import Target
 
 MANIFEST = "manifest.json"
@@ -50,6 +50,7 @@ class Plan:
     sets: list[PatchSet]
     changes: list[FileChange] = field(default_factory=list)
     skipped: list[PieceReport] = field(default_factory=list)  # not-applicable / native pieces
+    kept: list[PieceReport] = field(default_factory=list)  # revert: pieces another applied set still uses
     capabilities: dict[str, list[shape.CapabilityReport]] = field(default_factory=dict)  # per set
 
     @property
@@ -190,13 +191,47 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
     return plan
 
 
-def plan_revert(target: Target, sets: list[PatchSet], state: Path | None = None) -> Plan:
-    """Every change reverting `sets` would make (marked lines dropped, added files removed)."""
+def holders(target: Target, sets: list[PatchSet], recorded: list[str]) -> dict[str, list[str]]:
+    """Piece label -> the other sets applied to this tree that use it too (a revert keeps those pieces).
+
+    Reference counting of shared pieces: `recorded` is the tree's record of applied sets (git history
+    or manifest); a recorded set counts only while one of its pieces is applied (a stale record, e.g.
+    after a hand revert, keeps nothing).
+    """
+    known = {s.name: s for s in all_sets()}  # a set recorded by another rl-msprobe version may be gone
+    labels = {piece.label for _, piece in _unique_pieces(sets)}
+    read = _text_reader(target.root)
+    out: dict[str, list[str]] = {}
+    for name in dict.fromkeys(recorded):
+        other = known.get(name) if name not in {s.name for s in sets} else None
+        if other is None or other.project != target.project:
+            continue
+        pieces = other.all_pieces()
+        if not any(piece.label in labels for piece in pieces):
+            continue
+        if not any(piece_status(target, other, p, read).status is Status.APPLIED for p in pieces):
+            continue
+        for piece in pieces:
+            if piece.label in labels:
+                out.setdefault(piece.label, []).append(name)
+    return out
+
+
+def plan_revert(
+    target: Target, sets: list[PatchSet], state: Path | None = None, keep: dict[str, list[str]] | None = None
+) -> Plan:
+    """Every change reverting `sets` would make (marked lines dropped, added files removed), but for the
+    pieces in `keep` (label -> the applied sets still using them), which stay."""
     plan = Plan(target, sets)
+    keep = keep or {}
     texts: dict[str, tuple[bytes, str, list[str]]] = {}
-    for _, piece in _unique_pieces(sets):
+    for patch_set, piece in _unique_pieces(sets):
         before = _read(target.root, piece.path)
         if before is None:
+            continue
+        if piece.label in keep:
+            detail = f"still used by {', '.join(keep[piece.label])}"
+            plan.kept.append(PieceReport(patch_set.name, piece.path, piece.label, Status.APPLIED, detail))
             continue
         item = piece.item
         if isinstance(item, NewFile):
@@ -385,15 +420,29 @@ def _load_manifest(state: Path) -> dict[str, Any]:
         )
         if not ok or not isinstance(entry.get("sets", []), list):
             raise UserError(f"{path}: entry files.{rel} is not an rl-msprobe manifest entry; {fix}")
+    applied = doc.get("applied", [])
+    if not isinstance(applied, list) or not all(isinstance(name, str) for name in applied):
+        raise UserError(f'{path}: "applied" must list the names of the applied sets; {fix}')
     return doc
+
+
+def recorded_in_manifest(state: Path) -> list[str]:
+    """Outside git, the sets applied and not reverted since (older manifests: every file's sets)."""
+    doc = _load_manifest(state)
+    if "applied" in doc:
+        return list(doc["applied"])
+    return sorted({name for entry in doc.get("files", {}).values() for name in entry.get("sets", [])})
 
 
 def _prefer_saved_originals(state: Path, plan: Plan) -> None:
     """Outside git: a file unchanged since apply, whose every set is being reverted, gets its saved bytes."""
     files = _load_manifest(state).get("files", {})
     reverting = {s.name for s in plan.sets} | {i for s in plan.sets for i in s.includes}
+    keeping = {r.path for r in plan.kept}
     for index, change in enumerate(plan.changes):
         entry = files.get(change.path)
+        if change.path in keeping:
+            continue
         saved = state / "originals" / change.path
         if not entry or not saved.is_file() or entry.get("applied_sha256") != journal.sha(change.before):
             continue

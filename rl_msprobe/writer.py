@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,10 @@ from rl_msprobe.workspace import (
     _load_manifest,
     _manifest_path,
     _unique_pieces,
+    holders,
     plan_apply,
     plan_revert,
+    recorded_in_manifest,
 )
 
 # ---------------------------------------------------------------- writing
@@ -267,7 +271,9 @@ def _repo_paths(repo: Any, root: Path, changes: list[FileChange]) -> list[str]:
 
 
 def _commit(repo: Any, paths: list[str], message: str) -> str:
-    repo.git.add("-A", "--", *paths)
+    """Commit `paths` (none: an empty commit that only records the sets, the user's index left alone)."""
+    if paths:
+        repo.git.add("-A", "--", *paths)
     journal.checkpoint("staged")
     env = {}
     reader = repo.config_reader()
@@ -276,7 +282,7 @@ def _commit(repo: Any, paths: list[str], message: str) -> str:
     if not reader.has_option("user", "email"):
         env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
     with repo.git.custom_environment(**env):
-        repo.git.commit("-q", "-m", message, "--", *paths)
+        repo.git.commit("-q", "-m", message, *(["--", *paths] if paths else ["--only", "--allow-empty"]))
     journal.checkpoint("committed")
     return repo.head.commit.hexsha
 
@@ -306,6 +312,7 @@ def _message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str
         f"Tool: rl-msprobe {__version__}",
         "Files:",
         *(f"  {c.path} ({', '.join(c.pieces)})" for c in plan.changes),
+        *(f"Kept: {r.path} ({r.piece}; {r.detail})" for r in plan.kept),
     ]
     return "\n".join(lines) + "\n"
 
@@ -330,13 +337,36 @@ def _check_git_clean(repo: Any, root: Path, changes: list[FileChange], allow_dir
         )
 
 
+_SUBJECT = re.compile(r"rl-msprobe: (apply|revert) (.+)")
+
+
+def _recorded(tree: Tree) -> list[str]:
+    """The sets applied to the tree and not reverted since, oldest first: on git the rl-msprobe commits
+    of HEAD's history (so it follows branches), elsewhere the manifest."""
+    if tree.repo is None:
+        return recorded_in_manifest(tree.state)
+    log = _git(
+        tree.repo, "log", "--reverse", "-E", "--grep=^rl-msprobe: (apply|revert) ", "--format=%s", "HEAD"
+    )
+    applied: list[str] = []
+    for line in log.stdout.splitlines():
+        match = _SUBJECT.fullmatch(line.strip())
+        if not match:
+            continue
+        names = match.group(2).split(", ")
+        applied = [n for n in applied if n not in names]
+        applied += names if match.group(1) == "apply" else []
+    return applied
+
+
 def _dump_manifest(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _apply_state(state: Path, plan: Plan) -> list[journal.Entry]:
+def _apply_state(state: Path, plan: Plan, recorded: list[str]) -> list[journal.Entry]:
     """Outside git: the manifest and saved originals after applying `plan` (written with the files)."""
     manifest = _load_manifest(state)
+    manifest["applied"] = [*recorded, *(s.name for s in plan.sets if s.name not in recorded)]
     files = manifest.setdefault("files", {})
     entries = []
     for change in plan.changes:
@@ -357,12 +387,14 @@ def _apply_state(state: Path, plan: Plan) -> list[journal.Entry]:
     return entries
 
 
-def _revert_state(state: Path, plan: Plan) -> list[journal.Entry]:
-    """Outside git: the manifest without the reverted files, their saved originals removed."""
+def _revert_state(state: Path, plan: Plan, recorded: list[str]) -> list[journal.Entry]:
+    """Outside git: the manifest without the reverted files and sets, their saved originals removed."""
     path = _manifest_path(state)
     if journal.read(path) is None:
         return []
     manifest = _load_manifest(state)
+    reverted = {s.name for s in plan.sets}
+    manifest["applied"] = [name for name in recorded if name not in reverted]
     files = manifest.get("files", {})
     entries = []
     for change in plan.changes:
@@ -397,6 +429,7 @@ def _result(plan: Plan) -> dict[str, Any]:
         "sets": [s.name for s in plan.sets],
         "changed": [c.path for c in plan.changes],
         "skipped": [r.to_json() for r in plan.skipped],
+        "kept": [{**r.to_json(), "set": r.set} for r in plan.kept],
         "git": None,
         "noop": not plan.changes,
         "tested": not plan.warnings,
@@ -416,6 +449,20 @@ def _tree_entries(root: Path, changes: list[FileChange]) -> list[journal.Entry]:
     return [journal.Entry(root / c.path, c.before, c.after, c.path) for c in changes if c.before != c.after]
 
 
+@dataclass(frozen=True)
+class Done:
+    """A finished apply or revert on one tree: what a command over several trees takes back when a
+    later tree fails (`rl_msprobe.multitree`)."""
+
+    tree: Tree
+    entries: list[journal.Entry]
+    git: dict[str, Any] | None  # the journal's git record, with "commit": the commit made (None: none)
+
+
+# set by `multitree.each` while a command runs over several trees: each finished operation lands here
+DONE: ContextVar[list[Done] | None] = ContextVar("rl_msprobe_done", default=None)
+
+
 def _run(tree: Tree, op: str, entries: list[journal.Entry], extra: dict[str, Any], steps: Any) -> Any:
     """Journal first, then the steps; any failure puts everything back (or leaves it to the next run)."""
     journal.begin(tree.state, op, entries, extra)
@@ -426,6 +473,10 @@ def _run(tree: Tree, op: str, entries: list[journal.Entry], extra: dict[str, Any
         _undo(tree, exc)
         raise
     journal.finish(tree.state)
+    done = DONE.get()
+    if done is not None:
+        info = extra.get("git")
+        done.append(Done(tree, entries, {**info, "commit": out} if info else None))
     return out
 
 
@@ -446,13 +497,16 @@ def apply(
         result = _result(plan)
         result["recovered"] = recovered
         result["tree_notes"] = tree.notes
-        if not plan.changes:
+        recorded = _recorded(tree)
+        if not plan.changes and all(s.name in recorded for s in sets):
             return result
+        # files to change, or a set whose pieces another set put there: recorded, so reverting that
+        # other set keeps them (on git an empty commit, elsewhere the manifest)
         if repo is not None:
             result["git"] = _apply_git(tree, target, sets, plan, branch, make_branch, allow_dirty)
         else:
             _preflight(target.root, plan.changes)
-            entries = _tree_entries(target.root, plan.changes) + _apply_state(tree.state, plan)
+            entries = _tree_entries(target.root, plan.changes) + _apply_state(tree.state, plan, recorded)
             _run(tree, "apply", entries, {"git": None}, lambda: _write_entries(entries))
             result["manifest"] = str(_manifest_path(tree.state))
     return result
@@ -468,7 +522,8 @@ def _apply_git(
     allow_dirty: bool,
 ) -> dict[str, Any]:
     repo = tree.repo
-    _check_git_clean(repo, target.root, plan.changes, allow_dirty)
+    # no file to change (only the record): the user's uncommitted work is never part of that commit
+    _check_git_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = _repo_paths(repo, target.root, plan.changes)
     _preflight(target.root, plan.changes)
     original_branch = None if repo.head.is_detached else repo.active_branch.name
@@ -502,29 +557,36 @@ def revert(target: Target, sets: list[PatchSet]) -> dict[str, Any]:
     _writable(target)
     with _locked(target) as (tree, recovered):
         repo = tree.repo
-        plan = plan_revert(target, sets, None if repo is not None else tree.state)
-        deleted = _deleted_helpers(repo, target, sets) if repo is not None else []
+        recorded = _recorded(tree)
+        keep = holders(target, sets, recorded)
+        plan = plan_revert(target, sets, None if repo is not None else tree.state, keep)
+        deleted = _deleted_helpers(repo, target, sets, keep) if repo is not None else []
         result = _result(plan)
         result["recovered"] = recovered
         result["tree_notes"] = tree.notes
-        if not plan.changes and not deleted:
+        unrecord = any(s.name in recorded for s in sets)
+        if not plan.changes and not deleted and not unrecord:
             return result
         if repo is not None:
-            result["git"] = _revert_git(tree, target, sets, plan, deleted)
+            result["git"] = _revert_git(tree, target, sets, plan, deleted, unrecord)
             result["changed"] = sorted([*result["changed"], *deleted])
-            result["noop"] = False
+            result["noop"] = not result["changed"]
         else:
-            entries = _tree_entries(target.root, plan.changes) + _revert_state(tree.state, plan)
+            entries = _tree_entries(target.root, plan.changes) + _revert_state(tree.state, plan, recorded)
             _preflight(target.root, plan.changes)
             _run(tree, "revert", entries, {"git": None}, lambda: _write_entries(entries))
             _tidy_state(tree.state)
     return result
 
 
-def _deleted_helpers(repo: Any, target: Target, sets: list[PatchSet]) -> list[str]:
+def _deleted_helpers(
+    repo: Any, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]
+) -> list[str]:
     """Files a set adds that the user deleted but the branch still has: the revert commit removes them too."""
     out = []
     for _, piece in _unique_pieces(sets):
+        if piece.label in keep:
+            continue
         if isinstance(piece.item, NewFile) and not (target.root / piece.path).exists():
             rel = _repo_paths(repo, target.root, [FileChange(piece.path, None, None)])[0]
             if _git(repo, "cat-file", "-e", f"HEAD:{rel}").returncode == 0:
@@ -533,7 +595,7 @@ def _deleted_helpers(repo: Any, target: Target, sets: list[PatchSet]) -> list[st
 
 
 def _revert_git(
-    tree: Tree, target: Target, sets: list[PatchSet], plan: Plan, deleted: list[str]
+    tree: Tree, target: Target, sets: list[PatchSet], plan: Plan, deleted: list[str], unrecord: bool
 ) -> dict[str, Any] | None:
     repo = tree.repo
     paths = _repo_paths(repo, target.root, plan.changes)
@@ -566,7 +628,8 @@ def _revert_git(
 
     def steps() -> str | None:
         _write_entries(entries)
-        return _commit(repo, tracked, message) if tracked else None
+        # no file tracked but the sets are recorded: an empty commit drops them from the record
+        return _commit(repo, tracked, message) if tracked or unrecord else None
 
     sha = _run(tree, "revert", entries, {"git": info}, steps)
     if sha is None:

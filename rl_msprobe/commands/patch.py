@@ -33,6 +33,26 @@ def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str |
     return resolve_target(tree, python, sets[0].project, default_version=default), sets
 
 
+def _groups(set_names: tuple[str, ...], tree: str | None, python: str | None):
+    """(target, sets) per tree: with --python (and no --tree) one per project, in the order named, since
+    one interpreter imports every project's tree; else the one tree of `_target_and_sets`."""
+    from rl_msprobe.patches import get_set
+
+    if not (set_names and python and not tree):
+        return [_target_and_sets(set_names, tree, python)]
+    by_project: dict[str, list[str]] = {}
+    for name in dict.fromkeys(set_names):
+        by_project.setdefault(get_set(name).project, []).append(name)
+    return [_target_and_sets(tuple(names), None, python) for names in by_project.values()]
+
+
+def _combined(docs: list[dict]) -> dict:
+    """One JSON document: a single tree's as it is, several under "trees" (as `patch status` does)."""
+    if len(docs) == 1:
+        return docs[0]
+    return {"trees": docs, "sets": [s for d in docs for s in d["sets"]], "noop": all(d["noop"] for d in docs)}
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
@@ -190,24 +210,43 @@ def apply(
     allow_dirty: bool,
     as_json: bool,
 ) -> None:
-    """Apply SET... to the tree: every file or none. Applying an applied set changes nothing."""
-    from rl_msprobe import writer
+    """Apply SET... to the tree: every file or none. Applying an applied set changes nothing.
+
+    With --python, sets of several projects (`verl-consistency vllm-dump`) go to the trees that
+    interpreter imports, each tree all or nothing, and the command too: when a later tree fails, the
+    trees already patched are taken back.
+    """
+    from rl_msprobe import multitree, writer
     from rl_msprobe.errors import UserError
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
-    target, sets = _target_and_sets(set_names, tree, python)
-    result = writer.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
-    result["notes"] = [
-        *result.pop("tree_notes"),
-        *(note for s in sets for note in s.notes_for(target.version)),
-    ]
+    groups = _groups(set_names, tree, python)
+
+    def one(target, sets):
+        return writer.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+
+    results = multitree.each(groups, one)
+    for (target, sets), result in zip(groups, results, strict=True):
+        result["notes"] = [
+            *result.pop("tree_notes"),
+            *(note for s in sets for note in s.notes_for(target.version)),
+        ]
     if as_json:
-        emit_json(result)
+        emit_json(_combined(results))
         return
+    for (target, _), result in zip(groups, results, strict=True):
+        _echo_applied(target, result)
+
+
+def _echo_applied(target, result: dict) -> None:
     _echo_recovered(result.get("recovered"))
     if result["noop"]:
-        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; nothing changed.")
+        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; no file changed.")
+        if result["git"]:  # its pieces came with another set: recorded, so reverting that one keeps them
+            click.echo(
+                f"git: recorded on branch {result['git']['branch']}, commit {result['git']['commit'][:12]}"
+            )
     else:
         click.echo(f"applied {', '.join(result['sets'])} to {target.describe()}:")
         for path in result["changed"]:
@@ -230,24 +269,36 @@ def apply(
 @json_option
 @handles_user_errors
 def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_json: bool) -> None:
-    """Revert SET...: the files are byte-identical to before the apply (git: a revert commit)."""
-    from rl_msprobe import writer
+    """Revert SET...: the files are byte-identical to before the apply (git: a revert commit).
 
-    target, sets = _target_and_sets(set_names, tree, python)
-    result = writer.revert(target, sets)
-    result["notes"] = result.pop("tree_notes")
+    With --python, sets of several projects are reverted in their trees, all or none (as apply).
+    """
+    from rl_msprobe import multitree, writer
+
+    groups = _groups(set_names, tree, python)
+    results = multitree.each(groups, writer.revert)
+    for result in results:
+        result["notes"] = result.pop("tree_notes")
     if as_json:
-        emit_json(result)
+        emit_json(_combined(results))
         return
+    for (target, _), result in zip(groups, results, strict=True):
+        _echo_reverted(target, result)
+
+
+def _echo_reverted(target, result: dict) -> None:
     _echo_recovered(result.get("recovered"))
     for note in result["notes"]:
         click.echo(f"note: {note}")
     if result["noop"]:
-        click.echo(f"{', '.join(result['sets'])}: not applied to {target.describe()}; nothing changed.")
-        return
-    click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
+        what = "no file changed" if result["kept"] else "not applied; nothing changed"
+        click.echo(f"{', '.join(result['sets'])}: {what} in {target.describe()}.")
+    else:
+        click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
     for path in result["changed"]:
         click.echo(f"  {path}")
+    for kept in result["kept"]:
+        click.echo(f"  kept: {kept['path']} [{kept['codemod']}] ({kept['detail']})")
     if result["git"]:
         click.echo(f"git: revert commit {result['git']['commit'][:12]} on {result['git']['branch']}")
 
@@ -265,17 +316,11 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     set for the tree's project.
     """
     from rl_msprobe import workspace
-    from rl_msprobe.patches import all_sets, get_set
+    from rl_msprobe.patches import all_sets
     from rl_msprobe.targets import resolve_tree
 
-    if set_names and python and not tree:
-        # one interpreter imports every project's tree: one target per project, in the order named
-        by_project: dict[str, list[str]] = {}
-        for name in dict.fromkeys(set_names):
-            by_project.setdefault(get_set(name).project, []).append(name)
-        groups = [_target_and_sets(tuple(names), None, python) for names in by_project.values()]
-    elif set_names:
-        groups = [_target_and_sets(set_names, tree, python)]
+    if set_names:
+        groups = _groups(set_names, tree, python)
     else:
         from rl_msprobe.errors import UserError
 

@@ -202,7 +202,12 @@ def register(patch_set: PatchSet) -> PatchSet:
 
 
 def _load_all() -> None:
-    # Importing the modules registers their sets; each area keeps its own module.
+    """Import every set module (each registers its sets), in the order `patch list` shows them.
+
+    Called once, at the end of this package's import: whichever module is imported first (a set
+    module included, which imports this package first), the registry is complete before anyone
+    can read it.
+    """
     from rl_msprobe.patches import verl, verl_triage  # noqa: F401
 
     for optional in (
@@ -218,14 +223,10 @@ def _load_all() -> None:
 
 
 def all_sets() -> list[PatchSet]:
-    if not _REGISTRY:
-        _load_all()
     return list(_REGISTRY.values())
 
 
 def get_set(name: str) -> PatchSet:
-    if not _REGISTRY:
-        _load_all()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -247,3 +248,6 @@ def resolve_sets(names: list[str] | tuple[str, ...]) -> list[PatchSet]:
             "patch one tree at a time."
         )
     return sets
+
+
+_load_all()

@@ -7,12 +7,11 @@ is always a release the suite has patched, reverted and compiled.
 
 from __future__ import annotations
 
-from rl_msprobe.patches import PatchSet, all_sets
+from rl_msprobe.patches import PatchSet
 
 
 def newest_tested() -> dict[str, str]:
     """project -> the newest release the project's sets are tested on (tests/**/test_*release*.py)."""
-    all_sets()  # register the sets in their usual order before touching the modules
     from rl_msprobe.patches import sglang, verl, vllm, vllm_ascend
 
     return {

@@ -5,8 +5,9 @@ from __future__ import annotations
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
 from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, defines_class, register
+from rl_msprobe.upstream import VERL_NEWEST
 
-NEWEST = "0.9.1"  # newest verl release every verl set is tested on; the default release for `patch diff`
+NEWEST = VERL_NEWEST  # newest verl release every verl set is tested on; the default release for `patch diff`
 FSDP_HOOK = Capability(
     "FSDP engine hook",
     "FSDPEngine.forward_backward_batch in verl/workers/engine/fsdp/transformer_impl.py",

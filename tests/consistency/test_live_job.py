@@ -100,7 +100,9 @@ class Flow:
 
 
 def _sets_from(prepare_out: str) -> list[str]:
-    return re.findall(r"rl-msprobe patch apply (\S+) --python", prepare_out)
+    """The sets of the `patch apply SET... --python PY` lines prepare printed (one line per --python)."""
+    lines = re.findall(r"rl-msprobe patch apply ((?:\S+ )+?)--python", prepare_out)
+    return [name for names in lines for name in names.split()]
 
 
 def _after_run(python: Path, dump: Path, out: Path) -> tuple:
@@ -144,7 +146,7 @@ def flow(tmp_path_factory) -> Flow:
         )
     )
     planted = planted_dir / derived.name
-    applied = "".join(ok(cli("patch", "apply", s, "--python", str(python))) for s in sets)  # as printed
+    applied = ok(cli("patch", "apply", *sets, "--python", str(python)))  # as printed: one command, both trees
     plant_dir = root / "plant"
     plant_dir.mkdir()
     (plant_dir / f"{PLANT_MODULE}.py").write_text(PLANT)
@@ -169,7 +171,7 @@ def flow(tmp_path_factory) -> Flow:
             dump = script.parent / f"msprobe_{job.script.stem.removeprefix('run_')}" / "dump"
             runs[name] = Run(result, dump, *_after_run(python, dump, root / f"compare-{name}"))
     finally:
-        reverts = [cli("patch", "revert", s, "--python", str(python)) for s in reversed(sets)]
+        reverts = [cli("patch", "revert", *sets, "--python", str(python))]
     after = tree_digest(site)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     shutil.rmtree(root / "user-venv", ignore_errors=True)  # ~530 MB; pytest keeps 3 tmp roots

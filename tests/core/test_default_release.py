@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -63,3 +67,26 @@ def test_diff_with_no_tree_works_for_every_set(patch_set):
     assert summary.startswith(f"# {patch_set.project} {default_release(patch_set)} at ")
     files, hunks = out.count("diff --git "), sum(line.startswith("@@ ") for line in out.splitlines())
     assert f": {files} file{'s' * (files != 1)}, {hunks} hunk{'s' * (hunks != 1)}, +" in summary, summary
+
+
+def test_the_planner_assumes_the_verl_release_the_sets_default_to():
+    """One source of truth: the planner's assumed verl (modes.base.NEWEST) is the verl sets' default
+    release; changing the one constant moves both (checked in a fresh interpreter)."""
+    from rl_msprobe.modes.base import NEWEST
+
+    verl_sets = [s for s in all_sets() if s.project == "verl"]
+    assert {default_release(s) for s in verl_sets} == {NEWEST["verl"]}
+    code = (
+        "import json, rl_msprobe.upstream as u; u.VERL_NEWEST = '9.9.9'\n"
+        "from rl_msprobe.modes.base import NEWEST\n"
+        "from rl_msprobe.patches import all_sets\n"
+        "from rl_msprobe.patches.releases import default_release\n"
+        "verl = [s for s in all_sets() if s.project == 'verl']\n"
+        "print(json.dumps([NEWEST['verl'], sorted({default_release(s) for s in verl}),"
+        " sorted({s.max_version for s in verl})]))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["9.9.9", ["9.9.9"], ["9.9.9"]]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -519,4 +521,31 @@ def test_a_last_line_ending_in_a_backslash_gets_no_stray_token(ending: str, tmp_
         "global_profiler.global_tool_config.precision_debugger.config_path",
         "global_profiler.global_tool_config.precision_debugger.stages",
         "actor_rollout_ref.actor.profiler.enable",  # no reference model runs (no KL): no ref stage
+    ]
+
+
+def test_prepare_with_one_python_prints_one_apply_for_every_tree(tmp_path: Path) -> None:
+    """verl and vLLM both found through one --python: one `patch apply` for the two trees (all or none);
+    a --tree of its own keeps its own command."""
+    site = tmp_path / "site"
+    (site / "verl" / "version").mkdir(parents=True)
+    (site / "verl" / "version" / "version").write_text("0.9.1\n")
+    (site / "vllm").mkdir()
+    (site / "vllm" / "_version.py").write_text('__version__ = "0.33.0"\n')
+    for package in ("verl", "vllm"):
+        (site / package / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    script = tmp_path / "run_x.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    python = f"env PYTHONPATH={site} {sys.executable}"
+    code, out, err = cli("prepare", str(script), "--mode", "consistency", "--python", python, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["patch_commands"] == [
+        f"rl-msprobe patch apply {' '.join(doc['patch_sets'])} --python {shlex.quote(python)}"
+    ]
+    assert doc["patch_sets"] == ["verl-consistency", "vllm-dump"]
+    targets = {"verl": f"--tree {site}", "vllm": f"--python {python}"}
+    assert planner.patch_commands(doc["patch_sets"], targets) == [
+        f"rl-msprobe patch apply verl-consistency --tree {site}",
+        f"rl-msprobe patch apply vllm-dump --python {python}",
     ]

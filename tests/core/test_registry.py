@@ -1,0 +1,42 @@
+"""The patch-set registry is complete however it is first reached (a set module imported first included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIST = "from rl_msprobe.patches import all_sets; print(json.dumps([s.name for s in all_sets()]))"
+
+
+def _names(first_import: str) -> list[str]:
+    """The sets `all_sets()` lists in a fresh interpreter that imports `first_import` before anything else."""
+    code = f"import json, {first_import}; {LIST}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "rl_msprobe.patches.vllm",
+        "rl_msprobe.patches.verl_triage",
+        "rl_msprobe.patches.sglang",
+        "rl_msprobe.writer",
+    ],
+)
+def test_importing_one_set_module_first_still_lists_every_set(module: str) -> None:
+    assert _names(module) == _names("rl_msprobe")
+
+
+def test_every_set_module_registers_something() -> None:
+    names = _names("rl_msprobe")
+    for expected in ("verl-engine", "verl-triage", "sglang-dump", "vllm-dump", "vllm-ascend-dispatch-log"):
+        assert expected in names
