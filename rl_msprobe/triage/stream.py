@@ -9,9 +9,13 @@ engine computes in bf16: the line says `train_dtype`);
 exact; p99 comes from a histogram with 64 bins per power of two (within 1.1%), binned on
 the float's own bits (exponent and top mantissa bits), which costs no logarithm.
 
-Lines are parsed one by one and their arrays gathered into chunks that numpy reduces at once,
-so the cost stays close to parsing the lines. Memory holds one chunk, one entry per step, one
-per response position and per token id, and the `keep` worst requests: never one per line.
+A line the helper wrote ends with its id and log-prob arrays (`split_tail`): json reads the
+small head, numpy reads the arrays of a whole chunk of lines at once, and the prompt ids stay
+text unless the request is among the worst; any other line is read whole by json, with the
+same result. So a report costs about what parsing the lines with json costs
+(benchmarks/bench_mismatch_report.py). Memory holds one chunk, a bounded batch of token gaps,
+one entry per step, per response position and per token id, and the `keep` worst requests:
+never one per line.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -28,7 +33,8 @@ from rl_msprobe.dumps.layout import walk_files
 from rl_msprobe.errors import UserError
 
 LOG_NAME = "triage.jsonl"
-CHUNK = 256  # lines reduced together (small: the parsed lines stay in cache)
+CHUNK = 1024  # lines reduced together
+TOKEN_BATCH = 1 << 18  # token gaps gathered before one pass over the vocabulary-long sums
 MANTISSA_BITS = 6  # 2**6 bins per power of two
 _SHIFT = 52 - MANTISSA_BITS
 LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0; above 2**8 in the last
@@ -176,30 +182,42 @@ class _Accumulator:
         self.result = result
         self.keep = keep
         self.heap: list[Worst] = []
+        self._tokens: list[tuple[Any, dict[str, Any]]] = []  # token ids and their gaps, not yet summed
+        self._token_count = 0
         self._reset()
         for q in QUANTITIES:
             result.overall[q] = Gap(hist=self.np.zeros(N_BINS, self.np.int64))
             result.by_position[q] = (self.np.zeros(0), self.np.zeros(0, self.np.int64))
             result.by_token[q] = (self.np.zeros(0), self.np.zeros(0, self.np.int64))
 
+    def fold_tokens(self) -> None:
+        """Add the gathered token gaps to the per-token sums: one pass over arrays as long as the
+        vocabulary for many chunks, not one per chunk."""
+        if not self._tokens:
+            return
+        np = self.np
+        index = np.concatenate([k for k, _ in self._tokens])
+        gaps = {q: np.concatenate([g[q] for _, g in self._tokens]) for q in QUANTITIES}
+        self.result.by_token = _grow_add(np, self.result.by_token, index, gaps)
+        self._tokens, self._token_count = [], 0
+
     def _reset(self) -> None:
         self.docs: list[dict] = []
         self.where: list[tuple[str, int]] = []
+        self.tails: list[tuple[bytes, bytes, bytes] | None] = []  # the array texts of a fast line
+        self.raws: list[bytes] = []
 
     def flush(self) -> None:
-        self._validate()
+        columns = self._columns() if self.docs else None
         docs = self.docs
-        if not docs:
+        if columns is None or not docs:
             self._reset()
             return
         np, res = self.np, self.result
-        lengths = self.lengths
+        lengths, r, t, tokens = columns
         starts = np.zeros(len(lengths), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
         total = int(lengths.sum())
-        r = _column(np, docs, "rollout_log_probs", total, np.float64, math.nan)
-        t = _column(np, docs, "train_log_probs", total, np.float64, math.nan)
-        tokens = _column(np, docs, "response_ids", total, np.int64, -1)
         valid = np.ones(total, bool)
         for i, doc in enumerate(docs):
             mask = doc.get("mask")
@@ -224,7 +242,10 @@ class _Accumulator:
         known = vtok >= 0
         valid_gaps = {q: g[valid] for q, g in gaps.items()}
         res.by_position = _grow_add(np, res.by_position, vpos, valid_gaps)
-        res.by_token = _grow_add(np, res.by_token, vtok[known], {q: g[known] for q, g in valid_gaps.items()})
+        self._tokens.append((vtok[known], {q: g[known] for q, g in valid_gaps.items()}))
+        self._token_count += int(known.sum())
+        if self._token_count >= TOKEN_BATCH:
+            self.fold_tokens()
         line_stats = {}
         for q, g in gaps.items():
             gv = valid_gaps[q]
@@ -239,9 +260,55 @@ class _Accumulator:
         self._worst(line_stats, counts, starts, lengths, gaps, tokens, r, t)
         self._reset()
 
-    def _validate(self) -> None:
-        """Keep the chunk's lines that hold two equally long arrays; the rest are counted, not read."""
-        np, res, docs = self.np, self.result, self.docs
+    def _columns(self) -> tuple[Any, Any, Any, Any]:
+        """The chunk's response lengths and its log-probs and token ids end to end, for the lines
+        kept (two equally long log-prob arrays); the other lines are counted, not read."""
+        columns = self._fast() if None not in self.tails else None
+        if columns is None:
+            self._parse_whole()
+            columns = self._slow()
+        return self._select(*columns)
+
+    def _fast(self) -> tuple[Any, ...] | None:
+        """Every line of the chunk ended with the helper's three arrays: one numpy parse per array
+        for the whole chunk. None when any number does not parse (then the lines go through json)."""
+        np = self.np
+        ids, rollout, train = zip(*self.tails)
+        out = []
+        for pieces, dtype in ((rollout, np.float64), (train, np.float64), (ids, np.int64)):
+            counts = np.fromiter([p.count(b",") + 1 if p else 0 for p in pieces], np.int64, len(pieces))
+            values = _numbers(np, pieces, dtype)
+            if values is None or len(values) != counts.sum():
+                return None
+            out.append((counts, values))
+        (lr, r), (lt, t), (lk, k) = out
+        return lr, lt, lk, r, t, k
+
+    def _parse_whole(self) -> None:
+        """The fast lines of a chunk that numpy could not read, read again whole by json (a line json
+        refuses is a bad line, as it would have been without the fast path)."""
+        if all(tail is None for tail in self.tails):
+            return
+        res = self.result
+        keep = []
+        for i, tail in enumerate(self.tails):
+            if tail is not None:
+                try:
+                    self.docs[i] = json.loads(self.raws[i])
+                except ValueError as exc:
+                    res.bad_count += 1
+                    if len(res.bad_lines) < 5:
+                        res.bad_lines.append(
+                            "{}:{}: ".format(*self.where[i]) + f"{type(exc).__name__}: {exc}"[:300]
+                        )
+                    continue
+            keep.append(i)
+        self.docs = [self.docs[i] for i in keep]
+        self.where = [self.where[i] for i in keep]
+
+    def _slow(self) -> tuple[Any, ...]:
+        """Lengths and arrays from the parsed lines (lines without the two arrays become bad lines)."""
+        np, docs = self.np, self.docs
         try:
             lr = np.fromiter([len(d["rollout_log_probs"]) for d in docs], np.int64, len(docs))
             lt = np.fromiter([len(d["train_log_probs"]) for d in docs], np.int64, len(docs))
@@ -249,26 +316,39 @@ class _Accumulator:
             lk = np.fromiter([-1 if v is None else len(v) for v in tok], np.int64, len(docs))
         except (KeyError, TypeError, AttributeError):
             lr, lt, lk = self._validate_slowly()
-        for i in np.flatnonzero(lk != lr):
-            docs[i]["response_ids"] = [-1] * int(lr[i])
-        keep = (lr == lt) & (lr > 0)
-        res.requests += int((lr == lt).sum())
-        if keep.all():
-            self.lengths = lr
-            return
-        for i in np.flatnonzero(lr != lt):
+            docs = self.docs
+        r = _column(np, docs, "rollout_log_probs", int(lr.sum()), np.float64, math.nan)
+        t = _column(np, docs, "train_log_probs", int(lt.sum()), np.float64, math.nan)
+        known = [d for d, n in zip(docs, lk.tolist()) if n > 0]
+        k = _column(np, known, "response_ids", int(lk[lk > 0].sum()), np.int64, -1)
+        return lr, lt, lk, r, t, k
+
+    def _select(self, lr: Any, lt: Any, lk: Any, r: Any, t: Any, k: Any) -> tuple[Any, Any, Any, Any]:
+        """Keep the lines whose two log-prob arrays are equally long (a token array of another
+        length becomes unknown tokens, -1); count and name the rest."""
+        np, res, docs = self.np, self.result, self.docs
+        same = lr == lt
+        keep = same & (lr > 0)
+        res.requests += int(same.sum())
+        known = lk == lr
+        if keep.all() and known.all():
+            return lr, r, t, k
+        for i in np.flatnonzero(~same):
             res.bad_count += 1
             if len(res.bad_lines) < 5:
                 res.bad_lines.append(
                     "{}:{}: ".format(*self.where[i]) + f"{lr[i]} rollout but {lt[i]} training log-probs"
                 )
-        for i in np.flatnonzero((lr == lt) & (lr == 0)):  # nothing verl's mask counts: a request, no tokens
+        for i in np.flatnonzero(same & (lr == 0)):  # nothing verl's mask counts: a request, no tokens
             step = docs[i].get("step")
             res.steps.setdefault(step, StepStats(step)).requests += 1
         index = np.flatnonzero(keep)
         self.docs = [docs[i] for i in index]
         self.where = [self.where[i] for i in index]
-        self.lengths = lr[index]
+        lengths = lr[index]
+        tokens = np.full(int(lengths.sum()), -1, np.int64)
+        tokens[np.repeat(known[index], lengths)] = k[np.repeat(keep & known, np.maximum(lk, 0))]
+        return lengths, r[np.repeat(keep, lr)], t[np.repeat(keep, lt)], tokens
 
     def _validate_slowly(self) -> tuple[Any, Any, Any]:
         """Line by line: a line that is not an object with the two arrays becomes a bad line."""
@@ -287,7 +367,7 @@ class _Accumulator:
             where.append(at)
         self.docs, self.where = [d for d, _ in good], where
         np = self.np
-        return tuple(np.asarray([n[k] for _, n in good], np.int64) for k in range(3))  # type: ignore[return-value]
+        return tuple(np.asarray([n[k] for _, n in good], np.int64).reshape(-1) for k in range(3))  # type: ignore[return-value]
 
     def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Any, int]) -> None:
         np = self.np
@@ -357,7 +437,7 @@ class _Accumulator:
                 float(sum_p[i] / counts[i]),
                 positions,
                 where,
-                doc.get("prompt_ids"),
+                _prompt_ids(doc.get("prompt_ids")),
                 doc.get("sample"),
             )
             if best is None or key > best.key:
@@ -433,6 +513,88 @@ def _column(np: Any, docs: list[dict], key: str, total: int, dtype: Any, missing
         )
 
 
+def _numbers(np: Any, pieces: tuple[bytes, ...], dtype: Any) -> Any:
+    """The comma-separated numbers of every piece, end to end (numpy's C parser); None when one does not parse."""
+    text = b",".join([p for p in pieces if p])
+    if not text:
+        return np.zeros(0, dtype)
+    try:
+        with warnings.catch_warnings():  # numpy < 2.4 only warns where the text stops parsing
+            warnings.simplefilter("error", DeprecationWarning)
+            return np.fromstring(text, dtype=dtype, sep=",")
+    except (ValueError, DeprecationWarning):
+        return None
+
+
+_TAIL = b', "response_ids": ['
+_ROLLOUT = b'], "rollout_log_probs": ['
+_TRAIN = b'], "train_log_probs": ['
+_PROMPT = b', "prompt_ids": ['
+_scan = json.JSONDecoder().scan_once  # json's own C scanner, without loads' checks for a BOM and spaces
+
+
+def split_tail(raw: bytes) -> tuple[bytes, tuple[bytes, bytes, bytes], bytes | None] | None:
+    """A line that ends as the helper writes it (`..., "prompt_ids": [..], "response_ids": [..],
+    "rollout_log_probs": [..], "train_log_probs": [..]}`): its head as an object's text, the three
+    arrays' texts, and the prompt ids' text (None when the head holds them, e.g. as null).
+
+    The arrays are then read by numpy (which must find exactly as many numbers as the commas
+    say, or the chunk is read again by json), and the prompt ids only for the few worst requests.
+    Safe: the arrays' texts hold no quote, so after the `"response_ids"` key the only quotes are
+    the three keys' own, none of them inside a string; and the `}` that ends the line closes the
+    object they are in, so when the head parses as an object they are the line's own keys.
+    Anything else is None: json reads that line whole.
+    """
+    if raw[-3:] == b"]}\n":
+        stop = len(raw) - 3
+    else:
+        end = raw.rstrip()
+        if end[-2:] != b"]}":
+            return None
+        stop = len(end) - 2
+    at = raw.find(_TAIL)
+    r = raw.find(_ROLLOUT, at, stop)
+    t = raw.find(_TRAIN, r, stop)
+    if at < 2 or r < 0 or t < 0:
+        return None
+    tail = (raw[at + len(_TAIL) : r], raw[r + len(_ROLLOUT) : t], raw[t + len(_TRAIN) : stop])
+    if b'"' in tail[0] or b'"' in tail[1] or b'"' in tail[2]:
+        return None
+    prompt = None
+    if raw[at - 1 : at] == b"]":
+        start = raw.find(_PROMPT, 0, at)
+        if start > 1 and b'"' not in raw[start + len(_PROMPT) : at]:
+            prompt = raw[start + len(_PROMPT) : at - 1]
+            at = start
+    return raw[:at] + b"}", tail, prompt
+
+
+class PromptText(bytes):
+    """A line's prompt ids, still as text: parsed only for the worst requests that show them."""
+
+    def ids(self) -> list[int]:
+        return json.loads(b"[" + self + b"]")
+
+
+def _prompt_ids(value: Any) -> Any:
+    try:
+        return value.ids() if isinstance(value, PromptText) else value
+    except ValueError:  # digits and commas that are not a list of numbers: as json would not read them
+        return None
+
+
+def _head(text: bytes) -> dict:
+    """The head of a split line as a dict (ValueError when it is not exactly one JSON object)."""
+    try:
+        decoded = text.decode("utf-8")
+        doc, stop = _scan(decoded, 0)
+    except StopIteration:
+        raise ValueError("not a JSON object") from None
+    if stop != len(decoded) or type(doc) is not dict or not doc:
+        raise ValueError("not a JSON object")
+    return doc
+
+
 def log_files(root: Path) -> list[Path]:
     """Every triage.jsonl under root ({root}/{pid}/triage.jsonl, or root itself when it is one)."""
     if root.is_file():
@@ -454,20 +616,26 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
     for path in log_files(root):
         name = str(path)
         result.files.append(name)
+        docs, where, tails, raws = acc.docs, acc.where, acc.tails, acc.raws
         with open(path, "rb") as f:
             number = 0
             for number, raw in enumerate(f, 1):  # noqa: B007 - counted after the loop
                 try:
-                    doc = loads(raw)
+                    split = split_tail(raw)
+                    if split is None:
+                        doc, tail = loads(raw), None
+                    else:
+                        try:
+                            doc, tail = _head(split[0]), split[1]
+                            if split[2] is not None:
+                                doc["prompt_ids"] = PromptText(split[2])
+                        except ValueError:
+                            doc, tail = loads(raw), None  # says where the line itself is broken
                     if "error" in doc:
                         result.error_count += 1
                         if len(result.errors) < 5:
                             result.errors.append(f"{path}:{number}: step {doc.get('step')}: {doc['error']}")
                         continue
-                    acc.docs.append(doc)
-                    acc.where.append((name, number))
-                    if len(acc.docs) >= CHUNK:
-                        acc.flush()
                 except (ValueError, KeyError, TypeError) as exc:
                     if not raw.strip():
                         result.blank += 1
@@ -476,8 +644,16 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                     if len(result.bad_lines) < 5:
                         result.bad_lines.append(f"{path}:{number}: {type(exc).__name__}: {exc}"[:300])
                     continue
+                docs.append(doc)
+                where.append((name, number))
+                tails.append(tail)
+                raws.append(raw)
+                if len(docs) >= CHUNK:
+                    acc.flush()
+                    docs, where, tails, raws = acc.docs, acc.where, acc.tails, acc.raws
             result.lines += number
     result.lines -= result.blank
     acc.flush()
+    acc.fold_tokens()
     result.worst = sorted(acc.heap, reverse=True)
     return result

@@ -14,6 +14,7 @@ import pytest
 
 from rl_msprobe.triage import stream
 from rl_msprobe.triage.stream import read_triage
+from tests.support.added_files import load
 from tests.support.trees import run_cli
 
 SCRIPT = """#!/bin/bash
@@ -25,8 +26,31 @@ python3 -m verl.trainer.main_ppo \\
 """
 
 
+def helper_module():
+    """The helper the verl-triage set adds, as a module (it writes the lines a real job writes)."""
+    return load("verl/verl/utils/rl_msprobe_triage.py", "rl_msprobe_triage_for_report")
+
+
+def as_written(line: dict, fmt: str) -> str:
+    """One line as json.dumps writes it, or as the helper does (its key order: the arrays last)."""
+    if fmt == "json":
+        return json.dumps(line)
+    helper = helper_module()
+    arrays = ("prompt_ids", "response_ids", "rollout_log_probs", "train_log_probs")
+    ordered = {k: v for k, v in line.items() if k not in arrays}
+    for key in arrays:
+        if key in line:
+            ordered[key] = helper._Floats(line[key]) if key.endswith("log_probs") else line[key]
+    return helper._dumps(ordered)
+
+
 def write_log(
-    folder: Path, steps: int = 5, per_step: int = 30, jump_at: int | None = 4, seed: int = 0
+    folder: Path,
+    steps: int = 5,
+    per_step: int = 30,
+    jump_at: int | None = 4,
+    seed: int = 0,
+    fmt: str = "json",
 ) -> list[dict]:
     rnd = random.Random(seed)
     lines = []
@@ -45,15 +69,15 @@ def write_log(
                 "prompt_len": 3,
                 "prompt_ids": [1, 2, 3],
                 "response_ids": [rnd.randrange(50) for _ in range(n)],
-                "rollout_log_probs": [float(np.float32(v)) for v in rollout],
-                "train_log_probs": [float(np.float32(v)) for v in train],
+                "rollout_log_probs": [float(f"{np.float32(v):.9g}") for v in rollout],
+                "train_log_probs": [float(f"{np.float32(v):.9g}") for v in train],
                 "sample": {"data_source": "d", "prompt": [{"role": "user", "content": f"q{i}"}]},
             }
             if i % 7 == 3 and n > 2:
                 line["mask"] = [1] * (n - 2) + [0, 1]
             lines.append(line)
     (folder / "123").mkdir(parents=True)
-    (folder / "123" / "triage.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / "123" / "triage.jsonl").write_text("".join(as_written(x, fmt) + "\n" for x in lines))
     return lines
 
 
@@ -69,10 +93,11 @@ def direct(lines: list[dict], step: int) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.parametrize("fmt", ["json", "helper"])  # json reads the first, numpy the arrays of the second
 @pytest.mark.parametrize("chunk", [7, stream.CHUNK])  # many flushes, and one
-def test_per_step_numbers_equal_a_direct_computation(tmp_path, monkeypatch, chunk):
+def test_per_step_numbers_equal_a_direct_computation(tmp_path, monkeypatch, chunk, fmt):
     monkeypatch.setattr(stream, "CHUNK", chunk)
-    lines = write_log(tmp_path)
+    lines = write_log(tmp_path, fmt=fmt)
     result = read_triage(tmp_path)
     assert result.requests == len(lines) and result.bad_count == 0
     for stats in result.step_list():
@@ -216,3 +241,75 @@ def test_flat_gap_proposes_the_largest_step_without_script(tmp_path):
 def test_a_checkpoint_the_triage_run_saved_is_named(tmp_path):
     notes = proposal_of(tmp_path, script_text=SCRIPT.replace("$@", "trainer.save_freq=3 $@"))["notes"]
     assert any("saved a checkpoint at step 3 (trainer.save_freq=3)" in n for n in notes), notes
+
+
+def summary(result, folder: Path) -> dict:
+    """Everything a report is made of, comparable across two reads (the folder's name left out)."""
+    doc = {
+        "lines": result.lines,
+        "requests": result.requests,
+        "bad": (result.bad_count, result.bad_lines),
+        "errors": result.error_count,
+        "nonfinite": result.nonfinite,
+        "steps": [s.to_json() for s in result.step_list()],
+        "worst": [w.to_json(full=True) for w in result.worst],
+        "by_position": {q: [a.tolist() for a in v] for q, v in result.by_position.items()},
+        "by_token": {q: [a.tolist() for a in v] for q, v in result.by_token.items()},
+    }
+    return json.loads(json.dumps(doc).replace(str(folder), "FOLDER"))
+
+
+# Lines that look like the helper's but are not what they seem: read as json reads them.
+TRICKY = [
+    # the tail's key text inside a string value: the quote in what follows sends it to json
+    '{"step": 1, "note": ", \\"response_ids\\": [1], \\"rollout_log_probs\\": [2], \\"train_log_probs\\": [3]}", '
+    '"response_ids": [7], "rollout_log_probs": [-1.5], "train_log_probs": [-1.25]}',
+    # the arrays nested in another object: the head does not parse as an object
+    '{"step": 1, "x": {"a": 1, "response_ids": [1], "rollout_log_probs": [-1], "train_log_probs": [-2]}}',
+    # a number numpy would read that json refuses, and one neither reads: bad lines, as before
+    '{"step": 1, "response_ids": [1, 2], "rollout_log_probs": [-1.5, 1..2], "train_log_probs": [-1, -2]}',
+    '{"step": 1, "response_ids": [1], "rollout_log_probs": [-1,,], "train_log_probs": [-1]}',
+    # a null (a non-finite log-prob): json reads it, the token is left out
+    '{"step": 2, "response_ids": [4, 5], "rollout_log_probs": [null, -0.5], "train_log_probs": [-0.25, -0.75]}',
+    # empty arrays (nothing verl's mask counts), unequal arrays, tokens of another length
+    '{"step": 2, "response_ids": [], "rollout_log_probs": [], "train_log_probs": []}',
+    '{"step": 2, "response_ids": [1, 2], "rollout_log_probs": [-1.0, -2.0], "train_log_probs": [-1.0]}',
+    '{"step": 2, "response_ids": [9], "rollout_log_probs": [-1.0, -2.0], "train_log_probs": [-1.5, -2.5]}',
+    # trailing spaces and a CRLF ending, and an error line
+    '{"step": 3, "response_ids": [3], "rollout_log_probs": [-3.0], "train_log_probs": [-3.5]}   \r',
+    '{"schema": "rl-msprobe-triage/1", "step": 3, "error": "KeyError: old_log_probs"}',
+]
+
+
+@pytest.mark.parametrize("chunk", [3, stream.CHUNK])
+def test_numpy_read_arrays_give_what_json_gives(tmp_path, monkeypatch, chunk):
+    """The helper's lines (arrays last, read by numpy) and the same lines in json.dumps order
+    (read whole by json) make the same report, tricky lines mixed in."""
+    monkeypatch.setattr(stream, "CHUNK", chunk)
+    results = {}
+    for fmt in ("json", "helper"):
+        folder = tmp_path / fmt
+        write_log(folder, steps=3, per_step=20, fmt=fmt)
+        with open(folder / "123" / "triage.jsonl", "a") as f:
+            f.write("".join(line + "\n" for line in TRICKY))
+        results[fmt] = summary(read_triage(folder, keep=5), folder)
+    assert results["helper"] == results["json"]
+    fast = sum(1 for x in TRICKY if stream.split_tail(x.encode()) is not None)
+    assert 0 < fast < len(TRICKY)  # some tricky lines take the numpy path, the rest are refused by it
+    got = results["helper"]
+    # bad: the nested arrays (no log-probs of its own), 1..2, -1,, and the unequal arrays
+    assert got["errors"] == 1 and got["bad"][0] == 4 and got["nonfinite"] == 1, got["bad"]
+
+
+def test_the_helpers_own_lines_take_the_numpy_path(tmp_path, monkeypatch):
+    """What verl-triage writes on a real batch ends with the three arrays the report reads with numpy."""
+    helper = helper_module()
+    from tests.triage.test_helper import batch
+
+    monkeypatch.setenv("RL_MSPROBE_TRIAGE", str(tmp_path))
+    helper.log_requests(batch(), type("T", (), {"global_steps": 1})())
+    (log,) = tmp_path.glob("*/triage.jsonl")
+    raws = log.read_bytes().splitlines(keepends=True)
+    assert len(raws) == 2 and all(stream.split_tail(raw) is not None for raw in raws)
+    result = read_triage(tmp_path)
+    assert result.requests == 2 and result.bad_count == 0

@@ -15,13 +15,14 @@ function here returns at once. No msprobe, no dumps, no constraint on the batch.
 A line (schema ``rl-msprobe-triage/1``): ``step`` (the trainer's ``global_steps``), ``index``
 (row in the step's batch), ``request_id`` (the id the rollout server received, kept by the
 ``verl-request-id`` set when ``RL_MSPROBE_REQUEST_ID=1``; else null), ``uid``, ``prompt_len``,
-``prompt_ids``, ``response_ids``, ``rollout_log_probs``, ``train_log_probs`` (one value per
-response position, up to the last position verl's mask counts, 9 significant digits: a float32
-round-trips), ``rollout_dtype`` / ``train_dtype`` (only when not float32: verl's metric takes
-``exp`` in the tensor's own dtype, e.g. bf16 training log-probs), ``mask`` (only when some of
-those positions are masked out), and ``sample`` (the
-dataset row's ``data_source``, ``prompt``, ``ability``, ``reward_model``, ``extra_info`` where the
-batch carries them: enough to write a one-prompt data file that reproduces the request).
+``rollout_dtype`` / ``train_dtype`` (only when not float32: verl's metric takes ``exp`` in the
+tensor's own dtype, e.g. bf16 training log-probs), ``mask`` (only when some of the response
+positions are masked out), ``sample`` (the dataset row's ``data_source``, ``prompt``,
+``ability``, ``reward_model``, ``extra_info`` where the batch carries them: enough to write a
+one-prompt data file that reproduces the request), and last, in this order (the report reads
+them with numpy, not json): ``prompt_ids``, ``response_ids``, ``rollout_log_probs``,
+``train_log_probs`` (one value per response position, up to the last position verl's mask
+counts, 9 significant digits: a float32 round-trips; a non-finite value as null).
 
 A failure here never stops training: it is written as one ``{"error": ...}`` line (the report
 counts them) and printed once to stderr.
@@ -111,10 +112,6 @@ def _lines(data: Any, step: Any, source: Any):
         }
         prompt = prompts[i] if prompts is not None else None
         line["prompt_len"] = None if prompt is None else len(prompt)
-        line["prompt_ids"] = prompt
-        line["response_ids"] = [int(t) for t in responses[i, :end].tolist()]
-        line["rollout_log_probs"] = _Floats(rollout[i, :end].tolist())
-        line["train_log_probs"] = _Floats(train[i, :end].tolist())
         for key, tensor in (("rollout_dtype", rollout), ("train_dtype", train)):
             dtype = str(getattr(tensor, "dtype", "float32")).replace("torch.", "")
             if dtype != "float32":  # verl takes exp() in this dtype: the report does the same
@@ -124,6 +121,11 @@ def _lines(data: Any, step: Any, source: Any):
         sample = {k: _value(extra.get(k), i) for k in SAMPLE_KEYS if extra.get(k) is not None}
         if sample:
             line["sample"] = sample
+        # the id and log-prob arrays last, in this order: the report reads them with numpy, not json
+        line["prompt_ids"] = prompt
+        line["response_ids"] = [int(t) for t in responses[i, :end].tolist()]
+        line["rollout_log_probs"] = _Floats(rollout[i, :end].tolist())
+        line["train_log_probs"] = _Floats(train[i, :end].tolist())
         yield _dumps(line)
 
 
