@@ -127,7 +127,10 @@ def _locked(target: Target) -> Iterator[tuple[Tree, dict[str, Any] | None]]:
     if tree.repo is None:
         _state_writable(tree.state)
     with journal.tree_lock(tree.state):
-        yield tree, _recover(tree)
+        recovered = _recover(tree)
+        if tree.repo is not None:
+            _check_index_lock(tree.repo)
+        yield tree, recovered
 
 
 def _state_writable(state: Path) -> None:
@@ -144,6 +147,7 @@ def _recover(tree: Tree) -> dict[str, Any] | None:
     if doc is None:
         return None
     info = doc.get("git")
+    cleared = _clear_index_lock(tree.repo, doc) if tree.repo is not None else None
     if info and tree.repo is not None and _committed(tree.repo, info):
         outcome = "completed"
     else:
@@ -161,7 +165,37 @@ def _recover(tree: Tree) -> dict[str, Any] | None:
         "pid": doc["pid"],
         "outcome": outcome,
         "files": [f["label"] for f in doc["files"]],
+        **({"removed": cleared} if cleared else {}),
     }
+
+
+def _index_lock(repo: Any) -> Path:
+    return Path(repo.git_dir) / "index.lock"
+
+
+def _clear_index_lock(repo: Any, doc: dict[str, Any]) -> str | None:
+    """A git command killed together with the interrupted run leaves git's `index.lock`, and every
+    later git command refuses to run. One made after that run's journal was written is its own:
+    removed (the journal's lock is held, so no other rl-msprobe runs here)."""
+    lock = _index_lock(repo)
+    try:
+        made = lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    if made < float(doc.get("started", 0)) - 1.0:
+        return None  # older than the run: not its own (refused, named, by `_check_index_lock`)
+    lock.unlink()
+    return str(lock)
+
+
+def _check_index_lock(repo: Any) -> None:
+    lock = _index_lock(repo)
+    if lock.exists():
+        raise UserError(
+            f"{lock}: git's index lock is there, so git refuses to change {repo.working_tree_dir}: another git "
+            "command is running in it, or one was killed and left the file. Wait for it to end, or remove the "
+            "file if no git process is running, and run again. Nothing was changed."
+        )
 
 
 def _git_error() -> type[Exception]:

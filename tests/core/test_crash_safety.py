@@ -231,3 +231,44 @@ def test_second_command_waits_then_refuses_with_the_holders_pid(templates, tmp_p
         code, _, err = run_cli("patch", "apply", SET, "--tree", str(tree))
         assert code == 2 and f"another rl-msprobe is patching this tree (pid {os.getpid()})" in err
     assert tree_state(tree) == templates["plain"].original_state, "the lock leaves nothing behind"
+
+
+def test_a_git_command_killed_with_the_run_leaves_an_index_lock_the_next_run_removes(templates, tmp_path):
+    """rl-msprobe killed while its git child held `.git/index.lock`: the lock outlives them both, and
+    every git command refuses to run. The next rl-msprobe command knows it as the killed run's own."""
+    t = templates["git"]
+    tree = _copy(t.original, tmp_path / "t")
+    assert (
+        wait(fork_cli(["patch", "apply", SET, "--tree", str(tree)], {"RL_MSPROBE_FAULT_AT": "branch"})) == -9
+    )
+    lock = tree / ".git" / "index.lock"
+    lock.write_bytes(b"")  # what the killed `git add` left (made after the run's journal)
+    code, out, err = run_cli("patch", "apply", SET, "--tree", str(tree), "--json")
+    assert code == 0, err
+    recovered = json.loads(out)["recovered"]
+    assert recovered["outcome"] == "rolled back" and recovered["removed"] == str(lock)
+    assert not lock.exists() and tree_state(tree) == t.applied_state
+
+
+def test_an_index_lock_that_is_not_ours_is_refused_by_name(templates, tmp_path):
+    """A lock older than any rl-msprobe run (another git command running, or one killed long ago):
+    exit 2 naming the file and what to do, the lock and the tree untouched."""
+    t = templates["git"]
+    tree = _copy(t.original, tmp_path / "t")
+    lock = tree / ".git" / "index.lock"
+    lock.write_bytes(b"")
+    code, _, err = run_cli("patch", "apply", SET, "--tree", str(tree))
+    assert code == 2 and str(lock) in err and "remove the file if no git process is running" in err, err
+    assert lock.exists() and tree_state(tree) == t.original_state
+    lock.unlink()
+    # killed after its journal, with an index.lock from before that run: not removed, named
+    assert (
+        wait(fork_cli(["patch", "apply", SET, "--tree", str(tree)], {"RL_MSPROBE_FAULT_AT": "branch"})) == -9
+    )
+    lock.write_bytes(b"")
+    os.utime(lock, (1, 1))
+    code, _, err = run_cli("patch", "apply", SET, "--tree", str(tree))
+    assert code == 2 and str(lock) in err, err
+    lock.unlink()
+    code, _, err = run_cli("patch", "apply", SET, "--tree", str(tree))
+    assert code == 0 and tree_state(tree) == t.applied_state, err
