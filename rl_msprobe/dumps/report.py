@@ -263,6 +263,13 @@ def worst_rows(run: CompareRun, n: int = 10) -> list[tuple[int, Row]]:
     return rows[:n]
 
 
+def worst_title(run: CompareRun) -> str:
+    """On a consistent verdict the lowest rows are still within msprobe's thresholds: the title says so."""
+    if run.consistent:
+        return "Lowest-scoring rows (all within msprobe's thresholds)"
+    return "Worst rows"
+
+
 def set_aside(run: CompareRun) -> list[list[str]]:
     """[reason, rows over all pairs, example row] for rows not read as divergence."""
     seen: dict[str, list] = {}
@@ -304,7 +311,12 @@ def render_markdown(run: CompareRun, png_name: str | None) -> str:
     lines += ["", "## Pairs", "", *_md_table(PAIR_HEAD, [_pair_line(r) for r in run.results])]
     worst = worst_rows(run)
     if worst:
-        lines += ["", "## Worst rows", "", *_md_table(ROW_HEAD, [_row_cells(n, w) for n, w in worst])]
+        lines += [
+            "",
+            f"## {worst_title(run)}",
+            "",
+            *_md_table(ROW_HEAD, [_row_cells(n, w) for n, w in worst]),
+        ]
     failed = [r for r in run.results if r.status == "failed"]
     if failed:
         lines += ["", "## Failed compares", ""]
@@ -403,7 +415,7 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
     worst = worst_rows(run)
     if worst:
         parts += [
-            "<h2>Worst rows</h2>",
+            f"<h2>{_h(worst_title(run))}</h2>",
             _html_table(
                 ROW_HEAD,
                 [_row_cells(n, w) for n, w in worst],

@@ -59,6 +59,7 @@ def test_divergent_report(tmp_path: Path) -> None:
     assert _png_from_html(html)[:8] == b"\x89PNG\r\n\x1a\n"
     assert not re.search(r"(src|href)=['\"](https?:|//|file:)", html), "report.html must be self-contained"
     assert "model.layers.1.mlp" in html and "DIVERGENT" in html
+    assert "## Worst rows" in md and "<h2>Worst rows</h2>" in html
     assert paths["png"].read_bytes() == _png_from_html(html)
 
 
@@ -70,6 +71,9 @@ def test_consistent_report_and_many_pairs(tmp_path: Path) -> None:
         paths["md"].read_text().splitlines()[2]
         == "**CONSISTENT: 10 pair(s), 20 matched row(s) compared, no row beyond msprobe's thresholds**"
     )
+    # the lowest rows of a consistent compare are not called "worst"
+    md = paths["md"].read_text()
+    assert "## Lowest-scoring rows (all within msprobe's thresholds)" in md and "## Worst rows" not in md
     assert len(_png_from_html(paths["html"].read_text())) > 10_000
 
 
