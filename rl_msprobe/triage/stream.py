@@ -34,7 +34,7 @@ from rl_msprobe.errors import UserError
 
 LOG_NAME = "triage.jsonl"
 CHUNK = 1024  # lines reduced together
-TOKEN_BATCH = 1 << 18  # token gaps gathered before one pass over the vocabulary-long sums
+TOKEN_BATCH = 1 << 16  # token gaps gathered before one pass over the vocabulary-long sums
 MANTISSA_BITS = 6  # 2**6 bins per power of two
 _SHIFT = 52 - MANTISSA_BITS
 LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0; above 2**8 in the last
