@@ -1,3 +1,3 @@
 """rl-msprobe: prepare verl RL jobs for msprobe precision dumps."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
