@@ -16,7 +16,7 @@ from rl_msprobe import journal
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import PatchSet
 from rl_msprobe.targets import Target
-from rl_msprobe.writer import DONE, Done, _recover, _run, _write_entries
+from rl_msprobe.writer import DONE, Done, _git_error, _recover, _run, _write_entries, leave_branch
 
 Operation = Callable[[Target, list[PatchSet]], dict[str, Any]]
 
@@ -61,21 +61,12 @@ def _where(item: Done) -> str:
     return str(item.tree.repo.working_tree_dir) if item.tree.repo is not None else str(item.tree.state.parent)
 
 
-def _git_error() -> type[Exception]:
-    import git
-
-    return git.GitCommandError
-
-
 def _uncommit(repo: Any, info: dict[str, Any]) -> None:
     """The commit of this command goes: its new branch is dropped, or the current branch reset (--keep)."""
     if repo.head.commit.hexsha != info["commit"]:
         raise UserError(f"{repo.working_tree_dir}: HEAD moved past rl-msprobe's commit {info['commit'][:12]}")
     if info.get("branch"):
-        if info["from_branch"]:
-            repo.git.checkout("-q", info["from_branch"])
-        else:
-            repo.git.checkout("-q", "--detach", info["from_head"])
+        leave_branch(repo, info)
         repo.git.branch("-D", info["branch"])
     else:
         repo.git.reset("-q", "--keep", info["from_head"])

@@ -201,9 +201,10 @@ def holders(target: Target, sets: list[PatchSet], recorded: list[str]) -> dict[s
     known = {s.name: s for s in all_sets()}  # a set recorded by another rl-msprobe version may be gone
     labels = {piece.label for _, piece in _unique_pieces(sets)}
     read = _text_reader(target.root)
+    reverting = {s.name for s in sets}
     out: dict[str, list[str]] = {}
     for name in dict.fromkeys(recorded):
-        other = known.get(name) if name not in {s.name for s in sets} else None
+        other = known.get(name) if name not in reverting else None
         if other is None or other.project != target.project:
             continue
         pieces = other.all_pieces()

@@ -228,12 +228,17 @@ def _roll_back(tree: Tree, doc: dict[str, Any]) -> None:
     if not name:
         return
     if not repo.head.is_detached and repo.active_branch.name == name:
-        if info["from_branch"]:
-            repo.git.checkout("-q", info["from_branch"])
-        else:
-            repo.git.checkout("-q", "--detach", info["from_head"])
+        leave_branch(repo, info)
     if name in [h.name for h in repo.heads] and repo.commit(name).hexsha == info["from_head"]:
         repo.git.branch("-D", name)
+
+
+def leave_branch(repo: Any, info: dict[str, Any]) -> None:
+    """Back from rl-msprobe's new branch to where the operation started (a branch, or a detached HEAD)."""
+    if info["from_branch"]:
+        repo.git.checkout("-q", info["from_branch"])
+    else:
+        repo.git.checkout("-q", "--detach", info["from_head"])
 
 
 def _undo(tree: Tree, exc: BaseException) -> None:
