@@ -130,8 +130,9 @@ def write_proposal(
             "job's tokenizer into the chat messages of a `prompt` field before using it as data"
         )
     tree = target_args(verl_tree, python)
+    parsed = _read_script(script) if script is not None else None
     if script is not None:
-        derived = write_repro_script(script, data, out, proposal.step)
+        derived = write_repro_script(script, parsed, data, out, proposal.step)
         proposal.script = str(derived)
         proposal.commands.append(f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency{tree}")
     else:
@@ -141,7 +142,7 @@ def write_proposal(
             "(or pass --script to `mismatch report` to have that script written)"
         )
     if isinstance(proposal.step, int) and proposal.step > 1:
-        proposal.notes.append(trained_weights_note(proposal.step, save_freq(script) if script else None))
+        proposal.notes.append(trained_weights_note(proposal.step, save_freq(parsed) if parsed else None))
     proposal.notes.append(
         f"the request: step {worst.step}, request id {worst.request_id or '-'}, prompt length {worst.prompt_len}, "
         f"worst position {worst.positions[0]['position'] if worst.positions else '-'}; after the consistency run: "
@@ -174,12 +175,17 @@ def trained_weights_note(step: int, freq: Any) -> str:
     )
 
 
-def save_freq(script: Path) -> Any:
-    """trainer.save_freq as the launch script sets it (None: not set, verl's default -1)."""
+def _read_script(script: Path) -> Any:
+    """The user's launch script, parsed once for the reproduction script and its save_freq."""
     from rl_msprobe import planner
+
+    return planner.read(script.read_text(encoding="utf-8"), str(script))
+
+
+def save_freq(parsed: Any) -> Any:
+    """trainer.save_freq as the parsed launch script sets it (None: not set, verl's default -1)."""
     from rl_msprobe.launch.overrides import Overrides
 
-    parsed = planner.read(script.read_text(encoding="utf-8"), str(script))
     found = Overrides(parsed.command.args).get("trainer.save_freq") if parsed.command else None
     value = found.value if found is not None else None
     return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else value
@@ -194,14 +200,12 @@ def target_args(verl_tree: str | None, python: str | None) -> str:
     return args + (f" --tree {shlex.quote(verl_tree)}" if verl_tree else "")
 
 
-def write_repro_script(script: Path, data: Path, out: Path, step: Any) -> Path:
-    """A copy of the user's launch script with the one-prompt data and one training step."""
-    from rl_msprobe import planner
+def write_repro_script(script: Path, parsed: Any, data: Path, out: Path, step: Any) -> Path:
+    """A copy of the user's launch script (`parsed`: as `_read_script` read it) with the one-prompt
+    data and one training step."""
     from rl_msprobe.launch.overrides import Overrides
     from rl_msprobe.launch.render import Token, comment, render
 
-    text = script.read_text(encoding="utf-8")
-    parsed = planner.read(text, str(script))
     assert parsed.command is not None
     tokens = [
         Token("data.train_files", str(data), ""),
