@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
 
-MODES = ("training", "inference", "consistency", "triage")  # triage: only by --mode
+MODES = ("training", "inference", "consistency", "triage", "weights")  # triage, weights: only by --mode
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 
 # (mode, pattern, what it is) — checked against the hint, case-insensitive
