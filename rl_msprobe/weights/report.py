@@ -51,11 +51,15 @@ def picture(doc: dict) -> tuple[list[str], dict[int, dict[str, tuple[str, str]]]
     return layers, {sync: {layer: _worst(rows) for layer, rows in by.items()} for sync, by in cells.items()}
 
 
+def _how(step: dict, none: str) -> str:
+    """Where a sync's resident fingerprints come from: `12 loader-written, 5 parameter`."""
+    return ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or none
+
+
 def summary_lines(doc: dict) -> list[str]:
     lines = []
     for step in doc["steps"]:
-        c = step["counts"]
-        how = ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or "none"
+        c, how = step["counts"], _how(step, "none")
         lines.append(
             f"sync {step['sync']} (step {step['step']}): {step['verdict']}: {step['sent_tensors']} sent, "
             f"{step['model_tensors']} in the model, TP {step['tp_size']}; findings {c['differs']} differ, "
@@ -86,8 +90,7 @@ def markdown(doc: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in doc["steps"]:
-        c = s["counts"]
-        how = ", ".join(f"{n} {k}" for k, n in sorted(s["resident_how"].items())) or "-"
+        c, how = s["counts"], _how(s, "-")
         out.append(
             f"| {s['sync']} | {s['step']} | {s['verdict']} | {s['sent_tensors']} | {s['model_tensors']} | "
             f"{c['differs']} | {c['missing']} | {c['not-compared']} | {how} |"
