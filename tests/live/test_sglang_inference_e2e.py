@@ -10,7 +10,9 @@ check` on what it wrote, `patch revert` and a byte-identical sglang tree.
   `engine_kwargs.sglang.msprobe_dump_config`, which SGLang itself reads.
 
 One engine per shape (module-scoped), its dumps reused by every check. Measured here (2 cores
-shared with four other sessions, 2026-12-01): WALL_TIMES.
+shared with four other sessions, load 3-11, 2026-12-01): the patch shape 145-276 s (CLI steps,
+engine start, 5 forwards, revert), the native shape 165 s, the refusal check 7 s; with the venvs
+cold add their builds (tests/support/sglang_venv.py: 204 s and 801 s under that load).
 """
 
 from __future__ import annotations
@@ -100,3 +102,16 @@ def test_dumps_check_reads_them_as_inference(run):
     code, report, proc = live_flow.cli_json("dumps", "check", str(flow.dump_root))
     assert code == 0 and report["ok"], live_flow.describe(proc)
     assert report["mode"] == "inference", report
+
+
+def test_sglang_dump_is_refused_where_sglang_dumps_itself():
+    """SGLang 0.5.23 declares msprobe_dump_config outside ServerArgs' body (arg_groups/fields/):
+    the native support is read from ModelRunner, so the patch is never put on top of it."""
+    python = sglang_live.python_or_skip("native")
+    tree = sglang_live.sglang_tree(python)
+    before = vllm_cpu.tree_digest(tree)
+    code, status, proc = live_flow.cli_json("patch", "status", "sglang-dump", "--python", str(python))
+    assert code == 0 and status["sets"][0]["status"] == "native", live_flow.describe(proc)
+    proc = live_flow.cli("patch", "apply", "sglang-dump", "--python", str(python))
+    assert proc.returncode == 2 and "msprobe_dump_config=" in proc.stderr, live_flow.describe(proc)
+    assert vllm_cpu.tree_digest(tree) == before
