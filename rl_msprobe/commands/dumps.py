@@ -168,6 +168,14 @@ def _warm_report_imports() -> None:
     "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
 )
 @click.option(
+    "--train-step",
+    "train_steps",
+    type=click.IntRange(0),
+    multiple=True,
+    help="Compare only the pairs of this training dump step (msprobe's step of the actor dump; repeat "
+    "for several), e.g. a clean step apart from a faulty one.",
+)
+@click.option(
     "--python",
     "python",
     metavar="PY",
@@ -192,6 +200,7 @@ def compare(
     backend: str,
     jobs: int | None,
     limit: int | None,
+    train_steps: tuple[int, ...],
     python: str | None,
     min_coverage: float | None,
     timeout: float | None,
@@ -213,10 +222,10 @@ def compare(
         default_jobs,
         plain_pairs,
         recorded_python,
+        verdict,
     )
     from rl_msprobe.dumps.correlate import correlate as run_correlate
     from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
-    from rl_msprobe.dumps.compare import verdict
     from rl_msprobe.dumps.report import dtype_line, pair_lines, write_report
     from rl_msprobe.errors import UserError
 
@@ -238,6 +247,12 @@ def compare(
             )
     else:
         pairs = plain_pairs(rollout, train)
+    if train_steps:
+        pairs = [p for p in pairs if p.train.step in train_steps]
+        if not pairs:
+            raise UserError(
+                f"--train-step {', '.join(map(str, train_steps))}: no pair of those training steps."
+            )
     if limit and len(pairs) > limit:
         if not as_json:
             click.echo(f"comparing the first {limit} of {len(pairs)} pairs (--limit)", err=True)
