@@ -125,8 +125,8 @@ python_option = click.option(
 )
 mode_option = click.option(
     "--mode",
-    type=click.Choice(["training", "inference", "consistency", "triage"]),
-    help="Collection mode (triage: log-prob gap per request, no msprobe).",
+    type=click.Choice(["training", "inference", "consistency", "triage", "weights"]),
+    help="Collection mode (triage: log-prob gap per request, no msprobe; weights: weight parity at every sync).",
 )
 hint_option = click.option(
     "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
@@ -270,6 +270,12 @@ def detect(
     "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
 )
 @click.option(
+    "--weights",
+    "with_weights",
+    is_flag=True,
+    help="Also fingerprint the weights at every sync (what --mode weights does), under <dump-dir>/weights.",
+)
+@click.option(
     "--force",
     is_flag=True,
     help="Overwrite files in the way that rl-msprobe did not write (or that were edited).",
@@ -294,6 +300,7 @@ def prepare(
     python: str | None,
     command: int | None,
     no_env_check: bool,
+    with_weights: bool,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -307,7 +314,8 @@ def prepare(
 
     text, path = _read_script(script)
     notes: list[str] = []
-    if python and not no_env_check and mode != "triage":  # triage never imports msprobe
+    no_msprobe = mode in ("triage", "weights")  # these modes never import msprobe
+    if python and not no_env_check and not no_msprobe:
         from rl_msprobe import env as env_mod
 
         report = env_mod.probe(python)
@@ -322,7 +330,7 @@ def prepare(
                 click.echo(message, err=True)
             sys.exit(1)
         notes.append(f"msprobe {report.version} imports in {python}.")
-    elif not python and mode != "triage":
+    elif not python and not no_msprobe:
         notes.append(
             "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
         )
@@ -350,6 +358,7 @@ def prepare(
         verl_root=roots.get("verl"),
         python=python,
         task=task,
+        with_weights=with_weights,
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:
