@@ -427,10 +427,12 @@ def plan(
     command: int | None = None,
     verl_root: Path | None = None,
     python: str | None = None,
+    task: str = "statistics",
     with_weights: bool = False,
 ) -> Plan:
-    """Everything `prepare` writes, in memory. `path` must be absolute. WITH_WEIGHTS: the weight
-    fingerprints of --mode weights on top of the chosen mode (`prepare --weights`)."""
+    """Everything `prepare` writes, in memory. `path` must be absolute. TASK: msprobe's dump task
+    (statistics, or tensor: whole tensors, for cosine and element-wise errors). WITH_WEIGHTS: the
+    weight fingerprints of --mode weights on top of the chosen mode (`prepare --weights`)."""
     versions = dict(versions or {})
     script, detection = detect_text(text, path, hint, command, verl_root, versions.get("verl"))
     chosen = _mode(detection, mode, path)
@@ -486,7 +488,7 @@ def plan(
     # decode forward), so no single list selects the same training steps on both sides.
     for spec in req.configs:
         doc = msprobe_config.build_config(
-            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks
+            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks, task=task
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
 

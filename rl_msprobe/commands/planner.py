@@ -251,6 +251,14 @@ def detect(
     "Consistency: msprobe step list (default: every step; each side counts its own dumped forwards).",
 )
 @click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks).")
+@click.option(
+    "--task",
+    type=click.Choice(["statistics", "tensor"]),
+    default="statistics",
+    show_default=True,
+    help="msprobe dump task: statistics (max/min/mean/norm per tensor), or tensor (whole tensors: "
+    "cosine and element-wise errors in dumps compare; large, use with --level L0).",
+)
 @click.option("--stages", metavar="S1,S2", help="Training stages (default: all three).")
 @backend_option
 @train_backend_option
@@ -283,6 +291,7 @@ def prepare(
     level: str,
     steps: str | None,
     ranks: str | None,
+    task: str,
     stages: str | None,
     backend: str | None,
     train_backend: str | None,
@@ -348,6 +357,7 @@ def prepare(
         command=command,
         verl_root=roots.get("verl"),
         python=python,
+        task=task,
         with_weights=with_weights,
     )
     result.notes = [*tree_notes, *notes, *result.notes]
