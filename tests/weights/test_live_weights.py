@@ -40,11 +40,6 @@ from tests.support.vllm_cpu import patch_lock, site_packages, tree_digest
 pytestmark = pytest.mark.e2e
 
 STEPS = 3
-TP2 = (
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    "trainer.n_gpus_per_node=2",
-    "++ray_kwargs.ray_init.num_gpus=2",
-)
 PLANT = Path(__file__).resolve().parents[1] / "support" / "weights_plant.py"
 RESIDENT = "model.layers.1.self_attn.k_proj.weight"
 RECEIVED = "model.layers.0.mlp.up_proj.weight"
@@ -78,7 +73,7 @@ def _safetensors_names(model: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory) -> Flow:
     root = tmp_path_factory.mktemp("live-weights")
-    job = live_job.prepare_job(root / "job", steps=STEPS, extra=TP2)  # skips loudly without the job venv
+    job = live_job.prepare_job(root / "job", steps=STEPS, ranks=2)  # skips loudly without the job venv
     seconds: dict[str, float] = {}
     started = time.monotonic()
     with patch_lock():  # another test may hold the shared venv patched: copy it clean
@@ -105,7 +100,6 @@ def flow(tmp_path_factory) -> Flow:
             worker_modules=(PLANT.stem,),
             RL_MSPROBE_WEIGHTS_PLANT=json.dumps(FAULTS),
             RL_MSPROBE_WEIGHTS_PLANT_LOG=str(plant_log),
-            VLLM_CPU_OMP_THREADS_BIND="0|1",  # one NUMA node here: one core per TP worker (DOMAIN §9)
         )
         seconds["job_with_lock_wait"] = time.monotonic() - t0
         seconds["job"] = result.wall_s  # the job alone
