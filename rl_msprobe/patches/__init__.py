@@ -208,7 +208,7 @@ def _load_all() -> None:
     module included, which imports this package first), the registry is complete before anyone
     can read it.
     """
-    from rl_msprobe.patches import verl, verl_triage  # noqa: F401
+    from rl_msprobe.patches import verl, verl_triage, verl_weights  # noqa: F401
 
     for optional in (
         "rl_msprobe.patches.sglang",
