@@ -7,9 +7,8 @@ from __future__ import annotations
 import html
 import re
 from collections import defaultdict
-from pathlib import Path
 
-from rl_msprobe.errors import UserError
+from rl_msprobe.report_folder import ReportFolder
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
@@ -150,30 +149,15 @@ def html_page(doc: dict) -> str:
     )
 
 
-def _ours(path: Path) -> bool:
-    """Was PATH written by this report (so it may be replaced)?"""
-    head = path.read_text(encoding="utf-8", errors="replace")[:200]
-    return head.startswith(
-        ("# Weight parity", "<!doctype html><meta charset=utf-8><title>rl-msprobe weights", '{\n "verdict"')
-    )
-
-
-def write_report(doc: dict, out: Path) -> list[str]:
-    """weights.md, weights.html and weights.json under OUT; refuses (nothing written) where a file
-    of that name exists that this report did not write."""
+def write_report(doc: dict, out: ReportFolder) -> list[str]:
+    """weights.md, weights.html and weights.json into OUT (the shared --out folder: never over a
+    file rl-msprobe did not write, unless --force)."""
     import json
 
     texts = {
-        out / "weights.md": markdown(doc),
-        out / "weights.html": html_page(doc),
-        out / "weights.json": json.dumps(doc, indent=1) + "\n",
+        "weights.md": markdown(doc),
+        "weights.html": html_page(doc),
+        "weights.json": json.dumps(doc, indent=1) + "\n",
     }
-    theirs = [str(p) for p in texts if p.exists() and (not p.is_file() or not _ours(p))]
-    if theirs:
-        raise UserError(
-            f"{', '.join(theirs)}: exists and was not written by `weights compare`; pass another --out. Nothing was written."
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text, encoding="utf-8")
-    return [str(p) for p in texts]
+    out.claim(texts)
+    return [str(out.write(name, text)) for name, text in texts.items()]
