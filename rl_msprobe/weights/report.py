@@ -81,6 +81,11 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _mark(status: str, stage: str) -> str:
+    """One cell of the text picture: `X rec` for a difference at stage received, `·` for equal."""
+    return MARK[status] + (f" {stage[:3]}" if status == "differs" else "")
+
+
 def markdown(doc: dict) -> str:
     layers, cells = picture(doc)
     out = [f"# Weight parity: {doc['verdict']}", "", f"Folder: `{doc['folder']}`", ""]
@@ -94,14 +99,15 @@ def markdown(doc: dict) -> str:
             f"| {s['sync']} | {s['step']} | {s['verdict']} | {s['sent_tensors']} | {s['model_tensors']} | "
             f"{c['differs']} | {c['missing']} | {c['not-compared']} | {how} |"
         )
-    out += ["", "## Per layer (X differs, ? missing, - not compared, = tied, · equal)", ""]
+    out += [
+        "",
+        "## Per layer (X rec / X res: differs at stage received / resident; ? missing, - not compared, = tied, · equal)",
+        "",
+    ]
     out.append("| sync | " + " | ".join(layers) + " |")
     out.append("|---" * (len(layers) + 1) + "|")
     for sync in sorted(cells):
-        marks = [
-            MARK[cells[sync].get(layer, ("equal", ""))[0]] + (cells[sync].get(layer, ("", ""))[1][:3])
-            for layer in layers
-        ]
+        marks = [_mark(*cells[sync].get(layer, ("equal", ""))) for layer in layers]
         out.append(f"| {sync} | " + " | ".join(marks) + " |")
     findings = [
         r
