@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rl_msprobe.codemods.base import class_has_field
+import ast
+
+from rl_msprobe.codemods.base import top_level_classes
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
 from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, Probe
@@ -11,11 +13,28 @@ from rl_msprobe.upstream.projects import project
 OLDEST = "0.4.6.post5"
 NEWEST = project("sglang").newest_tested  # the last release without native msprobe support
 NATIVE_SINCE = "0.5.11"
-# SGLang's own msprobe support is the server argument `msprobe_dump_config` (0.5.11 and later)
+
+
+def _runner_has_own_debugger(source: str) -> bool:
+    """Does class ModelRunner set `self.msprobe_debugger` anywhere in its body?"""
+    runner = top_level_classes(source).get("ModelRunner")
+    return runner is not None and any(
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and node.attr == "msprobe_debugger"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        for node in ast.walk(runner)
+    )
+
+
+# SGLang's own msprobe support (0.5.11 and later): ModelRunner creates a debugger from the server
+# argument msprobe_dump_config. Probed in ModelRunner, where the dump happens: the argument's
+# declaration moved out of ServerArgs' body (arg_groups/fields/ in 0.5.23).
 NATIVE = Probe(
-    "sglang/srt/server_args.py",
-    "the server argument ServerArgs.msprobe_dump_config",
-    lambda source: class_has_field(source, "ServerArgs", "msprobe_dump_config"),
+    "sglang/srt/model_executor/model_runner.py",
+    "ModelRunner's own msprobe debugger (self.msprobe_debugger, from the server argument msprobe_dump_config)",
+    _runner_has_own_debugger,
 )
 NATIVE_OVERRIDE = "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=/abs/path/config.json"
 

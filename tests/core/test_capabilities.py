@@ -86,11 +86,9 @@ def _sglang_tree(root: Path, version: str, native_field: bool) -> Path:
     runner.parent.mkdir(parents=True)
     (root / "sglang" / "__init__.py").write_text("")
     (root / "sglang" / "version.py").write_text(f'__version__ = "{version}"\n')
-    runner.write_text((FIXTURES / "sglang_model_runner" / "dp_rank_v051.before.py").read_text())
-    field = "    msprobe_dump_config: Optional[str] = None\n" if native_field else ""
-    (root / "sglang" / "srt" / "server_args.py").write_text(
-        f"from typing import Optional\n\n\nclass ServerArgs:\n    model_path: str = ''\n{field}"
-    )
+    # SGLang >= 0.5.11: ModelRunner makes its own debugger from the server argument (DOMAIN §4)
+    native = "\n    def init_msprobe(self):\n        self.msprobe_debugger = None\n" if native_field else ""
+    runner.write_text((FIXTURES / "sglang_model_runner" / "dp_rank_v051.before.py").read_text() + native)
     return root
 
 
@@ -101,7 +99,7 @@ def test_native_sglang_support_is_recognised_from_the_code(tmp_path, version, na
     tree = _sglang_tree(tmp_path / "sglang", version, native_field)
     code, _, err = run_cli("patch", "diff", "sglang-dump", "--tree", str(tree))
     if native:
-        assert code == 2 and "ServerArgs.msprobe_dump_config" in err and "msprobe_dump_config=" in err
+        assert code == 2 and "self.msprobe_debugger" in err and "msprobe_dump_config=" in err
     else:
         assert code == 0 and "newer than the newest tested release 0.5.10.post1" in err
     code, out, _ = run_cli("patch", "status", "sglang-dump", "--tree", str(tree), "--json")

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ class CachedVenv:
     check: str  # python code the finished venv must run
     recipe: dict[str, Any]  # recorded in the stamp; a changed recipe rebuilds
     min_free_gb: float
+    # code run after the pip steps and before the check (test-support workarounds for what the
+    # index ships broken on this machine); it must be in the recipe too, by name and version
+    fixup: Callable[[Path, Path], None] | None = None  # (python, build log)
 
     def venv_dir(self) -> Path:
         if os.environ.get(self.path_var):
@@ -124,6 +128,8 @@ class CachedVenv:
             python = self.python_of(venv)
             for step in self.steps:
                 run_pip(python, *step, log=log)
+            if self.fixup is not None:
+                self.fixup(python, log)
             check = subprocess.run([str(python), "-c", self.check], capture_output=True, text=True)
             if check.returncode != 0:
                 raise RuntimeError(f"the new {self.name} venv does not import: {check.stderr[-3000:]}")
