@@ -26,6 +26,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("rl_msprobe.commands.planner", "check", "Check a launch script against the rules of a mode."),
     "patch": ("rl_msprobe.commands.patch", "patch", "Diff, apply, revert and inspect source patch sets."),
     "dumps": ("rl_msprobe.commands.dumps", "dumps", "Check, correlate and compare collected dumps."),
+    "weights": (
+        "rl_msprobe.commands.weights",
+        "weights",
+        "Compare the actor's weights with the engine's after every sync.",
+    ),
     "mismatch": (
         "rl_msprobe.commands.mismatch",
         "mismatch",

@@ -24,7 +24,7 @@ from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
 from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
-from rl_msprobe.modes import consistency, inference, training, triage
+from rl_msprobe.modes import consistency, inference, training, triage, weights
 from rl_msprobe.modes.base import (
     CheckResult,
     Context,
@@ -42,12 +42,14 @@ MODE_MODULES = {
     "inference": inference,
     "consistency": consistency,
     "triage": triage,
+    "weights": weights,
 }
 DERIVED_PREFIX = {
     "training": "run_profiler_",
     "inference": "run_infer_dump_",
     "consistency": "run_consistency_",
     "triage": "run_triage_",
+    "weights": "run_weights_",
 }
 
 
@@ -412,8 +414,12 @@ def plan(
     command: int | None = None,
     verl_root: Path | None = None,
     python: str | None = None,
+    task: str = "statistics",
+    with_weights: bool = False,
 ) -> Plan:
-    """Everything `prepare` writes, in memory. `path` must be absolute."""
+    """Everything `prepare` writes, in memory. `path` must be absolute. TASK: msprobe's dump task
+    (statistics, or tensor: whole tensors, for cosine and element-wise errors). WITH_WEIGHTS: the
+    weight fingerprints of --mode weights on top of the chosen mode (`prepare --weights`)."""
     versions = dict(versions or {})
     script, detection = detect_text(text, path, hint, command, verl_root, versions.get("verl"))
     chosen = _mode(detection, mode, path)
@@ -452,6 +458,8 @@ def plan(
     )
     ctx = build_context(script, detection, versions, options, config_dir, dump_root)
     req = requirements(ctx, chosen)
+    if with_weights and chosen != "weights" and not req.violations:
+        weights.add(ctx, req)
     derived_path = os.path.join(out_dir, name)
     if os.path.abspath(derived_path) == os.path.abspath(path):
         raise UserError(
@@ -467,7 +475,7 @@ def plan(
     # decode forward), so no single list selects the same training steps on both sides.
     for spec in req.configs:
         doc = msprobe_config.build_config(
-            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks
+            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks, task=task
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
 
@@ -540,6 +548,8 @@ def plan(
     )
     dctx.detection.mode = chosen
     dreq = requirements(dctx, chosen)
+    if with_weights and chosen != "weights" and not dreq.violations:
+        weights.add(dctx, dreq)
     result = check_requirements(dctx, dreq)
     # the configs are not on disk yet: check them here
     for spec in dreq.configs:

@@ -96,8 +96,9 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
         emit_json(result.to_json())
     else:
         for p in result.pairs[:SHOW]:
+            peers = "".join(f" + TP peer pid {s.pid} step{s.step} rank{s.rank}" for s in p.peers)
             click.echo(
-                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}"
+                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}{peers}"
                 f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
             )
         if len(result.pairs) > SHOW:
@@ -108,6 +109,10 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
             click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
         for label, lines in (("used lines", result.used_lines()), ("skipped lines", result.skipped_lines())):
             click.echo(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
+        click.echo(
+            "pairs per rank: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(result.per_rank().items())) or "none")
+        )
         click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
     sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
 
@@ -163,6 +168,14 @@ def _warm_report_imports() -> None:
     "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
 )
 @click.option(
+    "--train-step",
+    "train_steps",
+    type=click.IntRange(0),
+    multiple=True,
+    help="Compare only the pairs of this training dump step (msprobe's step of the actor dump; repeat "
+    "for several), e.g. a clean step apart from a faulty one.",
+)
+@click.option(
     "--python",
     "python",
     metavar="PY",
@@ -187,6 +200,7 @@ def compare(
     backend: str,
     jobs: int | None,
     limit: int | None,
+    train_steps: tuple[int, ...],
     python: str | None,
     min_coverage: float | None,
     timeout: float | None,
@@ -208,10 +222,11 @@ def compare(
         default_jobs,
         plain_pairs,
         recorded_python,
+        verdict,
     )
     from rl_msprobe.dumps.correlate import correlate as run_correlate
     from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
-    from rl_msprobe.dumps.report import dtype_line, pair_lines, verdict, write_report
+    from rl_msprobe.dumps.report import dtype_line, pair_lines, write_report
     from rl_msprobe.errors import UserError
 
     out = check_out_dir(out)
@@ -232,6 +247,12 @@ def compare(
             )
     else:
         pairs = plain_pairs(rollout, train)
+    if train_steps:
+        pairs = [p for p in pairs if p.train.step in train_steps]
+        if not pairs:
+            raise UserError(
+                f"--train-step {', '.join(map(str, train_steps))}: no pair of those training steps."
+            )
     if limit and len(pairs) > limit:
         if not as_json:
             click.echo(f"comparing the first {limit} of {len(pairs)} pairs (--limit)", err=True)
@@ -277,6 +298,8 @@ def compare(
         for line in pair_lines(run):
             click.echo(line)
         click.echo(dtype_line(run))
+        if run.no_plot:
+            click.echo(f"no plot: {run.no_plot}")
         click.echo(verdict(run))
         click.echo(f"report: {paths['md']}\n        {paths['html']}")
     sys.exit(0 if run.consistent else 1)

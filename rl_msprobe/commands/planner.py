@@ -125,8 +125,8 @@ python_option = click.option(
 )
 mode_option = click.option(
     "--mode",
-    type=click.Choice(["training", "inference", "consistency", "triage"]),
-    help="Collection mode (triage: log-prob gap per request, no msprobe).",
+    type=click.Choice(["training", "inference", "consistency", "triage", "weights"]),
+    help="Collection mode (triage: log-prob gap per request, no msprobe; weights: weight parity at every sync).",
 )
 hint_option = click.option(
     "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
@@ -251,6 +251,14 @@ def detect(
     "Consistency: msprobe step list (default: every step; each side counts its own dumped forwards).",
 )
 @click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks).")
+@click.option(
+    "--task",
+    type=click.Choice(["statistics", "tensor"]),
+    default="statistics",
+    show_default=True,
+    help="msprobe dump task: statistics (max/min/mean/norm per tensor), or tensor (whole tensors: "
+    "cosine and element-wise errors in dumps compare; large, use with --level L0).",
+)
 @click.option("--stages", metavar="S1,S2", help="Training stages (default: all three).")
 @backend_option
 @train_backend_option
@@ -260,6 +268,12 @@ def detect(
 @command_option
 @click.option(
     "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
+)
+@click.option(
+    "--weights",
+    "with_weights",
+    is_flag=True,
+    help="Also fingerprint the weights at every sync (what --mode weights does), under <dump-dir>/weights.",
 )
 @click.option(
     "--force",
@@ -277,6 +291,7 @@ def prepare(
     level: str,
     steps: str | None,
     ranks: str | None,
+    task: str,
     stages: str | None,
     backend: str | None,
     train_backend: str | None,
@@ -285,6 +300,7 @@ def prepare(
     python: str | None,
     command: int | None,
     no_env_check: bool,
+    with_weights: bool,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -298,7 +314,8 @@ def prepare(
 
     text, path = _read_script(script)
     notes: list[str] = []
-    if python and not no_env_check and mode != "triage":  # triage never imports msprobe
+    no_msprobe = mode in ("triage", "weights")  # these modes never import msprobe
+    if python and not no_env_check and not no_msprobe:
         from rl_msprobe import env as env_mod
 
         report = env_mod.probe(python)
@@ -313,7 +330,7 @@ def prepare(
                 click.echo(message, err=True)
             sys.exit(1)
         notes.append(f"msprobe {report.version} imports in {python}.")
-    elif not python and mode != "triage":
+    elif not python and not no_msprobe:
         notes.append(
             "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
         )
@@ -340,6 +357,8 @@ def prepare(
         command=command,
         verl_root=roots.get("verl"),
         python=python,
+        task=task,
+        with_weights=with_weights,
     )
     result.notes = [*tree_notes, *notes, *result.notes]
     if not result.refused:

@@ -24,7 +24,7 @@ from rl_msprobe.dumps import inputs
 from rl_msprobe.dumps.correlate import Correlation, Pair, Side
 from rl_msprobe.dumps.layout import DUMP_FILE, find_dumps
 from rl_msprobe.dumps.runners import ProcessRunner, WorkerRunner, interpreter
-from rl_msprobe.dumps.summary import PairSummary, summarize
+from rl_msprobe.dumps.summary import PairSummary, summarize, with_tp_findings
 from rl_msprobe.errors import UserError
 
 BACKENDS = ("fsdp", "megatron")
@@ -52,6 +52,8 @@ class PairResult:
         s = self.summary
         if s is None:
             return "failed"
+        if s.input_mismatch:
+            return "not compared"  # different inputs: no layer can be judged
         if not s.consistent:
             return "divergent"  # a divergence on matched rows is a finding, whatever the coverage
         if s.matched_rows == 0 or s.coverage < self.min_coverage:
@@ -63,6 +65,8 @@ class PairResult:
         s = self.summary
         if s is None or self.status != "not compared":
             return None
+        if s.input_mismatch:
+            return s.input_mismatch
         if s.matched_rows == 0:
             return (
                 f"msprobe matched 0 of {len(s.rows)} rows: no training name met a rollout name "
@@ -94,6 +98,7 @@ class CompareRun:
     backend: str
     results: list[PairResult] = field(default_factory=list)
     correlation: Correlation | None = None  # None for a plain folder-to-folder compare
+    no_plot: str | None = None  # why the report has no plot (set by report.write_report)
 
     @property
     def consistent(self) -> bool:
@@ -107,23 +112,93 @@ class CompareRun:
                 out[k] = out.get(k, 0) + n
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
-    def to_json(self) -> dict:
-        from rl_msprobe.dumps.report import verdict
+    def noise_floors(self) -> dict[str, float]:
+        """Noise floor by precision over every pair (judge.NOISE_FLOOR as applied)."""
+        out: dict[str, float] = {}
+        for r in self.results:
+            out.update(r.summary.floors() if r.summary else {})
+        return out
 
+    def to_json(self) -> dict:
         doc = {
             "out": str(self.out),
             "backend": self.backend,
             "consistent": self.consistent,
             "verdict": verdict(self),
             "dtypes": self.dtype_pairs(),
+            "noise_floor": self.noise_floors(),
+            "first_divergences": first_divergences(self),
             "pairs": [r.to_json() for r in self.results],
             "report": {"md": str(self.out / "report.md"), "html": str(self.out / "report.html")},
+            "no_plot": self.no_plot,
         }
         if self.correlation is not None:
             doc["unmatched"] = [u.to_json() for u in self.correlation.unmatched]
             doc["skipped_lines"] = self.correlation.skipped_lines()
             doc["used_lines"] = self.correlation.used_lines()
         return doc
+
+
+def _where(row) -> str:
+    return f"{row.module} {row.tensor}".strip()
+
+
+def first_divergences(run: CompareRun) -> dict[str, list[int]]:
+    """`module tensor` of each divergent pair's first divergence -> the pair numbers, most pairs first."""
+    out: dict[str, list[int]] = {}
+    for r in run.results:
+        first = r.summary.first_divergence if r.summary and r.status == "divergent" else None
+        if first is not None:
+            out.setdefault(_where(first), []).append(r.number)
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[1][0])))
+
+
+def _floor_text(run: CompareRun) -> str:
+    floors = run.noise_floors()
+    return ", ".join(f"{k} {v:.0e}" for k, v in sorted(floors.items())) or "–"
+
+
+def verdict(run: CompareRun) -> str:
+    """One line that cannot call a compare consistent when nothing (or too little) was compared,
+    and names every divergent pair's first divergence (rl-msprobe's rule: dumps.judge)."""
+    if not run.results:
+        return "NO PAIRS: nothing was compared"
+    n = len(run.results)
+    failed = [r for r in run.results if r.status == "failed"]
+    diverging = [r for r in run.results if r.status == "divergent"]
+    unmatched = [r for r in run.results if r.status == "not compared"]
+    if run.consistent:
+        rows = sum(r.summary.matched_rows for r in run.results)  # type: ignore[union-attr]
+        modules = sum(len(r.summary.judgements) for r in run.results)  # type: ignore[union-attr]
+        return (
+            f"CONSISTENT: {n} pair(s), {rows} matched row(s), {modules} module output(s) judged; none exceeds "
+            f"its input's error and the noise floor ({_floor_text(run)})"
+        )
+    parts = []
+    if diverging:
+        firsts = first_divergences(run)
+        where = "; ".join(
+            f"{w} (layer {_layer(run, nums[0])}) in {'all ' if len(nums) == len(diverging) else ''}"
+            f"{len(nums)} pair(s){'' if len(nums) == len(diverging) else ' #' + ','.join(map(str, nums))}"
+            for w, nums in firsts.items()
+        )
+        agree = "pairs agree" if len(firsts) == 1 else f"pairs disagree ({len(firsts)} places)"
+        parts.append(f"DIVERGENT: {len(diverging)} of {n} pair(s); first divergence {where}; {agree}")
+    elif unmatched:
+        parts.append(f"NOT COMPARED: {len(unmatched)} of {n} pair(s); {unmatched[0].not_compared_reason}")
+    else:
+        parts.append("NOT COMPARED")  # only failures: said next
+    if diverging and unmatched:
+        parts.append(f"{len(unmatched)} pair(s) not compared ({unmatched[0].not_compared_reason})")
+    if failed:
+        parts.append(f"{len(failed)} of {n} pair(s) failed to compare")
+    return "; ".join(parts)
+
+
+def _layer(run: CompareRun, number: int) -> str:
+    r = next(r for r in run.results if r.number == number)
+    first = r.summary.first_divergence if r.summary else None
+    return "–" if first is None or first.layer is None else str(first.layer)
 
 
 def _slug(text: str, limit: int = 40) -> str:
@@ -225,7 +300,9 @@ def run_one(
     out_dir = out / PAIRS / f"{number:03d}_{_slug(pair.request_id)}"
     result = PairResult(number, pair, out_dir, min_coverage=min_coverage)
     dumps = {}
-    for side, path, root in (("train", pair.train.dump, roots[0]), ("rollout", pair.rollout.dump, roots[1])):
+    sides = [("train", pair.train.dump, roots[0])]
+    sides += [(f"rollout{i or ''}", s.dump, roots[1]) for i, s in enumerate(pair.rollout_ranks)]
+    for side, path, root in sides:
         resolved = Path(path).resolve() if path else None
         if resolved is None or not _inside(resolved, root):
             result.error = f"{side} dump {path!r} is not inside {root}; not read"
@@ -237,7 +314,8 @@ def run_one(
     out_dir.mkdir(parents=True)
     start = time.monotonic()
     try:
-        given = inputs.prepare(dumps["train"], dumps["rollout"], out_dir / "inputs", backend)
+        peers = tuple(dumps[f"rollout{i}"] for i in range(1, len(pair.rollout_ranks)))
+        given = inputs.prepare(dumps["train"], dumps["rollout"], out_dir / "inputs", backend, peers)
     except UserError as exc:
         result.error = str(exc)
         return result
@@ -253,7 +331,7 @@ def run_one(
         return result
     result.csv = csvs[-1]
     try:
-        result.summary = summarize(result.csv)
+        result.summary = with_tp_findings(summarize(result.csv), given.disagreements)
     except (OSError, ValueError) as exc:
         result.error = f"could not read {result.csv}: {exc}"
     return result

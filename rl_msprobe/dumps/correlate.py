@@ -1,8 +1,10 @@
 """The DOMAIN §6 join: which rollout prefill step and which training micro-batch saw one request.
 
 Rollout side: `{rollout}/{pid}/dispatch_log.jsonl`, one line per model step
-(`phase`, `step`, `rank`, `requests[{request_id, type, tokens}]`). Only a `prefill` step with
-exactly one request, of type `new`, dumps one prompt's prefill alone. Training side:
+(`phase`, `step`, `rank`, `tp_rank`, `tp_size`, `requests[{request_id, type, tokens}]`). Only a
+`prefill` step with exactly one request, of type `new`, dumps one prompt's prefill alone. With a
+tensor-parallel rollout every TP worker (its own pid and rank) logs the same prefill: those are
+TP peers, and a pair carries all of them (a missing rank leaves the request unpaired, said why). Training side:
 `{train}/{pid}/update_actor_log.jsonl`, one line per micro-batch (`step` = msprobe's
 current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids; both
 sides are stripped before matching.
@@ -27,7 +29,7 @@ from rl_msprobe.errors import UserError
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
-USED = ("rollout: one-request prefill", "train: matched")
+USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
 
 
 def strip_request_id(request_id: str) -> str:
@@ -49,14 +51,21 @@ class Side:
 @dataclass(frozen=True)
 class Pair:
     request_id: str
-    rollout: Side
+    rollout: Side  # the lowest TP rank
     train: Side
+    peers: tuple[Side, ...] = ()  # the other TP ranks of the same rollout step
+
+    @property
+    def rollout_ranks(self) -> tuple[Side, ...]:
+        """Every TP rank of the rollout step, lowest first."""
+        return (self.rollout, *self.peers)
 
     def to_json(self) -> dict:
         return {
             "request_id": self.request_id,
             "rollout": self.rollout.to_json(),
             "train": self.train.to_json(),
+            "tp_ranks": [s.to_json() for s in self.rollout_ranks],
         }
 
 
@@ -84,9 +93,19 @@ class Correlation:
     def used_lines(self) -> dict[str, int]:
         return {k: v for k, v in self.skipped.items() if k in USED}
 
+    def per_rank(self) -> dict[str, int]:
+        """Pairs per rank of each side: `rollout rank0`, `rollout rank1` (TP peers), `train rank0`, ..."""
+        out: dict[str, int] = {}
+        for p in self.pairs:
+            for side, s in [*(("rollout", r) for r in p.rollout_ranks), ("train", p.train)]:
+                key = f"{side} rank{s.rank}"
+                out[key] = out.get(key, 0) + 1
+        return out
+
     def to_json(self) -> dict:
         return {
             "pairs": [p.to_json() for p in self.pairs],
+            "per_rank": self.per_rank(),
             "unmatched": [u.to_json() for u in self.unmatched],
             "skipped_lines": self.skipped_lines(),
             "used_lines": self.used_lines(),
@@ -188,6 +207,16 @@ class _Candidate:
     where: str
     matched: bool = False
     chunked: bool = False
+    tp_size: int | None = None
+    peers: list[tuple] = field(default_factory=list)  # (pid, rank, step, where) of other TP ranks
+
+    def ranks(self) -> list[tuple]:
+        return sorted([(self.pid, self.rank, self.step, self.where), *self.peers], key=lambda p: p[1] or 0)
+
+    def peer_of(self, pid: object, rank: object) -> bool:
+        """Another TP worker (its own pid and rank) of the same engine step, not a second prefill."""
+        seen = self.ranks()
+        return pid not in {p[0] for p in seen} and rank is not None and rank not in {p[1] for p in seen}
 
 
 def correlate(rollout_root: Path, train_root: Path) -> Correlation:
@@ -226,17 +255,23 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 if rid in candidates and _continues_prefill(req):
                     candidates[rid].chunked = True
                 continue
+            pid = _pid(line, log, where)
+            rank = _id(line.get("rank"), where, "rank", required=False)
+            step = _id(line.get("step"), where, "step")
             if rid in candidates:
-                skipped["rollout: repeated prefill of a request"] += 1
+                cand = candidates[rid]
+                if cand.peer_of(pid, rank):
+                    skipped["rollout: one-request prefill (TP peer rank)"] += 1
+                    cand.peers.append((pid, rank, step, where))
+                else:
+                    skipped["rollout: repeated prefill of a request"] += 1
                 continue
             skipped["rollout: one-request prefill"] += 1
-            candidates[rid] = _Candidate(
-                _pid(line, log, where),
-                _id(line.get("rank"), where, "rank", required=False),
-                _id(line.get("step"), where, "step"),
-                where,
-            )
+            tp_size = _id(line.get("tp_size"), where, "tp_size", required=False)
+            candidates[rid] = _Candidate(pid, rank, step, where, tp_size=tp_size)
 
+    # without `tp_size` in the log (older helpers): the widest TP group seen is the expected one
+    tp_width = max((len(c.ranks()) for c in candidates.values()), default=1)
     rollout_index, train_index = DumpIndex(rollout_root), DumpIndex(train_root)
     for log in train_logs:
         for n, line in read_jsonl(log, bad):
@@ -288,21 +323,35 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             pid = _pid(line, log, where)
             rank = _id(line.get("rank"), where, "rank", required=False)
             step = _id(line.get("step"), where, "step")
-            r_dump = rollout_index.find(cand.pid, cand.step, cand.rank)
+            expected = cand.tp_size or tp_width
+            if expected and len(cand.ranks()) < expected:
+                have = ", ".join(f"pid {p[0]} rank {p[1]}" for p in cand.ranks())
+                result.unmatched.append(
+                    Unmatched(
+                        rid,
+                        "rollout",
+                        f"missing TP rank: its prefill was logged by {len(cand.ranks())} of {expected} "
+                        f"tensor-parallel ranks ({have}); a TP rank's dispatch log or dumps are missing",
+                    )
+                )
+                continue
+            sides = []
+            for r_pid, r_rank, r_step, _ in cand.ranks():
+                r_dump = rollout_index.find(r_pid, r_step, r_rank)
+                if r_dump is None:
+                    break
+                sides.append(Side(r_pid, r_rank, r_step, str(r_dump)))
             t_dump = train_index.find(pid, step, rank)
-            if r_dump is None or t_dump is None:
+            if len(sides) < len(cand.ranks()) or t_dump is None:
                 side, idx, key = (
-                    ("rollout", rollout_index, (cand.pid, cand.step, cand.rank))
-                    if r_dump is None
+                    ("rollout", rollout_index, cand.ranks()[len(sides)][:3])
+                    if len(sides) < len(cand.ranks())
                     else ("train", train_index, (pid, step, rank))
                 )
+                key = (key[0], key[2], key[1]) if side == "rollout" else key
                 result.unmatched.append(Unmatched(rid, side, f"missing dump: {idx.expected(*key)}"))
                 continue
-            result.pairs.append(
-                Pair(
-                    rid, Side(cand.pid, cand.rank, cand.step, str(r_dump)), Side(pid, rank, step, str(t_dump))
-                )
-            )
+            result.pairs.append(Pair(rid, sides[0], Side(pid, rank, step, str(t_dump)), tuple(sides[1:])))
 
     for rid, cand in candidates.items():
         if not cand.matched:

@@ -17,8 +17,14 @@ Two shapes of real dumps defeat `msprobe compare --consistent_check --backend fs
   `--data_mapping` cannot say this: with it msprobe skips the consistent match (and with it the
   q/k/v -> qkv_proj and gate/up -> gate_up_proj aggregation).
 
-Entries keep their values; only keys are renamed or left out. Tensor files are hard-linked
-(copied across file systems) next to the copy, where msprobe looks for them.
+- **tensor mode on FSDP2**: msprobe reads tensor files by each tensor's `data_name`, so those
+  (and the linked file names) get the FSDP1 names too.
+- **a tensor-parallel rollout**: every TP rank's dump of the step is merged into one
+  (`tp_merge`: shards by module class and shapes, statistics merged exactly, replicated tensors
+  checked across ranks).
+
+Entries keep their values; only keys are renamed or left out (and shards merged). Tensor files
+are hard-linked (copied across file systems) next to the copy, where msprobe looks for them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe.dumps.fused import fuse
 from rl_msprobe.dumps.layout import DUMP_FILE, load_json
+from rl_msprobe.dumps.tp_merge import Disagreement, merge
 
 FSDP1_WRAPPER = "_fsdp_wrapped_module."
 _LAYER = re.compile(r"(\.layers\.\d+\.)")
@@ -44,6 +52,8 @@ class Prepared:
     train: Path
     rollout: Path
     notes: list[str] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)  # replicated tensors across TP ranks
+    renamed: dict[str, str] = field(default_factory=dict)  # tensor file (data_name) -> name given msprobe
 
 
 def fsdp1_name(name: str) -> str:
@@ -65,7 +75,7 @@ def module_rows_only(data: dict) -> dict:
     return {k: v for k, v in data.items() if k.startswith("Module.")}
 
 
-def _transform(doc: dict, side: str, backend: str, notes: list[str]) -> dict | None:
+def _transform(doc: dict, side: str, backend: str, notes: list[str], renamed: dict[str, str]) -> dict | None:
     """The changed dump document, or None when msprobe can take it as it is."""
     data = doc.get("data")
     if not isinstance(data, dict):
@@ -79,40 +89,104 @@ def _transform(doc: dict, side: str, backend: str, notes: list[str]) -> dict | N
             "consistency compare matches module (L0) rows"
         )
     if side == "train" and backend == "fsdp" and needs_fsdp1_names(list(out)):
-        out = {fsdp1_name(k): v for k, v in out.items()}
+        out = {fsdp1_name(k): _rename_files(v, renamed) for k, v in out.items()}
         notes.append(
             "train: module names without FSDP1's `_fsdp_wrapped_module.` (FSDP2): given to msprobe "
             "with the names FSDP1 gives the same modules"
+            + (" (tensor files too: msprobe matches them by data_name)" if renamed else "")
         )
     return None if out is data else {**doc, "data": out}
 
 
-def _link_tree(src: Path, dest: Path) -> None:
+def _rename_files(value: object, renamed: dict[str, str]) -> object:
+    """The entry with each tensor's `data_name` given FSDP1's names (tensor mode: msprobe reads the
+    tensor files by data_name); `renamed` collects old -> new file names."""
+    if isinstance(value, dict):
+        out = {k: _rename_files(v, renamed) for k, v in value.items()}
+        name = value.get("data_name")
+        if isinstance(name, str) and name.startswith("Module."):
+            out["data_name"] = renamed.setdefault(name, fsdp1_name(name))
+        return out
+    if isinstance(value, list):
+        return [_rename_files(v, renamed) for v in value]
+    return value
+
+
+def _link_tree(src: Path, dest: Path, renamed: dict[str, str] | None = None) -> None:
     dest.mkdir(parents=True, exist_ok=True)
+    renamed = renamed or {}
     for entry in os.scandir(src):
         if entry.is_file(follow_symlinks=False):
-            target = dest / entry.name
+            target = dest / renamed.get(entry.name, entry.name)
             try:
                 os.link(entry.path, target)
             except OSError:
                 shutil.copy2(entry.path, target)
 
 
-def prepare(train: Path, rollout: Path, dest: Path, backend: str) -> Prepared:
-    """Write the copies msprobe needs under DEST/{train,rollout}/ (only where something changes)."""
+def _merge_ranks(doc: dict, peers: tuple[Path, ...], train_doc: object, result: Prepared) -> dict:
+    """The rollout document with every TP rank's statistics merged (tp_merge)."""
+    from rl_msprobe.errors import UserError
+
+    if doc.get("task") == "tensor":
+        raise UserError(
+            f"tensor-mode dumps of {len(peers) + 1} TP ranks: rl-msprobe does not yet concatenate the "
+            ".pt shards (that needs torch in the training interpreter). Dump statistics (the default) for a "
+            "tensor-parallel rollout, or compare with rollout TP=1."
+        )
+    datas = [doc.get("data") or {}]
+    for peer in peers:
+        other = load_json(peer)
+        datas.append(other.get("data") or {} if isinstance(other, dict) else {})
+    datas = [module_rows_only(d) if any(k.startswith("Module.") for k in d) else d for d in datas]
+    train_data = train_doc.get("data") if isinstance(train_doc, dict) else None
+    merged = merge(datas, train_data if isinstance(train_data, dict) else None)
+    shards = ", ".join(f"{cls} {n}" for cls, n in sorted(merged.sharded.items())) or "none"
+    result.notes.append(
+        f"rollout: {len(datas)} TP ranks merged into one dump; tensors merged from shards: {shards}; "
+        f"replicated tensors checked across ranks: {len(merged.disagreements)} differ"
+        + (
+            f"; {merged.unknown} rollout-only tensor(s) differ across ranks (shards of an unknown layout)"
+            if merged.unknown
+            else ""
+        )
+    )
+    result.notes.extend(f"rollout: {n}" for n in merged.notes)
+    result.disagreements = merged.disagreements
+    return {**doc, "data": merged.data}
+
+
+def prepare(train: Path, rollout: Path, dest: Path, backend: str, peers: tuple[Path, ...] = ()) -> Prepared:
+    """Write the copies msprobe needs under DEST/{train,rollout}/ (only where something changes).
+    PEERS: the dump.json of the rollout's other TP ranks, merged into one rollout dump."""
     result = Prepared(train, rollout)
+    docs = {"train": load_json(train), "rollout": load_json(rollout)}
+    changed: dict[str, dict | None] = {"train": None, "rollout": None}
+    if isinstance(docs["rollout"], dict) and peers:
+        docs["rollout"] = changed["rollout"] = _merge_ranks(docs["rollout"], peers, docs["train"], result)
+    t_data = docs["train"].get("data") if isinstance(docs["train"], dict) else None
+    r_data = docs["rollout"].get("data") if isinstance(docs["rollout"], dict) else None
+    if isinstance(t_data, dict) and isinstance(r_data, dict):
+        fused_data, notes = fuse(t_data, r_data)
+        if notes:
+            docs["train"] = changed["train"] = {**docs["train"], "data": fused_data}
+            result.notes.extend(notes)
+    renamed: dict[str, str] = {}
     for side, path in (("train", train), ("rollout", rollout)):
-        doc = load_json(path)
+        doc = docs[side]
         if not isinstance(doc, dict):
             continue
-        changed = _transform(doc, side, backend, result.notes)
-        if changed is None:
+        doc = (
+            _transform(doc, side, backend, result.notes, renamed if side == "train" else {}) or changed[side]
+        )
+        if doc is None:
             continue
         folder = dest / side
         folder.mkdir(parents=True, exist_ok=True)
         copy = folder / DUMP_FILE
-        copy.write_text(json.dumps(changed), encoding="utf-8")
+        copy.write_text(json.dumps(doc), encoding="utf-8")
         if (path.parent / TENSOR_DIR).is_dir():
-            _link_tree(path.parent / TENSOR_DIR, folder / TENSOR_DIR)
+            _link_tree(path.parent / TENSOR_DIR, folder / TENSOR_DIR, renamed if side == "train" else {})
         setattr(result, side, copy)
+    result.renamed = renamed
     return result

@@ -350,4 +350,57 @@ def check_layout(roots: list[Path], mode: str | None = None, jobs: int = 1) -> L
         sides[side] = found[name][0].parent.parent
     for side, root in sides.items():
         _check_side(root, "consistency", report, f"{side}: ", jobs)
+    if "rollout" in sides:
+        _check_tp_group(sides["rollout"], found[DISPATCH_LOG], report)
     return report
+
+
+def _first_line(log: Path) -> dict:
+    try:
+        with open(log, "rb") as f:
+            doc = json.loads(f.readline() or b"{}")
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _check_tp_group(root: Path, logs: list[Path], report: LayoutReport) -> None:
+    """The rollout's tensor-parallel ranks belong together: each rank of the group (`tp_size` in
+    the dispatch log) has a pid folder with its log, and all of them dumped the same number of
+    steps (every TP worker runs every model step)."""
+    ranks: dict[int, list[str]] = defaultdict(list)  # rank -> pid folders
+    sizes = set()
+    for log in logs:
+        line = _first_line(log)
+        rank = line.get("tp_rank", line.get("rank"))
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            ranks[rank].append(log.parent.name)
+        if isinstance(line.get("tp_size"), int):
+            sizes.add(line["tp_size"])
+    if not ranks or not sizes:
+        return  # logs of helpers that do not write tp_size: no TP group to check
+    size = max(sizes)
+    missing = sorted(set(range(size)) - set(ranks))
+    if missing:
+        report.problems.append(
+            {
+                "where": str(root),
+                "what": f"missing tensor-parallel rank(s) {', '.join(map(str, missing))} of {size}: no dispatch log "
+                f"(present: {', '.join(f'rank {r} pid {p}' for r in sorted(ranks) for p in ranks[r])})",
+                "fix": "every TP worker writes its own {pid} folder; copy the missing rank's folder too, or re-run",
+            }
+        )
+    counts = {}
+    for rank, pids in ranks.items():
+        for pid in pids:
+            counts[(rank, pid)] = len(find_dumps(root / pid)) if (root / pid).is_dir() else 0
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"rank {r} pid {p}: {n}" for (r, p), n in sorted(counts.items()))
+        report.problems.append(
+            {
+                "where": str(root),
+                "what": f"the tensor-parallel ranks dumped different numbers of steps ({shown})",
+                "fix": "a TP rank's dumps are incomplete (deleted, or the run was cut short): every TP worker dumps "
+                "every model step",
+            }
+        )

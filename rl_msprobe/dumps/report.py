@@ -1,15 +1,24 @@
-"""report.md and a self-contained report.html (plot embedded as a PNG data URI) for a compare run."""
+"""report.md and a self-contained report.html (plot embedded as a PNG data URI) for a compare run.
+
+The header says the verdict (rl-msprobe's rule, dumps.judge), the noise floor it applied, the
+inputs check, the TP merge and the dtypes; every pair's first divergence follows; rows are ranked
+by the judgement with msprobe's own pass / warning / error beside. Without matplotlib the report
+is written all the same and says, in md and html, why it has no plot.
+"""
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 from pathlib import Path
 
-from rl_msprobe.dumps.compare import CompareRun, PairResult
+from rl_msprobe.dumps.compare import CompareRun, PairResult, first_divergences, verdict
+from rl_msprobe.dumps.judge import FLOOR_FACTOR, GAIN, Judgement
 from rl_msprobe.dumps.summary import LayerPoint, Row
+from rl_msprobe.reporting.html import CSS, h, html_table
+from rl_msprobe.reporting.markdown import md_table
+from rl_msprobe.reporting.plot import pyplot
 
 MAX_LINES = 8  # pairs drawn one by one; beyond that, the worst and the median over pairs
 
@@ -24,35 +33,6 @@ def _row_where(r: Row) -> str:
     return f"{r.module} {r.tensor}".strip()
 
 
-def verdict(run: CompareRun) -> str:
-    """One line that cannot call a compare consistent when nothing (or too little) was compared."""
-    if not run.results:
-        return "NO PAIRS: nothing was compared"
-    n = len(run.results)
-    failed = [r for r in run.results if r.status == "failed"]
-    diverging = [r for r in run.results if r.status == "divergent"]
-    unmatched = [r for r in run.results if r.status == "not compared"]
-    if run.consistent:
-        rows = sum(r.summary.matched_rows for r in run.results)  # type: ignore[union-attr]
-        return f"CONSISTENT: {n} pair(s), {rows} matched row(s) compared, no row beyond msprobe's thresholds"
-    parts = []
-    if diverging:
-        first = diverging[0].summary.first_divergence  # type: ignore[union-attr]
-        parts.append(
-            f"DIVERGENT: {len(diverging)} of {n} pair(s); first divergence "
-            f"{_row_where(first)} (layer {first.layer if first.layer is not None else '–'})"
-        )
-    elif unmatched:
-        parts.append(f"NOT COMPARED: {len(unmatched)} of {n} pair(s); {unmatched[0].not_compared_reason}")
-    else:
-        parts.append("NOT COMPARED")  # only failures: said next
-    if diverging and unmatched:
-        parts.append(f"{len(unmatched)} pair(s) not compared ({unmatched[0].not_compared_reason})")
-    if failed:
-        parts.append(f"{len(failed)} of {n} pair(s) failed to compare")
-    return "; ".join(parts)
-
-
 def dtype_line(run: CompareRun) -> str:
     """The header line on dtypes: where training and rollout differ, on matched rows."""
     pairs = run.dtype_pairs()
@@ -65,14 +45,67 @@ def dtype_line(run: CompareRun) -> str:
     return f"dtypes differ (training -> rollout): {shown}{more}"
 
 
-def first_divergent_layers(run: CompareRun) -> dict[str, int]:
-    """Module of the first divergence -> number of pairs where it comes first."""
-    out: dict[str, int] = {}
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.3g}%"
+
+
+def floor_line(run: CompareRun) -> str:
+    """The header line on the rule and its noise floor."""
+    floors = run.noise_floors() or {}
+    shown = (
+        ", ".join(f"{k} {_pct(v)}" for k, v in sorted(floors.items())) or "none applied (no module judged)"
+    )
+    return (
+        f"noise floor (relative error of identical weights, measured on the live job): {shown}; a module "
+        f"diverges when its output error exceeds {FLOOR_FACTOR:g}x the floor and {GAIN:g}x the error it received"
+    )
+
+
+def inputs_line(run: CompareRun) -> str:
+    """The header line on input identity (token ids / positions from the integer rows)."""
+    done = [r for r in run.results if r.summary]
+    differ = [r for r in done if r.summary.input_mismatch]  # type: ignore[union-attr]
+    if differ:
+        return f"inputs DIFFER in {len(differ)} of {len(done)} pair(s): {differ[0].summary.input_mismatch}"  # type: ignore[union-attr]
+    checked = sorted({w for r in done for w in r.summary.inputs_checked})  # type: ignore[union-attr]
+    if not checked:
+        return "inputs: not checked (no integer input row was matched)"
+    return f"inputs identical in every pair ({', '.join(checked)})"
+
+
+def tp_line(run: CompareRun) -> str | None:
+    widths = sorted({len(r.pair.rollout_ranks) for r in run.results})
+    if widths == [1]:
+        return None
+    merged = [n for r in run.results for n in r.notes if "TP ranks merged" in n]
+    return f"rollout TP ranks per pair: {', '.join(map(str, widths))}" + (f"; {merged[0]}" if merged else "")
+
+
+def header_lines(run: CompareRun) -> list[str]:
+    lines = [floor_line(run), inputs_line(run), dtype_line(run)]
+    tp = tp_line(run)
+    return lines + ([tp] if tp else [])
+
+
+def first_lines(run: CompareRun) -> list[str]:
+    """Every divergent pair's first divergence, with its numbers and msprobe's own word on it."""
+    out = []
     for r in run.results:
-        if r.summary and r.summary.first_divergence:
-            m = r.summary.first_divergence.module
-            out[m] = out.get(m, 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+        first = r.summary.first_divergence if r.summary and r.status == "divergent" else None
+        if first is None:
+            continue
+        j = r.summary.first_judgement  # type: ignore[union-attr]
+        numbers = (
+            f"output error {_pct(j.error)} ({j.floor_ratio:.3g}x the {j.precision} floor, {j.gain:.3g}x what it "
+            f"received: {_pct(j.received)})"
+            if j
+            else _msg(first.message)
+        )
+        out.append(
+            f"pair {r.number} (`{r.pair.request_id}`): `{_row_where(first)}` — {numbers}; msprobe: "
+            f"{first.result or '–'}"
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------------- plot
@@ -86,34 +119,34 @@ def _series(points: list[LayerPoint], attr: str) -> tuple[list[int], list[float]
     return xs, ys
 
 
-def plot_png(run: CompareRun) -> bytes | None:
-    """Per-layer worst cosine and max-abs error along depth, one line per pair; PNG bytes."""
+def plot_png(run: CompareRun) -> tuple[bytes | None, str | None]:
+    """Per-layer worst output error along depth (and, in tensor mode, the worst cosine above it),
+    one line per pair; (PNG bytes, None) or (None, why there is no plot)."""
     done = [r for r in run.results if r.summary and r.summary.layers]
     if not done:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+        return None, None
+    plt, why = pyplot()
+    if plt is None:
+        return None, why
     tensor = any(r.summary.mode == "tensor" for r in done)  # type: ignore[union-attr]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.2), sharex=True, dpi=110)
+    if tensor:  # cosine only exists in tensor mode: its panel is absent, not empty, otherwise
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.2), sharex=True, dpi=110)
+        axes = (ax1, ax2)
+    else:
+        fig, ax2 = plt.subplots(1, 1, figsize=(9, 3.6), dpi=110)
+        ax1, axes = None, (ax2,)
     labels: dict[int, str] = {}
     for r in done:
         for p in r.summary.layers:  # type: ignore[union-attr]
             labels[p.depth] = p.layer
-    sim_attr = "cosine" if tensor else None
+    panels = [("max_abs_err", ax2, max)] + ([("cosine", ax1, min)] if ax1 is not None else [])
     if len(done) <= MAX_LINES:
         for r in done:
             name = f"#{r.number} {r.pair.request_id[:16]}"
-            pts = r.summary.layers  # type: ignore[union-attr]
-            if sim_attr:
-                ax1.plot(*_series(pts, sim_attr), marker="o", ms=3, lw=1.4, label=name)
-            ax2.plot(*_series(pts, "max_abs_err"), marker="o", ms=3, lw=1.4, label=name)
+            for attr, ax, _ in panels:
+                ax.plot(*_series(r.summary.layers, attr), marker="o", ms=3, lw=1.4, label=name)  # type: ignore[union-attr]
     else:
-        for attr, ax, worst in ((sim_attr, ax1, min), ("max_abs_err", ax2, max)):
-            if not attr:
-                continue
+        for attr, ax, worst in panels:
             by_depth: dict[int, list[float]] = {}
             for r in done:
                 for x, y in zip(*_series(r.summary.layers, attr)):  # type: ignore[union-attr]
@@ -131,25 +164,15 @@ def plot_png(run: CompareRun) -> bytes | None:
             )
     for r in done:
         first = r.summary.first_divergence  # type: ignore[union-attr]
-        if first is not None:
-            depth = first.layer if first.layer is not None else None
-            if depth is not None:
-                for ax in (ax1, ax2):
-                    ax.axvline(depth, color="C3", ls="--", lw=0.8, alpha=0.6)
-    if tensor:
+        if first is not None and first.layer is not None:
+            for ax in axes:
+                ax.axvline(first.layer, color="C3", ls="--", lw=0.8, alpha=0.6)
+    if ax1 is not None:
         ax1.set_ylabel("cosine (worst output in layer)")
         ax1.axhline(0.99, color="grey", lw=0.6, ls=":")
         ax1.legend(fontsize=7, loc="lower left")
-    else:
-        ax1.text(
-            0.5,
-            0.5,
-            "statistics dumps: no cosine (dump task=tensor for it)",
-            ha="center",
-            transform=ax1.transAxes,
-        )
-    ax1.set_title(f"rollout vs training, msprobe consistency compare ({run.backend})", fontsize=10)
-    ax2.set_ylabel("max abs error" if tensor else "|max diff|")
+    axes[0].set_title(f"rollout vs training, msprobe consistency compare ({run.backend})", fontsize=10)
+    ax2.set_ylabel("max abs error" if tensor else "|max diff| (statistics)")
     ys = [y for r in done for y in _series(r.summary.layers, "max_abs_err")[1]]  # type: ignore[union-attr]
     if any(y > 0 for y in ys):
         floor = min(y for y in ys if y > 0) / 10
@@ -167,36 +190,45 @@ def plot_png(run: CompareRun) -> bytes | None:
             color="grey",
             transform=ax2.transAxes,
         )
+    if ax1 is None:
+        ax2.legend(fontsize=7, loc="upper left")
     ax2.set_xlabel("depth (decoder layer; embed before, head after)")
     xs = sorted(labels)
     ax2.set_xticks(xs, [labels[x] for x in xs])
-    for ax in (ax1, ax2):
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    return buf.getvalue()
+    return buf.getvalue(), None
 
 
 # --------------------------------------------------------------------------------- markdown
+def _side(side, dump: str | None) -> str:
+    return (
+        f"{side.pid}/step{side.step}/rank{side.rank}"
+        if side.pid is not None
+        else Path(dump or "").parent.name
+    )
+
+
 def _pair_line(r: PairResult) -> list[str]:
     s = r.summary
     counts = s.counts if s else {}
-    first = s.first_divergence if s else None
+    first = s.first_divergence if s and r.status == "divergent" else None
+    ranks = r.pair.rollout_ranks
+    rollout = _side(r.pair.rollout, r.pair.rollout.dump) + (
+        f" + {len(ranks) - 1} TP peer(s)" if len(ranks) > 1 else ""
+    )
     return [
         str(r.number),
         f"`{r.pair.request_id}`",
-        f"{r.pair.rollout.pid}/step{r.pair.rollout.step}/rank{r.pair.rollout.rank}"
-        if r.pair.rollout.pid is not None
-        else Path(r.pair.rollout.dump or "").parent.name,
-        f"{r.pair.train.pid}/step{r.pair.train.step}/rank{r.pair.train.rank}"
-        if r.pair.train.pid is not None
-        else Path(r.pair.train.dump or "").parent.name,
+        rollout,
+        _side(r.pair.train, r.pair.train.dump),
         r.status,
-        str(counts.get("pass", 0)),
-        str(counts.get("warning", 0)),
-        str(counts.get("error", 0)),
+        str(len(s.divergent)) if s else "–",
+        f"{counts.get('pass', 0)} / {counts.get('warning', 0)} / {counts.get('error', 0)}" if s else "–",
         str(s.not_comparable if s else "–"),
         f"{s.matched_rows}/{len(s.rows)}, {s.coverage:.0%}" if s else "–",
         f"`{_row_where(first)}`"
@@ -211,26 +243,41 @@ PAIR_HEAD = [
     "rollout pid/step/rank",
     "train pid/step/rank",
     "status",
-    "pass",
-    "warning",
-    "error",
+    "rl-msprobe findings",
+    "msprobe rows pass / warning / error",
     "not comparable",
     "matched rows, module coverage",
     "first divergence",
 ]
-ROW_HEAD = ["pair", "module", "tensor", "layer", "cosine", "max abs err", "rel err", "msprobe", "message"]
+ROW_HEAD = [
+    "pair",
+    "module",
+    "tensor",
+    "layer",
+    "rel. error",
+    "received",
+    "x floor",
+    "x received",
+    "rl-msprobe",
+    "msprobe",
+    "cosine",
+    "msprobe message",
+]
 
 
-def _row_cells(number: int, r: Row) -> list[str]:
+def _row_cells(number: int, r: Row, j: Judgement) -> list[str]:
     return [
         str(number),
         r.module,
         r.tensor,
         "–" if r.layer is None else str(r.layer),
+        _pct(j.error),
+        _pct(j.received),
+        f"{j.floor_ratio:.3g}",
+        f"{j.gain:.3g}",
+        "DIVERGES" if j.divergent else "within",
+        r.result or "–",
         _fmt(r.cosine),
-        _fmt(r.max_abs_err),
-        _fmt(r.rel_err),
-        r.result,
         _msg(r.message),
     ]
 
@@ -245,29 +292,15 @@ def _msg(text: str) -> str:
     return text
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    esc = [[c.replace("|", "\\|").replace("\n", " ") for c in row] for row in rows]
-    return [
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(r) + " |" for r in esc),
-    ]
-
-
-def worst_rows(run: CompareRun, n: int = 10) -> list[tuple[int, Row]]:
-    rows = [(r.number, w) for r in run.results if r.summary for w in r.summary.worst(n)]
-    if any(w.cosine is not None for _, w in rows):
-        rows.sort(key=lambda t: (t[1].cosine if t[1].cosine is not None else 2.0, -(t[1].max_abs_err or 0)))
-    else:
-        rows.sort(key=lambda t: -(t[1].max_abs_err or 0))
+def ranked_rows(run: CompareRun, n: int = 12) -> list[tuple[int, Row, Judgement]]:
+    """Module outputs over all pairs ranked by rl-msprobe's judgement: findings first (forward
+    order within a pair), then by how much the output error exceeds what came in."""
+    rows = [(r.number, row, j) for r in run.results if r.summary for row, j in r.summary.ranked(n)]
+    rows.sort(key=lambda t: (not t[2].divergent, -t[2].gain if not t[2].divergent else t[0], t[2].index))
     return rows[:n]
 
 
-def worst_title(run: CompareRun) -> str:
-    """On a consistent verdict the lowest rows are still within msprobe's thresholds: the title says so."""
-    if run.consistent:
-        return "Lowest-scoring rows (all within msprobe's thresholds)"
-    return "Worst rows"
+RANK_TITLE = "Module outputs ranked by rl-msprobe's judgement (msprobe's own result beside)"
 
 
 def set_aside(run: CompareRun) -> list[list[str]]:
@@ -282,51 +315,55 @@ def set_aside(run: CompareRun) -> list[list[str]]:
 
 
 SET_ASIDE_HEAD = ["not read as divergence because", "rows", "e.g."]
+RULE = (
+    "rl-msprobe judges each module's output error against the error it received and the noise floor "
+    "(dumps.judge); msprobe's metrics are its own (`msprobe compare --consistent_check`), its "
+    "pass / warning / error shown beside; training = msprobe NPU side (-tp), rollout = Bench side (-gp)"
+)
+ASIDE = (
+    "rows msprobe could not pair or measure, and rows where the engines' calling conventions make the "
+    "two sides different quantities, are *not read as divergence* (reasons and counts below)"
+)
 
 
-def render_markdown(run: CompareRun, png_name: str | None) -> str:
+def render_markdown(run: CompareRun, png_name: str | None, no_plot: str | None = None) -> str:
     lines = ["# rl-msprobe dump compare", "", f"**{verdict(run)}**", ""]
-    lines += [
-        f"- {dtype_line(run)}",
-        f"- backend: `{run.backend}`; metrics and verdicts are msprobe's own "
-        "(`msprobe compare --consistent_check`); training = msprobe NPU side (-tp), rollout = Bench side (-gp)",
-        "- rows msprobe could not pair or measure, and rows where the engines' calling conventions make the "
-        "two sides different quantities, are *not read as divergence* (reasons and counts below)",
-    ]
-    firsts = first_divergent_layers(run)
+    lines += [f"- {x}" for x in header_lines(run)]
+    lines += [f"- backend: `{run.backend}`; {RULE}", f"- {ASIDE}"]
+    firsts = first_lines(run)
     if firsts:
-        lines += ["", "## First divergence", ""]
-        lines += [f"- `{m}`: first in {n} pair(s)" for m, n in firsts.items()]
-        for r in run.results:
-            if r.summary and r.summary.first_divergence:
-                f = r.summary.first_divergence
-                lines += [
-                    "",
-                    f"Pair {r.number} (`{r.pair.request_id}`): `{f.rollout_name or f.train_name}` — cosine "
-                    f"{_fmt(f.cosine)}, max abs err {_fmt(f.max_abs_err)}; msprobe: {_msg(f.message) or f.result}",
-                ]
-                break
+        lines += ["", "## First divergence, every pair", ""]
+        lines += [
+            f"- `{w}`: first in {len(n)} pair(s) (#{', #'.join(map(str, n))})"
+            for w, n in first_divergences(run).items()
+        ]
+        lines += ["", *[f"- {x}" for x in firsts]]
     if png_name:
-        lines += ["", "## Along depth", "", f"![per-layer cosine and max abs error]({png_name})"]
-    lines += ["", "## Pairs", "", *_md_table(PAIR_HEAD, [_pair_line(r) for r in run.results])]
-    worst = worst_rows(run)
-    if worst:
+        lines += ["", "## Along depth", "", f"![per-layer error along depth]({png_name})"]
+    elif no_plot:
+        lines += ["", "## Along depth", "", f"No plot: {no_plot}"]
+    lines += ["", "## Pairs", "", *md_table(PAIR_HEAD, [_pair_line(r) for r in run.results])]
+    ranked = ranked_rows(run)
+    if ranked:
         lines += [
             "",
-            f"## {worst_title(run)}",
+            f"## {RANK_TITLE}",
             "",
-            *_md_table(ROW_HEAD, [_row_cells(n, w) for n, w in worst]),
+            *md_table(ROW_HEAD, [_row_cells(n, w, j) for n, w, j in ranked]),
         ]
     failed = [r for r in run.results if r.status == "failed"]
     if failed:
         lines += ["", "## Failed compares", ""]
         for r in failed:
             lines += [f"- pair {r.number} (`{r.pair.request_id}`):", "", "```", r.error or "", "```"]
+    notes = sorted({n for r in run.results for n in r.notes})
+    if notes:
+        lines += ["", "## What msprobe was given", "", *[f"- {n}" for n in notes]]
     if run.correlation is not None:
         c = run.correlation
         lines += ["", "## Not paired", ""]
         if c.unmatched:
-            lines += _md_table(
+            lines += md_table(
                 ["request id", "side", "why"], [[u.request_id or "–", u.side, u.why] for u in c.unmatched]
             )
         else:
@@ -335,105 +372,71 @@ def render_markdown(run: CompareRun, png_name: str | None) -> str:
         lines += [f"- {k}: {v}" for k, v in sorted(c.skipped.items())]
     aside = set_aside(run)
     if aside:
-        lines += ["", "## Rows not read as divergence", "", *_md_table(SET_ASIDE_HEAD, aside)]
+        lines += ["", "## Rows not read as divergence", "", *md_table(SET_ASIDE_HEAD, aside)]
     lines += ["", f"Per-pair msprobe output (CSV, log): `{run.out / 'pairs'}`", ""]
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------- html
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1150px;color:#1b1f23;padding:0 16px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.verdict{font-size:16px;font-weight:600;padding:10px 14px;border-radius:6px}
-.ok{background:#e6f4ea;color:#137333}.bad{background:#fce8e6;color:#a50e0e}
-table{border-collapse:collapse;width:100%;font-size:12.5px;margin:8px 0}
-th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.divergent td{background:#fff4f2}code{font-size:12px;background:#f6f8fa;padding:1px 3px;border-radius:3px}
-img{max-width:100%;border:1px solid #eee}.muted{color:#666;font-size:12.5px}
-"""
-
-
-def _h(text: object) -> str:
-    return html.escape(str(text))
-
-
-def _html_table(head: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{_h(c)}</th>" for c in head) + "</tr>"]
-    for i, row in enumerate(rows):
-        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = "".join(
-            f'<td class="num">{_h(c)}</td>'
-            if c.replace(".", "").replace("-", "").replace("e", "").isdigit()
-            else f"<td>{_h(c)}</td>"
-            for c in row
-        )
-        out.append(f"<tr{cls}>{cells}</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def render_html(run: CompareRun, png: bytes | None) -> str:
+def render_html(run: CompareRun, png: bytes | None, no_plot: str | None = None) -> str:
     ok = run.consistent
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>rl-msprobe dump compare</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{CSS}</style></head><body>",
         "<h1>rl-msprobe dump compare</h1>",
-        f"<div class='verdict {'ok' if ok else 'bad'}'>{_h(verdict(run))}</div>",
-        f"<p>{_h(dtype_line(run))}</p>",
-        f"<p class='muted'>backend <code>{_h(run.backend)}</code>; metrics and verdicts are msprobe's own "
-        "(<code>msprobe compare --consistent_check</code>); training = NPU side (-tp), rollout = Bench side (-gp). "
-        "Rows msprobe could not pair or measure, and rows where the engines' calling conventions make the two "
-        "sides different quantities, are <em>not read as divergence</em> (reasons and counts at the end).</p>",
+        f"<div class='verdict {'ok' if ok else 'bad'}'>{h(verdict(run))}</div>",
+        "<ul>" + "".join(f"<li>{h(x)}</li>" for x in header_lines(run)) + "</ul>",
+        f"<p class='muted'>backend <code>{h(run.backend)}</code>; {h(RULE)}. {h(ASIDE.replace('*', ''))}.</p>",
     ]
+    firsts = first_lines(run)
+    if firsts:
+        parts += ["<h2>First divergence, every pair</h2><ul>"]
+        parts += [
+            f"<li><code>{h(w)}</code>: first in {len(n)} pair(s) (#{h(', #'.join(map(str, n)))})</li>"
+            for w, n in first_divergences(run).items()
+        ]
+        parts += ["</ul><ul>", *[f"<li>{h(x.replace('`', ''))}</li>" for x in firsts], "</ul>"]
     if png:
         data = base64.b64encode(png).decode()
         parts += [
             "<h2>Along depth</h2>",
-            f"<img alt='per-layer cosine and max abs error along depth' src='data:image/png;base64,{data}'>",
+            f"<img alt='per-layer error along depth' src='data:image/png;base64,{data}'>",
         ]
-    firsts = first_divergent_layers(run)
-    if firsts:
-        parts += ["<h2>First divergence</h2><ul>"]
-        parts += [f"<li><code>{_h(m)}</code>: first in {n} pair(s)</li>" for m, n in firsts.items()]
-        parts += ["</ul>"]
-        r = next(r for r in run.results if r.summary and r.summary.first_divergence)
-        f = r.summary.first_divergence  # type: ignore[union-attr]
-        parts += [
-            f"<p>Pair {r.number} (<code>{_h(r.pair.request_id)}</code>): <code>{_h(f.rollout_name or f.train_name)}</code>"
-            f" — cosine {_h(_fmt(f.cosine))}, max abs err {_h(_fmt(f.max_abs_err))}; msprobe: "
-            f"{_h(_msg(f.message) or f.result)}</p>"
-        ]
+    elif no_plot:
+        parts += ["<h2>Along depth</h2>", f"<p>No plot: {h(no_plot)}</p>"]
     parts += [
         "<h2>Pairs</h2>",
-        _html_table(
+        html_table(
             PAIR_HEAD,
             [[c.strip("`") for c in _pair_line(r)] for r in run.results],
             ["divergent" if r.status != "consistent" else "" for r in run.results],
         ),
     ]
-    worst = worst_rows(run)
-    if worst:
+    ranked = ranked_rows(run)
+    if ranked:
         parts += [
-            f"<h2>{_h(worst_title(run))}</h2>",
-            _html_table(
+            f"<h2>{h(RANK_TITLE)}</h2>",
+            html_table(
                 ROW_HEAD,
-                [_row_cells(n, w) for n, w in worst],
-                ["divergent" if w.divergent else "" for _, w in worst],
+                [_row_cells(n, w, j) for n, w, j in ranked],
+                ["divergent" if j.divergent else "" for _, _, j in ranked],
             ),
         ]
     failed = [r for r in run.results if r.status == "failed"]
     if failed:
         parts += ["<h2>Failed compares</h2>"]
         parts += [
-            f"<p>pair {r.number} <code>{_h(r.pair.request_id)}</code></p><pre>{_h(r.error)}</pre>"
+            f"<p>pair {r.number} <code>{h(r.pair.request_id)}</code></p><pre>{h(r.error)}</pre>"
             for r in failed
         ]
+    notes = sorted({n for r in run.results for n in r.notes})
+    if notes:
+        parts += ["<h2>What msprobe was given</h2><ul>", *[f"<li>{h(n)}</li>" for n in notes], "</ul>"]
     if run.correlation is not None:
         c = run.correlation
         parts += ["<h2>Not paired</h2>"]
         parts += [
-            _html_table(
+            html_table(
                 ["request id", "side", "why"], [[u.request_id or "–", u.side, u.why] for u in c.unmatched]
             )
             if c.unmatched
@@ -441,15 +444,13 @@ def render_html(run: CompareRun, png: bytes | None) -> str:
         ]
         parts += [
             "<p class='muted'>Log lines: "
-            + _h(", ".join(f"{k}: {v}" for k, v in sorted(c.skipped.items())))
+            + h(", ".join(f"{k}: {v}" for k, v in sorted(c.skipped.items())))
             + "</p>"
         ]
     aside = set_aside(run)
     if aside:
-        parts += ["<h2>Rows not read as divergence</h2>", _html_table(SET_ASIDE_HEAD, aside)]
-    parts += [
-        f"<p class='muted'>Per-pair msprobe output (CSV, log): <code>{_h(run.out / 'pairs')}</code></p>"
-    ]
+        parts += ["<h2>Rows not read as divergence</h2>", html_table(SET_ASIDE_HEAD, aside)]
+    parts += [f"<p class='muted'>Per-pair msprobe output (CSV, log): <code>{h(run.out / 'pairs')}</code></p>"]
     parts += ["</body></html>"]
     return "\n".join(parts)
 
@@ -458,16 +459,25 @@ def pair_lines(run: CompareRun, limit: int = 12) -> list[str]:
     """One line per pair for the terminal (the first `limit`)."""
     out = []
     for r in run.results[:limit]:
-        first = r.summary.first_divergence if r.summary else None
         s = r.summary
-        detail = (
-            f"first divergence {_row_where(first)} (cosine {_fmt(first.cosine, 4)}, max abs err {_fmt(first.max_abs_err, 3)})"
-            if first
-            else _error_tail(r.error)
-            if s is None
-            else r.not_compared_reason or f"{s.matched_rows} matched rows, no row beyond msprobe's thresholds"
-        )
-        out.append(f"  #{r.number} {r.pair.request_id}: {r.status}; {detail}")
+        first = s.first_divergence if s and r.status == "divergent" else None
+        j = s.first_judgement if s else None
+        if first is not None:
+            numbers = (
+                f"error {_pct(j.error)}, {j.floor_ratio:.3g}x floor, {j.gain:.3g}x received"
+                if j
+                else _msg(first.message)
+            )
+            detail = f"first divergence {_row_where(first)} ({numbers}; msprobe: {first.result or '–'})"
+        elif s is None:
+            detail = _error_tail(r.error)
+        else:
+            detail = r.not_compared_reason or (
+                f"{s.matched_rows} matched rows, {len(s.judgements)} module outputs judged, none beyond the floor "
+                f"and its input's error (msprobe flagged {s.msprobe_flagged})"
+            )
+        tp = f" [{len(r.pair.rollout_ranks)} TP ranks]" if len(r.pair.rollout_ranks) > 1 else ""
+        out.append(f"  #{r.number} {r.pair.request_id}{tp}: {r.status}; {detail}")
     if len(run.results) > limit:
         out.append(f"  ... {len(run.results) - limit} more in the report")
     return out
@@ -482,14 +492,16 @@ def _error_tail(error: str | None, lines: int = 4) -> str:
 
 
 def write_report(run: CompareRun) -> dict[str, Path]:
-    """Write report.md, report.png, report.html (PNG embedded) and summary.json into run.out."""
+    """Write report.md, report.png, report.html (PNG embedded) and summary.json into run.out; a
+    missing matplotlib costs the plot only (said in both reports and in `no_plot`)."""
     run.out.mkdir(parents=True, exist_ok=True)
-    png = plot_png(run)
+    png, no_plot = plot_png(run)
+    run.no_plot = no_plot
     paths = {"md": run.out / "report.md", "html": run.out / "report.html", "json": run.out / "summary.json"}
     if png:
         paths["png"] = run.out / "report.png"
         paths["png"].write_bytes(png)
-    paths["md"].write_text(render_markdown(run, "report.png" if png else None), encoding="utf-8")
-    paths["html"].write_text(render_html(run, png), encoding="utf-8")
+    paths["md"].write_text(render_markdown(run, "report.png" if png else None, no_plot), encoding="utf-8")
+    paths["html"].write_text(render_html(run, png, no_plot), encoding="utf-8")
     paths["json"].write_text(json.dumps(run.to_json(), indent=2, default=str), encoding="utf-8")
     return paths

@@ -39,6 +39,8 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rl_msprobe.dumps.judge import Judgement, is_integer, judge
+
 NPU, BENCH = "NPU Name", "Bench Name"  # msprobe: NPU = -tp = training, Bench = -gp = rollout
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _CALL = re.compile(r"\.(forward|backward)(?:\.\d+)?\.")
@@ -93,6 +95,9 @@ class Row:
     note: str = ""
     train_dtype: str = ""
     rollout_dtype: str = ""
+    error: float | None = None  # relative error (fraction) from msprobe's columns (judge module doc)
+    finding: bool = False  # rl-msprobe's verdict on this row (judge), set by `summarize`
+    same: bool | None = None  # integer rows: both sides' statistics equal (None: not known)
 
     @property
     def matched(self) -> bool:
@@ -101,13 +106,19 @@ class Row:
 
     @property
     def divergent(self) -> bool:
+        """rl-msprobe's finding (judge: output error beyond its input's and the noise floor; or the
+        engines hold different weights). msprobe's own pass/warning/error is `result`."""
+        return self.finding
+
+    @property
+    def msprobe_flagged(self) -> bool:
         return self.comparable and self.result in DIVERGENT and not self.note
 
     def to_json(self) -> dict:
         return {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("index", "comparable", "train_dtype", "rollout_dtype")
+            if k not in ("index", "comparable", "train_dtype", "rollout_dtype", "same")
         }
 
 
@@ -130,6 +141,9 @@ class PairSummary:
     counts: dict[str, int] = field(default_factory=dict)  # msprobe Result -> rows
     not_comparable: int = 0
     layers: list[LayerPoint] = field(default_factory=list)
+    judgements: list[Judgement] = field(default_factory=list)  # per module, forward order
+    input_mismatch: str | None = None  # the two sides saw different inputs: how (then NOT COMPARED)
+    inputs_checked: list[str] = field(default_factory=list)  # integer rows found equal on both sides
 
     @property
     def divergent(self) -> list[Row]:
@@ -140,8 +154,27 @@ class PairSummary:
         return next((r for r in self.rows if r.divergent), None)
 
     @property
+    def first_judgement(self) -> Judgement | None:
+        first = self.first_divergence
+        return next((j for j in self.judgements if first and j.index == first.index), None)
+
+    @property
     def consistent(self) -> bool:
         return not self.divergent
+
+    @property
+    def msprobe_flagged(self) -> int:
+        return sum(1 for r in self.rows if r.msprobe_flagged)
+
+    def ranked(self, n: int = 10) -> list[tuple[Row, Judgement]]:
+        """Module outputs ranked by the judgement: findings first, then by gain over what came in."""
+        by_index = {r.index: r for r in self.rows}
+        order = sorted(self.judgements, key=lambda j: (not j.divergent, -j.gain, -j.floor_ratio))
+        return [(by_index[j.index], j) for j in order[:n]]
+
+    def floors(self) -> dict[str, float]:
+        """Noise floor by precision, as applied to this pair's rows."""
+        return {j.precision: j.floor for j in self.judgements}
 
     @property
     def matched_rows(self) -> int:
@@ -201,6 +234,12 @@ class PairSummary:
             "coverage": round(self.coverage, 4),
             "dtypes": self.dtype_pairs(),
             "first_divergence": first.to_json() if first else None,
+            "first_judgement": self.first_judgement.to_json() if self.first_judgement else None,
+            "msprobe_flagged_rows": self.msprobe_flagged,
+            "noise_floor": self.floors(),
+            "input_mismatch": self.input_mismatch,
+            "inputs_checked": self.inputs_checked,
+            "ranked": [{**r.to_json(), "judgement": j.to_json()} for r, j in self.ranked(5)],
             "worst": [r.to_json() for r in self.worst()],
             "layers": [p.to_json() for p in self.layers],
         }
@@ -379,6 +418,7 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
             if weights:
                 result, message = "error", json.dumps([*(_complaints(message) or []), weights])
             m = _LAYER.search(module + ".")
+            error, same = _relative_error(rec, mode, rel)
             rows.append(
                 Row(
                     index=i,
@@ -396,9 +436,47 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
                     note=note or ("" if weights else waiver),
                     train_dtype=(rec.get("NPU Dtype") or "").strip(),
                     rollout_dtype=(rec.get("Bench Dtype") or "").strip(),
+                    error=error,
+                    finding=bool(weights),
+                    same=same,
                 )
             )
     return mode, apply_engine_conventions(rows)
+
+
+def _abs(rec: dict, key: str) -> float | None:
+    v = _number(rec.get(key))
+    return abs(v) if v is not None else None
+
+
+def _relative_error(rec: dict, mode: str, norm_rel_percent: float | None) -> tuple[float | None, bool | None]:
+    """(relative error as a fraction, whether every statistic is equal) from msprobe's columns
+    (judge module doc); (None, None) where msprobe gave no number."""
+    scale = max((v for v in (_abs(rec, "Bench max"), _abs(rec, "Bench min")) if v is not None), default=None)
+    norm = _abs(rec, "Bench l2norm")
+    if mode == "tensor":
+        spread, dist = _abs(rec, "MaxAbsErr"), _abs(rec, "EucDist")
+    else:
+        diffs = [_abs(rec, k) for k in ("Max diff", "Min diff")]
+        spread = max((d for d in diffs if d is not None), default=None)
+        dist = _abs(rec, "L2norm diff")
+    parts = []
+    if spread is not None and scale is not None:
+        parts.append(spread / scale if scale > 0 else (0.0 if spread == 0 else float("inf")))
+    if dist is not None and norm is not None:
+        parts.append(dist / norm if norm > 0 else (0.0 if dist == 0 else float("inf")))
+    elif norm_rel_percent is not None and mode != "tensor":
+        parts.append(abs(norm_rel_percent) / 100)
+    if not parts and mode == "tensor":
+        cos = _number(rec.get("Cosine"))
+        if cos is not None:  # no scale given: the distance between the two directions
+            parts.append(math.sqrt(max(0.0, 2 * (1 - min(cos, 1.0)))))
+    if not parts and spread is not None and mode != "tensor":
+        parts.append(0.0 if spread == 0 else float("inf"))  # only a diff: equal or not
+    keys = ("Max diff", "Min diff", "Mean diff", "L2norm diff") if mode != "tensor" else ("MaxAbsErr",)
+    values = [_number(rec.get(k)) for k in keys]
+    same = None if any(v is None for v in values) else all(v == 0 for v in values)
+    return (max(parts) if parts else None), same
 
 
 def layer_curve(rows: list[Row]) -> list[LayerPoint]:
@@ -431,15 +509,95 @@ def layer_curve(rows: list[Row]) -> list[LayerPoint]:
     return points
 
 
+def _unmeasured_output(r: Row) -> bool:
+    """An output msprobe flagged that has no number to judge (its shapes differ, e.g. other tokens):
+    a structural finding, unless a convention explains it (then it is not comparable)."""
+    return (
+        r.comparable
+        and r.matched
+        and r.tensor.startswith("output")
+        and r.error in (None, 0.0)
+        and (r.msprobe_flagged and (r.cosine is None and (r.max_abs_err in (None, 0.0))))
+    )
+
+
+def input_identity(rows: list[Row]) -> tuple[str | None, list[str]]:
+    """Did both sides see the same input? From the matched integer input rows (token ids,
+    positions): (how they differ, or None; the rows found equal)."""
+    checked, problem = [], None
+    for r in rows:
+        if not (
+            r.matched
+            and r.tensor.startswith(("input", "kwargs"))
+            and is_integer(r.train_dtype, r.rollout_dtype)
+        ):
+            continue
+        where = f"{r.module} {r.tensor}"
+        if r.same is False and problem is None:
+            problem = (
+                f"the two sides saw different inputs: {where} (integer, e.g. token ids) differs "
+                f"(max diff {r.max_abs_err:g})"
+                if r.max_abs_err is not None
+                else f"{where} differs"
+            )
+        elif r.same:
+            checked.append(where)
+    return problem, checked
+
+
 def summarize(csv_path: Path) -> PairSummary:
     mode, rows = parse_rows(csv_path)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.result or "none"] = counts.get(r.result or "none", 0) + 1
+    judgements = judge(rows)
+    findings = {j.index for j in judgements if j.divergent} | {r.index for r in rows if _unmeasured_output(r)}
+    rows = [replace(r, finding=True) if r.index in findings else r for r in rows]
+    mismatch, checked = input_identity(rows)
     return PairSummary(
         mode=mode,
         rows=rows,
         counts=counts,
         not_comparable=sum(1 for r in rows if not r.comparable),
         layers=layer_curve(rows),
+        judgements=judgements,
+        input_mismatch=mismatch,
+        inputs_checked=checked,
     )
+
+
+TP_MESSAGE = "rl-msprobe: a replicated tensor differs between tensor-parallel ranks"
+
+
+def with_tp_findings(summary: PairSummary, disagreements: list) -> PairSummary:
+    """The summary with a finding row for each replicated tensor that differs between TP ranks
+    (tp_merge.Disagreement), placed before that module's first row (forward order)."""
+    if not disagreements:
+        return summary
+    rows = list(summary.rows)
+    for d in disagreements:
+        name = f"{d.key}.{d.tensor}"
+        module, tensor = module_of(name)
+        at = next((i for i, r in enumerate(rows) if r.module == module), len(rows))
+        m = _LAYER.search(module + ".")
+        msg = f"{TP_MESSAGE}: rank(s) {', '.join(map(str, d.ranks))} differ from the lowest rank by {d.error:.3g}"
+        rows.insert(
+            at,
+            Row(
+                index=rows[at].index if at < len(rows) else len(rows),
+                train_name="",
+                rollout_name=name,
+                module=module,
+                tensor=tensor,
+                layer=int(m.group(1)) if m else None,
+                cosine=None,
+                max_abs_err=None,
+                rel_err=None,
+                result="error",
+                message=json.dumps([msg]),
+                comparable=True,
+                error=d.error,
+                finding=True,
+            ),
+        )
+    return replace(summary, rows=rows, layers=layer_curve(rows))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
 
-MODES = ("training", "inference", "consistency", "triage")  # triage: only by --mode
+MODES = ("training", "inference", "consistency", "triage", "weights")  # triage: only by --mode
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 
 # (mode, pattern, what it is) — checked against the hint, case-insensitive
@@ -34,8 +34,10 @@ HINT_SIGNALS: list[tuple[str, str, str]] = [
     ("training", r"precision_debugger", "precision_debugger"),
     ("training", r"actor_compute_log_prob|ref_compute_log_prob|actor_update", "a training stage name"),
     ("training", r"training\s+dump|dump\s+(?:the\s+)?training", "training dump"),
+    ("weights", r"权重同步|权重一致", "权重同步"),
+    ("weights", r"weight[\s-]*(?:sync|parity|consistency|check)|same\s+weights", "weight sync"),
 ]
-_PRIORITY = {"consistency": 0, "inference": 1, "training": 2}
+_PRIORITY = {"consistency": 0, "inference": 1, "training": 2, "weights": 3}
 _ENTRY_NOTES = {
     "generation_server": "main_generation_server generates with the rollout engine only (no training step): "
     "inference mode applies, training and consistency do not",
@@ -122,6 +124,9 @@ def script_mode(script: LaunchScript, overrides: Overrides | None) -> tuple[set[
     if has_dump_on and has_prompts:
         modes.add("consistency")
         reasons.append("the script sets DUMP_ON and PROMPTS_ONLY (consistency)")
+    if not modes and env_value(script, overrides, "RL_MSPROBE_WEIGHTS_DIR") is not None:
+        modes.add("weights")  # alone: with another mode's signals it is that mode's --weights
+        reasons.append("the script sets RL_MSPROBE_WEIGHTS_DIR and nothing else (weights)")
     return modes, reasons
 
 

@@ -8,6 +8,9 @@ Rules (specification path C; DOMAIN §1): everything of inference, plus
   for actor and ref (FSDP);
 - parallel alignment: FSDP — rollout TP = rollout devices, rollout DP = 1; Megatron — actor
   (and ref) TP / PP / EP equal the rollout's TP / PP / EP item by item;
+- one request per rollout prefill, run in full: `rollout.max_num_seqs=1` (the n samples of a
+  prompt are otherwise prefilled together in one step) and `rollout.enable_prefix_caching=False`
+  (a later sample's prefill is otherwise a cache hit covering only the last tokens);
 - `trainer.val_before_train=False`, `trainer.balance_batch=False`,
   `actor.use_dynamic_bsz=False`, `model.use_remove_padding=True`;
 - dtype (FSDP): the actor's forward computes in FSDP mixed precision's `param_dtype` (bf16
@@ -206,6 +209,18 @@ def requirements(ctx: Context) -> Requirements:
             "the engine patch expects packed (unpadded) inputs",
         ),
         ("trainer.val_before_train", False, "validation generations would be dumped first"),
+        (
+            R + "max_num_seqs",
+            1,
+            "one request per rollout model step: the n samples of a prompt reach the engine together and "
+            "would otherwise be prefilled in one step, which pairs with no single training micro-batch",
+        ),
+        (
+            R + "enable_prefix_caching",
+            False,
+            "every dumped prefill runs the whole prompt: with prefix caching a later sample of the same "
+            "prompt is a cache hit whose forward covers only the last tokens",
+        ),
         ("trainer.balance_batch", False, "balancing reorders sequences across ranks"),
     ]
     if fully_async:

@@ -6,10 +6,17 @@ A new set module adds its `SETS` here.
 from __future__ import annotations
 
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches import sglang, verl, verl_triage, vllm, vllm_ascend
+from rl_msprobe.patches import sglang, verl, verl_triage, verl_weights, vllm, vllm_ascend
 from rl_msprobe.patches.model import PatchSet
 
-SETS: tuple[PatchSet, ...] = (*verl.SETS, *verl_triage.SETS, *sglang.SETS, *vllm_ascend.SETS, *vllm.SETS)
+SETS: tuple[PatchSet, ...] = (
+    *verl.SETS,
+    *verl_triage.SETS,
+    *verl_weights.SETS,
+    *sglang.SETS,
+    *vllm_ascend.SETS,
+    *vllm.SETS,
+)
 
 _BY_NAME = {s.name: s for s in SETS}
 if len(_BY_NAME) != len(SETS):

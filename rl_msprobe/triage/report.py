@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_msprobe.dumps.report import _CSS, _html_table
+from rl_msprobe.reporting.html import CSS, html_table
+from rl_msprobe.reporting.plot import pyplot
 from rl_msprobe.triage.propose import Growth, Proposal
 from rl_msprobe.triage.stream import QUANTITIES, Triage
 
@@ -245,7 +246,7 @@ def render_markdown(parts: list[Section]) -> str:
 def render_html(parts: list[Section], pngs: dict[str, bytes]) -> str:
     out = [
         "<!doctype html><html><head><meta charset='utf-8'><title>rl-msprobe mismatch triage</title>",
-        f"<style>{_CSS}</style></head><body><h1>rl-msprobe mismatch triage</h1>",
+        f"<style>{CSS}</style></head><body><h1>rl-msprobe mismatch triage</h1>",
     ]
     for s in parts:
         out.append(f"<h2>{html.escape(s.title)}</h2>")
@@ -254,7 +255,7 @@ def render_html(parts: list[Section], pngs: dict[str, bytes]) -> str:
             data = base64.b64encode(pngs[s.image]).decode()
             out.append(f"<img alt='{html.escape(s.title)}' src='data:image/png;base64,{data}'>")
         if s.table and s.table[1]:
-            out.append(_html_table(*s.table))
+            out.append(html_table(*s.table))
         if s.code:
             out.append("<pre>" + html.escape("\n".join(s.code)) + "</pre>")
     out.append("</body></html>")
@@ -263,17 +264,9 @@ def render_html(parts: list[Section], pngs: dict[str, bytes]) -> str:
 
 def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]:
     """(section -> PNG name, PNG name -> bytes, why there are none)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ModuleNotFoundError:
-        return (
-            {},
-            {},
-            "matplotlib is not installed: no plots (pip install matplotlib); the tables carry the numbers",
-        )
+    plt, why = pyplot()
+    if plt is None:
+        return {}, {}, why
     names, pngs = {}, {}
     steps = [s for s in result.step_list() if "dp" in s.gaps]
     if steps:

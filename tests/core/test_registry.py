@@ -44,8 +44,8 @@ def test_every_set_module_registers_something() -> None:
 
 
 def test_the_registry_is_the_set_modules_tables_in_order() -> None:
-    from rl_msprobe.patches import SETS, sglang, verl, verl_triage, vllm, vllm_ascend
+    from rl_msprobe.patches import SETS, sglang, verl, verl_triage, verl_weights, vllm, vllm_ascend
 
-    modules = (verl, verl_triage, sglang, vllm_ascend, vllm)
+    modules = (verl, verl_triage, verl_weights, sglang, vllm_ascend, vllm)
     assert all(module.SETS for module in modules)
     assert tuple(s for module in modules for s in module.SETS) == SETS

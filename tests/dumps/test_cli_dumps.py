@@ -39,7 +39,7 @@ def test_correlate_json(consistency_tree: tuple[Path, Path]) -> None:
     res = _run("correlate", str(r), str(t), "--json")
     doc = json.loads(res.output)
     assert sorted(p["request_id"] for p in doc["pairs"]) == ["aaaa", "ffff"]
-    assert set(doc["pairs"][0]) == {"request_id", "rollout", "train"}
+    assert set(doc["pairs"][0]) == {"request_id", "rollout", "train", "tp_ranks"}
     assert set(doc["pairs"][0]["rollout"]) == {"pid", "rank", "step", "dump"}
     assert {"request_id": "zzzz", "side": "train", "why": "no rollout prefill step with this id"} in doc[
         "unmatched"

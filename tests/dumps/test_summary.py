@@ -121,14 +121,16 @@ def test_first_divergence_skips_structural_rows(tmp_path: Path) -> None:
         1,
         0.72,
     )
-    assert [r.module for r in s.divergent] == ["model.layers.1.mlp", "model.layers.1"]
+    # rl-msprobe's rule: the decoder layer's output only carries the MLP's error (msprobe warns on it)
+    assert [r.module for r in s.divergent] == ["model.layers.1.mlp"]
+    assert [r.module for r in s.rows if r.msprobe_flagged] == ["model.layers.1.mlp", "model.layers.1"]
     assert not s.consistent
     assert s.worst(1)[0].module == "model.layers.1.mlp.down_proj"  # lowest cosine: the weight
     curve = {p.layer: (p.cosine, p.max_abs_err, p.divergent) for p in s.layers}
     assert curve == {
         "embed": (1.0, 0.0, 0),
         "0": (1.0, 1e-7, 0),
-        "1": (0.72, 0.03, 2),
+        "1": (0.72, 0.03, 1),
         "head": (0.97, 0.2, 0),
     }
     assert [p.depth for p in s.layers] == [-1, 0, 1, 2]
@@ -153,7 +155,7 @@ def test_shape_mismatch_of_an_output_is_a_divergence(tmp_path: Path) -> None:
 
 
 def test_all_pass_is_consistent(tmp_path: Path) -> None:
-    rows = [_row(i, "mlp.Qwen2MLP", "mlp.Qwen2MLP", "output.0", "0.99999", "1e-6") for i in range(3)]
+    rows = [_row(i, "mlp.Qwen2MLP", "mlp.Qwen2MLP", "output.0", "1.0", "1e-6") for i in range(3)]
     s = summarize(_csv(tmp_path, rows))
     assert s.consistent and s.first_divergence is None
     assert s.to_json()["divergent_rows"] == 0
@@ -236,20 +238,26 @@ def test_vllm_conventions_are_not_divergences(tmp_path: Path) -> None:
     assert {p.layer: p.cosine for p in s.layers}["0"] == 1.0
 
 
-def test_token_ids_that_differ_are_a_divergence(tmp_path: Path) -> None:
-    rows = [
-        [
-            "Module._fsdp_wrapped_module.model.embed_tokens.Embedding.forward.0.input.0",
-            "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0",
-            "0.93",
-            "17",
-            "1",
-            "error",
-            '["error: The dtype of NPU and Bench are inconsistent."]',
-        ],
+def test_token_ids_that_differ_mean_the_pair_is_not_compared(tmp_path: Path) -> None:
+    """Input identity before any layer is judged: integer input rows (token ids) that differ make
+    the pair NOT COMPARED, never a divergence at layer 0."""
+    head = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "Max diff", "Min diff", "Mean diff"]
+    head += ["L2norm diff", "NormRelativeErr", "Result", "Err_message"]
+    ids = [
+        "Module._fsdp_wrapped_module.model.embed_tokens.Embedding.forward.0.input.0",
+        "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0",
+        "torch.int64",
+        "torch.int32",
     ]
-    s = summarize(_csv(tmp_path, rows))
-    assert s.first_divergence is not None and s.first_divergence.module == "model.embed_tokens"
+    out = [T.format(l=0, m="mlp.Qwen2MLP", x="output.0"), R.format(l=0, m="mlp.Qwen2MLP", x="output.0")]
+    out += ["torch.float32", "torch.float32", "0.5", "0.1", "0.1", "3", "20%", "pass", "[]"]
+    same = summarize(_csv(tmp_path, [[*ids, "0", "0", "0", "0", "0%", "pass", "[]"]], head))
+    assert same.input_mismatch is None and same.inputs_checked == ["model.embed_tokens input.0"]
+    d = tmp_path / "differ"
+    d.mkdir()
+    s = summarize(_csv(d, [[*ids, "17", "0", "2.5", "40", "3%", "pass", "[]"], out], head))
+    assert s.input_mismatch and "model.embed_tokens input.0" in s.input_mismatch, s.input_mismatch
+    assert not s.inputs_checked
 
 
 def test_statistics_shape_complaints_read_like_the_consistency_checker(tmp_path: Path) -> None:

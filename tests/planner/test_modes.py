@@ -108,6 +108,9 @@ def test_consistency_fsdp_alignment_and_batches(tmp_path: Path) -> None:
         assert value(p, key) == 1
     assert value(p, "actor_rollout_ref.actor.use_dynamic_bsz") is False
     assert value(p, "trainer.val_before_train") is False
+    # every dumped prefill is one request, run in full (issue 20: n samples share a step otherwise)
+    assert value(p, "actor_rollout_ref.rollout.max_num_seqs") == 1
+    assert value(p, "actor_rollout_ref.rollout.enable_prefix_caching") is False
     assert any("NNODES" in n for n in p.notes), "defaults taken from ${X:-d} are reported"
 
 

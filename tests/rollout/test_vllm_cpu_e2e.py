@@ -145,7 +145,8 @@ def test_dispatch_log_first_line_is_the_prompts_prefill(dumped):
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(MAX_TOKENS))
     first = lines[0]
-    assert set(first) == set(DISPATCH_LOG_KEYS)
+    assert set(first) == {*DISPATCH_LOG_KEYS, "tp_rank", "tp_size"}  # the vLLM helper names its TP rank
+    assert (first["tp_rank"], first["tp_size"]) == (0, 1)
     assert (first["source"], first["pid"], first["rank"], first["phase"]) == ("vllm", pid, 0, "prefill")
     outputs = {o["request_id"]: o for o in dumped["result"]["outputs"]}
     assert {SUFFIX.sub("", r["request_id"]) for r in first["requests"]} == set(outputs)

@@ -270,8 +270,10 @@ def test_one_dump_step_per_forward_and_a_log_line_each(config, fake_msprobe):
         (0, "prefill", 6),
         (1, "decode", 2),
     ]
-    assert set(lines[0]) == set(DISPATCH_LOG_KEYS)
+    # the vLLM helper also says which tensor-parallel rank of how many wrote the line (None: no TP group)
+    assert set(lines[0]) == {*DISPATCH_LOG_KEYS, "tp_rank", "tp_size"}
     assert lines[0]["source"] == "vllm" and lines[0]["rank"] == 0
+    assert (lines[0]["tp_rank"], lines[0]["tp_size"]) == (None, None)
     assert [r["request_id"] for r in lines[0]["requests"]] == ["a", "b"]
 
 

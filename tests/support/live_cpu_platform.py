@@ -13,7 +13,9 @@ edited; the fixes wrap functions when their modules are first imported:
 Test hook: ``RL_MSPROBE_LIVE_WORKER_MODULES`` names modules (comma-separated, on
 ``PYTHONPATH``) imported here in every process; a module's ``after_weight_sync(worker)`` runs
 in the vLLM worker after each weight sync (``worker.model_runner.model`` is the rollout model),
-e.g. to perturb one layer on the rollout side only.
+e.g. to perturb one layer on the rollout side only; its ``before_weight_sync(worker)``, if any,
+runs before each sync (e.g. to wrap the worker's ``_update_weights`` or the model's
+``load_weights`` for that sync).
 """
 
 from __future__ import annotations
@@ -162,6 +164,10 @@ def _patch_vllm_extension(module: types.ModuleType) -> None:
         )
 
         model = self.model_runner.model
+        for hook_module in _worker_modules():
+            hook = getattr(hook_module, "before_weight_sync", None)
+            if hook is not None:
+                hook(self)
         initialize_layerwise_reload(model)
         result = update_weights_from_ipc.__wrapped__(self, *args, **kwargs)  # verl's (a test may swap it)
         finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)

@@ -201,6 +201,32 @@ def job_model(python: Path) -> Path:
     return vllm_cpu.tiny_model(python=python, full_vocab=True, chat_template=CHAT_TEMPLATE)
 
 
+QWEN3_MODEL = {
+    **vllm_cpu.TINY_MODEL,
+    "num_hidden_layers": 3,
+    "head_dim": 32,  # the CPU attention needs >= 32
+}
+_QWEN3_SCRIPT = (
+    vllm_cpu._TINY_MODEL_SCRIPT.replace("Qwen2Config", "Qwen3Config")
+    .replace("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    .replace(
+        'if options.get("full_vocab"):',
+        'fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})\n'
+        'if options.get("full_vocab"):',
+    )
+)
+
+
+def qwen3_model(python: Path) -> Path:
+    """A tiny random Qwen3 (q_norm / k_norm, 3 layers) whose tokenizer defines <|im_start|> and
+    <|im_end|> (verl 0.9.1's Qwen3 logic raises without them; DOMAIN §9), cached."""
+    options = {"full_vocab": True, "chat_template": CHAT_TEMPLATE, "chatml": True}
+    dest = vllm_cpu.models_dir() / "tiny-qwen3-chatml-s0"
+    expected = {"spec": QWEN3_MODEL, "seed": 0, "options": options}
+    args = (json.dumps(QWEN3_MODEL), "0", json.dumps(options))
+    return vllm_cpu.cached_folder(dest, expected, python, _QWEN3_SCRIPT, *args, what="the tiny Qwen3")
+
+
 def job_data(python: Path) -> Path:
     """train.parquet / val.parquet for the tiny job, made once with the venv's pandas."""
     rows = {"train": TRAIN_ROWS, "val": VAL_ROWS}
@@ -223,16 +249,53 @@ def write_pythonpath(dest: Path, python: Path) -> Path:
     return dest
 
 
+def _override_key(line: str) -> str:
+    return line.split("=", 1)[0].lstrip("+")
+
+
+def variant_overrides(ranks: int = 1, dtype: str = "float32") -> dict[str, str]:
+    """Overrides that replace the standard ones for RANKS devices (rollout TP = RANKS, DOMAIN §9)
+    and a DTYPE on both sides (the actor's fp32 master weights stay; prepare aligns param_dtype)."""
+    out: dict[str, str] = {}
+    if ranks != 1:
+        out.update(
+            {
+                "trainer.n_gpus_per_node": f"trainer.n_gpus_per_node={ranks}",
+                "ray_kwargs.ray_init.num_gpus": f"+ray_kwargs.ray_init.num_gpus={ranks}",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+                    f"actor_rollout_ref.rollout.tensor_model_parallel_size={ranks}"
+                ),
+            }
+        )
+    if dtype != "float32":
+        out["actor_rollout_ref.rollout.dtype"] = f"actor_rollout_ref.rollout.dtype={dtype}"
+    return out
+
+
 def plain_script(
-    model: Path, data: Path, job_dir: Path, steps: int = DEFAULT_STEPS, extra: tuple[str, ...] = ()
+    model: Path,
+    data: Path,
+    job_dir: Path,
+    steps: int = DEFAULT_STEPS,
+    extra: tuple[str, ...] = (),
+    *,
+    replace: dict[str, str] | None = None,
+    exports: dict[str, str] | None = None,
+    model_name: str = "Qwen2",
 ) -> str:
-    """The user's launch script: plain verl, the machine's overrides, nothing of rl-msprobe."""
-    lines = [*OVERRIDES, f"trainer.total_training_steps={steps}", *extra]
+    """The user's launch script: plain verl, the machine's overrides, nothing of rl-msprobe.
+    REPLACE: override lines by key (`variant_overrides`); EXPORTS: `export K='V'` lines."""
+    replace = replace or {}
+    lines = [replace.get(_override_key(line), line) for line in OVERRIDES]
+    lines += [v for k, v in replace.items() if k not in {_override_key(line) for line in OVERRIDES}]
+    lines += [f"trainer.total_training_steps={steps}", *extra]
     body = " \\\n".join(f"    {line}" for line in lines)
+    exported = "".join(f"export {k}='{v}'\n" for k, v in (exports or {}).items())
     return (
         "#!/usr/bin/env bash\n"
-        "# GRPO on a tiny Qwen2, CPU only: FSDP2 actor + vLLM CPU rollout (verl 0.9.1).\n"
+        f"# GRPO on a tiny {model_name}, CPU only: FSDP2 actor + vLLM CPU rollout (verl 0.9.1).\n"
         "set -xeuo pipefail\n\n"
+        f"{exported}"
         f"MODEL_PATH={model}\n"
         f"DATA_DIR={data}\n"
         f"JOB_DIR={job_dir}\n\n"
@@ -241,18 +304,40 @@ def plain_script(
 
 
 def prepare_job(
-    dest: Path, python: Path | None = None, steps: int = DEFAULT_STEPS, extra: tuple[str, ...] = ()
+    dest: Path,
+    python: Path | None = None,
+    steps: int = DEFAULT_STEPS,
+    extra: tuple[str, ...] = (),
+    *,
+    ranks: int = 1,
+    model: str = "qwen2",
+    dtype: str = "float32",
 ) -> Job:
     """Write a job folder under DEST (script `run_tiny_grpo.sh`); pytest.skip loudly when the
-    venv cannot be built here. EXTRA overrides go after the standard ones."""
+    venv cannot be built here. EXTRA overrides go after the standard ones. RANKS devices (FSDP2
+    world RANKS, one vLLM server with TP = RANKS; DOMAIN §9), MODEL qwen2 or qwen3 (tiny, with
+    q_norm/k_norm and the ChatML tokens verl's Qwen3 logic needs), DTYPE of the rollout."""
     python = python or VENV.python_or_skip()
     dest.mkdir(parents=True, exist_ok=True)
-    model, data = job_model(python), job_data(python)
+    model_dir = qwen3_model(python) if model == "qwen3" else job_model(python)
+    data = job_data(python)
     (dest / "reward.py").write_text(REWARD)
     script = dest / "run_tiny_grpo.sh"
-    script.write_text(plain_script(model, data, dest, steps, extra))
+    # one NUMA node here: vLLM's `auto` binding asserts one node per local TP worker (DOMAIN §9)
+    exports = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i % 2) for i in range(ranks))} if ranks > 1 else {}
+    text = plain_script(
+        model_dir,
+        data,
+        dest,
+        steps,
+        extra,
+        replace=variant_overrides(ranks, dtype),
+        exports=exports,
+        model_name="Qwen3" if model == "qwen3" else "Qwen2",
+    )
+    script.write_text(text)
     script.chmod(0o755)
-    return Job(dest, python, model, data, write_pythonpath(dest / "pythonpath", python), script)
+    return Job(dest, python, model_dir, data, write_pythonpath(dest / "pythonpath", python), script)
 
 
 def job_env(job: Job, marker: str, pythonpath=(), worker_modules=(), **extra: str) -> dict[str, str]:

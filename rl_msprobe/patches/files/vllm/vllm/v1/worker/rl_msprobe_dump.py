@@ -27,7 +27,8 @@ How a model step is dumped (one msprobe step per `execute_model` call that runs 
 Output, per process (`{pid}` keeps the engine processes of one job apart):
   {dump_path}/{pid}/step{N}/rank{R}/dump.json ...   msprobe's files
   {dump_path}/{pid}/dispatch_log.jsonl               one line per dumped step:
-    {"source": "vllm", "timestamp", "pid", "rank", "step", "phase": "prefill"|"decode",
+    {"source": "vllm", "timestamp", "pid", "rank", "step", "tp_rank", "tp_size",
+     "phase": "prefill"|"decode",
      "total_num_scheduled_tokens", "requests": [{"request_id", "type": "new"|"cached", "tokens"}]}
   `phase` is prefill when the step computes prompt tokens for any request (a new request, a
   chunked-prefill continuation, a request resumed after preemption); request ids are vLLM's
@@ -106,6 +107,17 @@ def _rank(service) -> int:
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     except Exception:
         return 0
+
+
+def _tp() -> tuple[int | None, int | None]:
+    """(TP rank, TP size) of this worker from vLLM's parallel state; (None, None) without it."""
+    try:
+        from vllm.distributed import parallel_state
+
+        group = parallel_state.get_tp_group()
+        return int(group.rank_in_group), int(group.world_size)
+    except Exception:
+        return None, None
 
 
 def _prompt_len(obj) -> int | None:
@@ -233,12 +245,15 @@ class _Dump:
 
     def _log(self, phase: str, requests: list[dict], total: int) -> None:
         os.makedirs(self.folder, exist_ok=True)
+        tp_rank, tp_size = _tp()
         line = {
             "source": SOURCE,
             "timestamp": time.time(),
             "pid": self.pid,
             "rank": _rank(self.debugger.service),
             "step": self.step,
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
             "phase": phase,
             "total_num_scheduled_tokens": total,
             "requests": requests,

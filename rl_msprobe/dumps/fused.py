@@ -1,0 +1,120 @@
+"""Give the training dump the fused modules the rollout has, so that they are compared at all.
+
+vLLM fuses projections that read the same input into one column-parallel module (q/k/v into
+`QKVParallelLinear`, gate/up into `MergedColumnParallelLinear`): its output is the siblings'
+outputs concatenated on the last dimension. msprobe pairs the two sides' rows, but in
+statistics mode it gives an aggregated row no numbers ("Diff"), so a fault in qkv_proj or
+gate_up_proj would first show in the module around it.
+
+Found from the dumps, never from names: for a rollout column-parallel module `P.X` without a
+training module of that name, the training modules directly under `P`, in forward order, that
+take the same input (equal statistics) and whose output widths add up to the rollout output's
+width, are its parts. They are replaced, in the training copy given to msprobe, by one entry
+`P.X` whose statistics are merged exactly (tp_merge.merge_stats: the fused output is their
+concatenation, the fused weight too). Nothing is fused when no such run of siblings exists.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rl_msprobe.dumps.tp_merge import COLUMN, STATS, _is_tensor, merge_stats
+
+_KEY = re.compile(r"^Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<call>forward\.\d+)$")
+WRAP = "_fsdp_wrapped_module."
+
+
+def _parse(key: str) -> tuple[str, str, str] | None:
+    m = _KEY.match(key)
+    return (m.group("name"), m.group("cls"), m.group("call")) if m else None
+
+
+def _first(entry: dict, role: str):
+    items = entry.get(role)
+    return items[0] if isinstance(items, list) and items and _is_tensor(items[0]) else None
+
+
+def _same(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b) and list(a["shape"]) == list(b["shape"]) and all(a.get(k) == b.get(k) for k in STATS)
+
+
+def _width(leaf: dict | None) -> int | None:
+    return int(leaf["shape"][-1]) if leaf and leaf.get("shape") else None
+
+
+def fuse(train: dict, rollout: dict) -> tuple[dict, list[str]]:
+    """(training data with fused entries where the rollout has fused modules, notes)."""
+    plain = {}  # module name without FSDP wrappers -> (key, entry), forward entries only
+    for key, entry in train.items():
+        parsed = _parse(key.replace(WRAP, ""))
+        if parsed and isinstance(entry, dict) and parsed[2] == "forward.0":
+            plain.setdefault(parsed[0], (key, entry))
+    replace: dict[str, tuple[str, dict] | None] = {}  # training key -> fused (key, entry), or None: dropped
+    notes = []
+    for rkey, rentry in rollout.items():
+        parsed = _parse(rkey)
+        if not parsed or parsed[1] not in COLUMN or parsed[2] != "forward.0" or parsed[0] in plain:
+            continue
+        name = parsed[0]
+        parent = name.rsplit(".", 1)[0]
+        width = _width(_first(rentry, "output"))
+        siblings = [
+            (n, k, e)
+            for n, (k, e) in plain.items()
+            if n.rsplit(".", 1)[0] == parent and n != parent and "." not in n[len(parent) + 1 :]
+        ]
+        parts = _parts(siblings, width)
+        if not parts:
+            continue
+        first_key = parts[0][1]
+        fused_key = first_key.replace(f".{parts[0][0].rsplit('.', 1)[1]}.", f".{name.rsplit('.', 1)[1]}.", 1)
+        if fused_key == first_key:
+            continue
+        entries = [e for _, _, e in parts]
+        fused = dict(entries[0])
+        outs = [_first(e, "output") for e in entries]
+        fused["output"] = [merge_stats(outs, len(outs[0]["shape"]) - 1)]
+        params = {}
+        for pname in ("weight", "bias"):
+            leaves = [(e.get("parameters") or {}).get(pname) for e in entries]
+            if all(_is_tensor(x) for x in leaves):
+                params[pname] = merge_stats(leaves, 0)
+        if params:
+            fused["parameters"] = params
+        replace[first_key] = (fused_key, fused)
+        for _, k, _ in parts[1:]:
+            replace[k] = None
+        notes.append(
+            f"train: {' + '.join(n.rsplit('.', 1)[1] for n, _, _ in parts)} under {parent} given to msprobe as one "
+            f"{name.rsplit('.', 1)[1]} (the rollout's {parsed[1]}: same input, output widths add up to {width})"
+        )
+    if not replace:
+        return train, []
+    out = {}
+    for key, entry in train.items():
+        if key in replace:
+            if replace[key] is not None:
+                out[replace[key][0]] = replace[key][1]
+            continue
+        out[key] = entry
+    return out, notes
+
+
+def _parts(siblings: list[tuple[str, str, dict]], width: int | None) -> list[tuple[str, str, dict]]:
+    """The first siblings in forward order that take one input and whose output widths add up to
+    WIDTH (others between them, e.g. an activation, are passed over)."""
+    if not width:
+        return []
+    for start in range(len(siblings)):
+        head = _first(siblings[start][2], "input_args")
+        run, total = [], 0
+        for item in siblings[start:]:
+            if not _same(head, _first(item[2], "input_args")) or _width(_first(item[2], "output")) is None:
+                continue
+            run.append(item)
+            total += _width(_first(item[2], "output"))  # type: ignore[operator]
+            if total >= width:
+                break
+        if total == width and len(run) > 1:
+            return run
+    return []

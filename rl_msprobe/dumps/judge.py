@@ -1,0 +1,133 @@
+"""rl-msprobe's own divergence rule, on msprobe's metrics: which module first makes the engines differ.
+
+msprobe's statistics checker warns only when a module's output error is > 10x its input error,
+so a 1% change on a bit-identical input passes (DOMAIN §9), and it ranks nothing. Here, per
+module in msprobe's forward order:
+
+- a row's relative error `e` comes from msprobe's own columns: statistics mode
+  max(|Max diff|, |Min diff|) / max(|Bench max|, |Bench min|) and |L2norm diff| / Bench l2norm
+  (NormRelativeErr when only that is there); tensor mode MaxAbsErr / max|Bench| and
+  EucDist / Bench l2norm. A uniform 1% change of a tensor reads 1% either way.
+- the error a module *received* is the largest `e` of its comparable inputs, or, when it has
+  none (vLLM's fused add-RMSNorm takes other quantities), the output error of the module before.
+- the noise floor is the error two engines reach on identical weights in the dtypes compared
+  (`NOISE_FLOOR`, measured on the live verl job; see the constants).
+- a module diverges when its output error exceeds `FLOOR_FACTOR` x the floor AND `GAIN` x the
+  error it received: it made a difference of its own. The first such module is the first
+  divergence; later modules that only carry it are not. (Weights: `summary.weights_differ`.)
+
+Pure functions over `summary.Row`s; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Noise floors (relative error, fraction) for identical weights on both sides, by the coarser dtype
+# of the two: measured on the live verl 0.9.1 job (tests/consistency/test_live_job.py, 2026-12-01:
+# FSDP2 actor vs vLLM CPU, tiny Qwen2/Qwen3). fp32: largest clean row error 3e-6 (TP=1 and TP=2);
+# bf16: 0.8% (one rounding step of bf16, 2^-7, on a norm or a projection). fp16 has 3 more mantissa
+# bits than bf16: an eighth of its floor.
+NOISE_FLOOR = {"fp32": 1e-4, "bf16": 1.6e-2, "fp16": 2e-3}
+FLOOR_FACTOR = 1.0  # the output error must exceed the floor itself ...
+GAIN = 4.0  # ... and this many times the error the module received
+DTYPE_NAMES = {
+    "torch.float32": "fp32",
+    "float32": "fp32",
+    "torch.float64": "fp32",
+    "torch.bfloat16": "bf16",
+    "bfloat16": "bf16",
+    "torch.float16": "fp16",
+    "float16": "fp16",
+}
+_ORDER = ("fp32", "fp16", "bf16")  # coarser last
+
+
+def precision_of(*dtypes: str) -> str:
+    """The coarsest floating precision among msprobe's dtype strings (`a;b` joins aggregated rows)."""
+    found = {DTYPE_NAMES.get(d.strip()) for text in dtypes for d in (text or "").split(";")}
+    found.discard(None)
+    return max(found, key=_ORDER.index) if found else "fp32"
+
+
+def is_integer(*dtypes: str) -> bool:
+    parts = [d.strip() for text in dtypes for d in (text or "").split(";") if d.strip()]
+    return bool(parts) and all(("int" in d or "bool" in d) and "float" not in d for d in parts)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One module's output judged against its input and the noise floor."""
+
+    index: int  # msprobe's row index of the output judged
+    module: str
+    tensor: str
+    layer: int | None
+    error: float  # relative error of the output (fraction)
+    received: float  # relative error the module received (fraction)
+    floor: float  # noise floor for the dtypes compared
+    precision: str
+    divergent: bool
+
+    @property
+    def floor_ratio(self) -> float:
+        return self.error / self.floor if self.floor else float("inf")
+
+    @property
+    def gain(self) -> float:
+        """Output error over what came in (or the floor, whichever is larger)."""
+        return self.error / max(self.received, self.floor)
+
+    def to_json(self) -> dict:
+        return {
+            "module": self.module,
+            "tensor": self.tensor,
+            "layer": self.layer,
+            "error": self.error,
+            "received": self.received,
+            "floor": self.floor,
+            "precision": self.precision,
+            "floor_ratio": round(self.floor_ratio, 3),
+            "gain": round(self.gain, 3),
+            "divergent": self.divergent,
+        }
+
+
+def judge(rows: list, floors: dict[str, float] | None = None) -> list[Judgement]:
+    """Judge every module output in forward order (`rows`: summary.Row, msprobe's order)."""
+    floors = floors or NOISE_FLOOR
+    by_module: dict[str, list] = {}
+    order: list[str] = []
+    for r in rows:
+        if r.module not in by_module:
+            order.append(r.module)
+        by_module.setdefault(r.module, []).append(r)
+    out: list[Judgement] = []
+    carried = 0.0
+    for module in order:
+        group = by_module[module]
+        measured = [r for r in group if r.comparable and r.matched and r.error is not None]
+        inputs = [r.error for r in measured if r.tensor.startswith(("input", "kwargs"))]
+        outputs = [r for r in measured if r.tensor.startswith("output")]
+        if not outputs:
+            continue
+        received = max(inputs) if inputs else carried
+        worst = max(outputs, key=lambda r: r.error)
+        precision = precision_of(worst.train_dtype, worst.rollout_dtype)
+        floor = floors.get(precision, floors["fp32"])
+        divergent = worst.error > FLOOR_FACTOR * floor and worst.error > GAIN * received
+        out.append(
+            Judgement(
+                worst.index,
+                module,
+                worst.tensor,
+                worst.layer,
+                worst.error,
+                received,
+                floor,
+                precision,
+                divergent,
+            )
+        )
+        carried = worst.error
+    return sorted(out, key=lambda j: j.index)

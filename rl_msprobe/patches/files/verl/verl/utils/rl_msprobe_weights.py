@@ -1,0 +1,360 @@
+"""Weight-parity fingerprints at every weight sync. Added to this tree by rl-msprobe (patch set verl-weights).
+
+The sync code calls these functions from a few marked lines (`# rl-msprobe:...`); run
+`rl-msprobe patch revert verl-weights --tree <this tree>` to remove them and this file.
+
+Environment (read at every call, so Ray workers and the vLLM worker see what their runtime env gives):
+  RL_MSPROBE_WEIGHTS_DIR=DIR  enable; unset or empty: every function returns at once and torch
+                              and numpy are never imported here
+  RL_MSPROBE_WEIGHTS_HASH=0   skip the bit-exact checksum (CRC-32) of sent and received tensors
+                              (the statistics are always computed)
+
+Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
+  sent      every (HF name, tensor) the actor's engine hands to the sync (`sent`, wrapping the
+            generator of `get_per_tensor_param()` lazily: a tensor is fingerprinted as it is
+            consumed), per actor rank;
+  received  every tensor the rollout worker gets, before its loader fuses or shards it
+            (`received`, first line of the worker extension's `_update_weights`), per TP rank;
+  resident  what the engine holds after the load, per TP rank, split back into HF names
+            (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
+            `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
+            layer's weights after loading (vLLM CPU), the layer is fingerprinted just before its
+            quant method's `process_weights_after_loading`, i.e. what the weight loader wrote
+            (`"how": "loader-written"`); elsewhere the parameter as it stands after the sync
+            (`"how": "parameter"`).
+A fingerprint is {count, sum, sumsq, min, max, nan, inf} in float64: additive over concatenation
+and shards, invariant under permutation. Sync numbers count syncs per process (1, 2, ...).
+
+This file depends on nothing but the standard library and (lazily, when enabled) torch and numpy; it never
+imports rl-msprobe.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import socket
+
+ENV = "RL_MSPROBE_WEIGHTS_DIR"
+HASH_ENV = "RL_MSPROBE_WEIGHTS_HASH"
+FORMAT = 1
+
+_counters = {"sent": 0, "engine": 0}
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV, "").strip())
+
+
+def _hash_wanted() -> bool:
+    return os.environ.get(HASH_ENV, "1").strip() != "0"
+
+
+# ------------------------------------------------------------------------------ fingerprints
+
+
+CHUNK = 1 << 22  # elements per block converted at a time (bfloat16 and other dtypes numpy lacks)
+
+
+def _blocks(tensor):
+    """TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory for
+    float16/32/64 on the CPU, float32 copies of CHUNK elements otherwise (bfloat16, fp8, a GPU)."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    if flat.device.type == "cpu" and flat.dtype in (torch.float16, torch.float32, torch.float64):
+        yield flat.contiguous().numpy()
+        return
+    for block in flat.split(CHUNK):
+        yield block.to(
+            device="cpu", dtype=torch.float64 if block.dtype == torch.float64 else torch.float32
+        ).numpy()
+
+
+def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
+    import numpy as np
+
+    total = sumsq = 0.0
+    low = high = None
+    nan = inf = 0
+    for a in blocks:
+        s = float(np.sum(a, dtype=np.float64))
+        q = float(np.einsum("i,i->", a, a, dtype=np.float64))
+        if not (math.isfinite(s) and math.isfinite(q)):
+            bad_nan, bad_inf = np.isnan(a), np.isinf(a)
+            nan, inf = nan + int(bad_nan.sum()), inf + int(bad_inf.sum())
+            a = a[~(bad_nan | bad_inf)]
+            s = float(np.sum(a, dtype=np.float64))
+            q = float(np.einsum("i,i->", a, a, dtype=np.float64))
+        total, sumsq = total + s, sumsq + q
+        if a.size:
+            lo, hi = float(a.min()), float(a.max())
+            low = lo if low is None else min(low, lo)
+            high = hi if high is None else max(high, hi)
+    return total, sumsq, low, high, nan, inf
+
+
+def fingerprint(tensor) -> dict:
+    """Order- and layout-invariant statistics of TENSOR in float64 (exact min / max), summed by
+    numpy in float64 straight from the tensor's memory where it can (no float64 copy is made)."""
+    if tensor.numel() == 0:
+        return {"count": 0, "sum": 0.0, "sumsq": 0.0, "min": None, "max": None, "nan": 0, "inf": 0}
+    total, sumsq, low, high, nan, inf = _stats(_blocks(tensor))
+    return {
+        "count": tensor.numel(),
+        "sum": total,
+        "sumsq": sumsq,
+        "min": low,
+        "max": high,
+        "nan": nan,
+        "inf": inf,
+    }
+
+
+def digest(tensor) -> str:
+    """A bit-exact checksum of TENSOR's bytes, dtype and shape: CRC-32 (any change of up to 32
+    consecutive bits is always caught; it guards transfers, it is no cryptographic hash)."""
+    import zlib
+
+    import torch
+
+    t = tensor.detach().contiguous().cpu()
+    crc = zlib.crc32(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    if t.numel():
+        crc = zlib.crc32(memoryview(t.reshape(-1).view(torch.uint8).numpy()), crc)
+    return f"{crc:08x}"
+
+
+def _record(stage: str, sync: int, rank: int, name: str, tensor, index: int, **extra) -> dict:
+    record = {
+        "stage": stage,
+        "sync": sync,
+        "rank": rank,
+        "index": index,
+        "name": name,
+        "dtype": str(tensor.dtype).removeprefix("torch."),
+        "shape": list(tensor.shape),
+        "fp": fingerprint(tensor),
+    }
+    record.update(extra)
+    return record
+
+
+def _write(stage: str, records: list[dict]) -> None:
+    if not records:
+        return
+    folder = os.environ.get(ENV, "").strip()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{stage}-{socket.gethostname()}-{os.getpid()}.jsonl")
+    with open(path, "a", encoding="utf-8") as out:
+        out.write("".join(json.dumps(r, allow_nan=False, default=str) + "\n" for r in records))
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # noqa: BLE001 - a rank is information only
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+# ------------------------------------------------------------------------------ sent
+
+
+def sent(stream, step=None):
+    """Wrap the actor's per-tensor generator: each (name, tensor) is fingerprinted as it goes by."""
+    if not enabled():
+        return stream
+    _counters["sent"] += 1
+    return _sent(stream, _counters["sent"], step)
+
+
+def _sent(stream, sync: int, step):
+    rank, records, hashed = _rank(), [], _hash_wanted()
+    try:
+        for index, (name, tensor) in enumerate(stream):
+            extra = {"step": step, "hash": digest(tensor) if hashed else None}
+            records.append(_record("sent", sync, rank, name, tensor, index, **extra))
+            yield name, tensor
+    finally:
+        _write("sent", records)
+
+
+# ------------------------------------------------------------------------------ engine side
+
+
+def engine_sync(method):
+    """Decorator for the worker extension's sync entry (`update_weights_from_ipc`): one sync
+    per call; the resident fingerprints are written when it returns."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not enabled():
+            return method(self, *args, **kwargs)
+        state = _begin(self)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _end(self, state)
+
+    return wrapper
+
+
+def received(worker, weights) -> None:
+    """First line of `_update_weights`: fingerprint the bucket as it arrived, per TP rank."""
+    if not enabled():
+        return
+    state = getattr(worker, "_rl_msprobe_weights", None) or _begin(worker)
+    hashed, records = _hash_wanted(), []
+    for name, tensor in weights:
+        extra = {"hash": digest(tensor) if hashed else None, "tp_size": state["tp_size"]}
+        records.append(
+            _record("received", state["sync"], state["rank"], name, tensor, state["index"], **extra)
+        )
+        state["index"] += 1
+    _write("received", records)
+
+
+def _tp() -> tuple[int, int]:
+    try:
+        from vllm.distributed import parallel_state
+
+        return (
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+        )
+    except Exception:  # noqa: BLE001 - outside a vLLM worker
+        return _rank(), 1
+
+
+def _model(worker):
+    runner = getattr(worker, "model_runner", None)
+    return getattr(runner, "model", None)
+
+
+def _begin(worker) -> dict:
+    _counters["engine"] += 1
+    rank, tp_size = _tp()
+    state = {"sync": _counters["engine"], "rank": rank, "tp_size": tp_size, "index": 0, "captured": set()}
+    worker._rl_msprobe_weights = state
+    model = _model(worker)
+    if model is not None:
+        _arm(model, state)
+    return state
+
+
+def _end(worker, state: dict) -> None:
+    worker._rl_msprobe_weights = None
+    model = _model(worker)
+    if model is None:
+        return
+    records = []
+    aliases = _aliases(model)
+    for module_name, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{pname}" if module_name else pname
+            if full in aliases or full in state["captured"]:
+                continue
+            if getattr(param, "is_meta", False):
+                continue  # processed later (deferred layers): the armed hook captures it then
+            state["captured"].add(full)
+            records.extend(_resident(model, module_name, module, pname, param, state, "parameter"))
+    records.append(_meta(model, state, aliases))
+    _write("resident", records)
+
+
+def _aliases(model) -> dict[str, str]:
+    """Parameters the model holds under two names (tied embeddings): second name -> first."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def _meta(model, state: dict, aliases: dict[str, str]) -> dict:
+    return {
+        "stage": "resident-meta",
+        "sync": state["sync"],
+        "rank": state["rank"],
+        "tp_size": state["tp_size"],
+        "format": FORMAT,
+        "aliases": aliases,
+        "packed": {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()},
+        "model": type(model).__name__,
+    }
+
+
+def _arm(model, state: dict) -> None:
+    """Fingerprint each layer just before its weights are processed (repacked) after loading."""
+    for module_name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        process = getattr(method, "process_weights_after_loading", None)
+        if process is None:
+            continue
+        armed = getattr(method, "_rl_msprobe_armed", None)
+        if armed is None:
+            armed = {}
+            method._rl_msprobe_armed = armed
+            original = process
+
+            def hooked(layer, *args, _original=original, _armed=armed, **kwargs):
+                entry = _armed.get(id(layer))
+                if entry is not None and enabled():
+                    _capture(*entry, layer)
+                return _original(layer, *args, **kwargs)
+
+            method.process_weights_after_loading = hooked
+        armed[id(module)] = (model, module_name, state)
+
+
+def _capture(model, module_name: str, state: dict, layer) -> None:
+    records = []
+    for pname, param in layer.named_parameters(recurse=False):
+        full = f"{module_name}.{pname}" if module_name else pname
+        if full in state["captured"] or getattr(param, "is_meta", False) or param.numel() == 0:
+            continue
+        state["captured"].add(full)
+        records.extend(_resident(model, module_name, layer, pname, param, state, "loader-written"))
+    _write("resident", records)
+
+
+def _resident(model, module_name: str, module, pname: str, param, state: dict, how: str) -> list[dict]:
+    """One record per HF tensor this parameter holds: fused parts split, vocab padding dropped."""
+    base = dict(how=how, tp_size=state["tp_size"], engine_name=f"{module_name}.{pname}".lstrip("."))
+    if param.numel() == 0:
+        name = base["engine_name"]
+        return [_record("resident", state["sync"], state["rank"], name, param, -1, unreadable=True, **base)]
+    out = []
+    for name, part in _parts(model, module_name, module, pname, param):
+        out.append(_record("resident", state["sync"], state["rank"], name, part, -1, **base))
+    return out
+
+
+def _parts(model, module_name: str, module, pname: str, param):
+    tensor = param.detach()
+    prefix, _, short = module_name.rpartition(".")
+    packed = (getattr(model, "packed_modules_mapping", None) or {}).get(short)
+    sizes = list(getattr(module, "output_partition_sizes", None) or [])
+    dim = getattr(param, "output_dim", 0)
+    if packed and len(packed) == len(sizes) and tensor.dim() > dim and tensor.shape[dim] == sum(sizes):
+        offset = 0
+        for part, size in zip(packed, sizes):
+            name = f"{prefix}.{part}.{pname}" if prefix else f"{part}.{pname}"
+            yield name, tensor.narrow(dim, offset, size)
+            offset += size
+        return
+    indices = getattr(module, "shard_indices", None)
+    rows = getattr(indices, "num_org_elements", None)
+    name = f"{module_name}.{pname}" if module_name else pname
+    if isinstance(rows, int) and tensor.dim() >= 1 and tensor.shape[0] > rows:
+        tensor = tensor.narrow(0, 0, rows)  # padded vocab rows: nothing was loaded there
+    yield name, tensor

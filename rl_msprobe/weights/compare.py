@@ -1,0 +1,244 @@
+"""One document per run: per sync, per tensor, sent vs received and received vs resident.
+
+- `received` (a transfer finding): what a TP rank got, against what the actor sent, same layout:
+  the statistics in float64 plus the bit-exact hash where both sides have one.
+- `resident` (a loader finding): what the ranks hold (or their loader wrote), each HF tensor
+  combined over the ranks (shards add; elements on r ranks are divided out), against what they
+  received (what was sent where no rank fingerprinted its input), with the tolerance of a dtype
+  conversion when the engine holds another dtype.
+A tensor the engine holds under two names (tied embeddings) is `tied`: accounted for by the name
+it is loaded under. The model's tensors are the engine's (resident) ones plus its tied names: a
+sync whose sent tensors are not exactly those is never EQUAL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from rl_msprobe.weights.fingerprint import Delta, combine_ranks, compare, unit_roundoff
+from rl_msprobe.weights.records import Entry, Run
+
+EQUAL, DIFFERENT, NOT_COMPARED = "EQUAL", "DIFFERENT", "NOT COMPARED"
+STATUSES = ("equal", "differs", "missing", "not-compared", "tied")
+
+
+@dataclass
+class Finding:
+    status: str
+    ranks: list[int]
+    delta: Delta | None = None
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        doc: dict = {"status": self.status}
+        if self.ranks:
+            doc["ranks"] = self.ranks
+        if self.delta is not None:
+            doc.update(self.delta.to_dict())
+        if self.why:
+            doc["why"] = self.why
+        return doc
+
+
+def _same(ref: Entry, got: Entry) -> Delta:
+    """Sent vs received: the same layout, so the same dtype is bit-for-bit when the hashes say so."""
+    roundoff = 0.0 if ref.dtype == got.dtype else max(unit_roundoff(ref.dtype), unit_roundoff(got.dtype))
+    delta = compare(ref.fp, got.fp, roundoff)
+    if delta.equal and ref.hash and got.hash and ref.hash != got.hash and ref.dtype == got.dtype:
+        return Delta(False, 1.0, delta.norm_rel, "bits (hash differs, statistics equal in float64)")
+    return delta
+
+
+def _by_rank(processes: dict[str, dict[str, Entry]]) -> list[dict[int, dict[str, Entry]]]:
+    """Engine processes grouped into replicas: the i-th process of each TP rank forms replica i."""
+    ranks: dict[int, list[str]] = defaultdict(list)
+    for process, entries in sorted(processes.items()):
+        rank = next(iter(entries.values())).rank if entries else 0
+        ranks[rank].append(process)
+    count = max((len(v) for v in ranks.values()), default=0)
+    return [{r: processes[ps[i]] for r, ps in ranks.items() if i < len(ps)} for i in range(count)]
+
+
+def _received(sent: Entry | None, received: dict[int, dict[str, Entry]], name: str) -> Finding:
+    if not received:
+        return Finding("not-compared", [], why="no rank fingerprinted what it received")
+    got = {r: e[name] for r, e in received.items() if name in e}
+    if sent is None:
+        return Finding("missing", sorted(got), why="received but not sent")
+    missing = sorted(set(received) - set(got))
+    if missing:
+        return Finding("missing", missing, why="sent but not received by these ranks")
+    deltas = {r: _same(sent, e) for r, e in sorted(got.items())}
+    bad = [r for r, d in deltas.items() if not d.equal]
+    if bad:
+        return Finding("differs", bad, deltas[bad[0]])
+    return Finding("equal", [], max(deltas.values(), key=lambda d: d.ratio))
+
+
+def _resident(
+    reference: Entry | None, resident: dict[int, dict[str, Entry]], name: str, aliases: dict[str, str]
+) -> tuple[Finding, int | None, str | None]:
+    if name in aliases:
+        return Finding("tied", [], why=f"held as {aliases[name]}"), None, None
+    if not resident:
+        return Finding("not-compared", [], why="no rank fingerprinted what it holds"), None, None
+    held = {r: e[name] for r, e in resident.items() if name in e}
+    if not held:
+        why = "not held by the engine" if reference is not None else "held but not sent"
+        return Finding("missing", [], why=why), None, None
+    how = next(iter(held.values())).how
+    if reference is None:
+        return Finding("missing", sorted(held), why="held but not sent"), None, how
+    unreadable = sorted(r for r, e in held.items() if e.unreadable)
+    if unreadable:
+        why = "the engine repacked it before it could be fingerprinted"
+        return Finding("not-compared", unreadable, why=why), None, how
+    try:
+        whole, replicas = combine_ranks((e.fp for e in held.values()), reference.fp.count)
+    except ValueError as exc:
+        return Finding("differs", sorted(held), Delta(False, float("inf"), float("inf"), str(exc))), None, how
+    dtypes = {e.dtype for e in held.values()}
+    roundoff = 0.0 if dtypes == {reference.dtype} else max(map(unit_roundoff, dtypes | {reference.dtype}))
+    delta = compare(reference.fp, whole, roundoff)
+    return (
+        Finding("equal" if delta.equal else "differs", [] if delta.equal else sorted(held), delta),
+        replicas,
+        how,
+    )
+
+
+def _reference(
+    sent: Entry | None, received: dict[int, dict[str, Entry]], name: str
+) -> tuple[Entry | None, str]:
+    """What the resident side must match: what the ranks received when they agree, else nothing."""
+    got = [e[name] for _, e in sorted(received.items()) if name in e]
+    if not got:
+        return sent, ""
+    first = got[0]
+    if all(_same(first, e).equal for e in got[1:]):
+        return first, ""
+    return None, "the ranks received different tensors"
+
+
+def _meta(run: Run, sync: int) -> tuple[dict[str, str], int | None]:
+    aliases: dict[str, str] = {}
+    tp = None
+    for doc in run.meta.get(sync, {}).values():
+        aliases.update(doc.get("aliases") or {})
+        tp = doc.get("tp_size", tp)
+    return aliases, tp
+
+
+def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
+    sent_procs = run.entries["sent"].get(sync, {})
+    sent_proc = (
+        min(sent_procs, key=lambda p: (next(iter(sent_procs[p].values())).rank, p)) if sent_procs else None
+    )
+    sent = sent_procs.get(sent_proc, {}) if sent_proc else {}
+    replicas_received = _by_rank(run.entries["received"].get(sync, {})) or [{}]
+    replicas_resident = _by_rank(run.entries["resident"].get(sync, {})) or [{}]
+    aliases, tp = _meta(run, sync)
+    step = next((e.step for e in sent.values() if e.step is not None), None)
+    rows: list[dict] = []
+    for replica in range(max(len(replicas_received), len(replicas_resident))):
+        received = replicas_received[replica] if replica < len(replicas_received) else {}
+        resident = replicas_resident[replica] if replica < len(replicas_resident) else {}
+        names = dict.fromkeys(sorted(sent, key=lambda n: sent[n].index))
+        for entries in (*received.values(), *resident.values()):
+            names.update(dict.fromkeys(entries))
+        names.update(dict.fromkeys(a for a in aliases if a in sent))
+        for order, name in enumerate(names):
+            entry = sent.get(name)
+            rec = _received(entry, received, name)
+            reference, why = _reference(entry, received, name)
+            if why and entry is not None:
+                res, replicas, how = Finding("not-compared", [], why=why), None, None
+            else:
+                res, replicas, how = _resident(reference, resident, name, aliases)
+            row = {
+                "sync": sync,
+                "step": step,
+                "index": entry.index if entry else None,
+                "order": order,
+                "name": name,
+                "received": rec.to_dict(),
+                "resident": res.to_dict(),
+            }
+            if replica:
+                row["replica"] = replica
+            if replicas is not None:
+                row["replicas"] = replicas
+            if how:
+                row["how"] = how
+            rows.append(row)
+    counts = {s: 0 for s in STATUSES}
+    for row in rows:
+        for stage in ("received", "resident"):
+            counts[row[stage]["status"]] += 1
+    model = {
+        n for row in rows for n in [row["name"]] if row["resident"]["status"] in ("equal", "differs", "tied")
+    }
+    how = defaultdict(int)
+    for row in rows:
+        if row.get("how"):
+            how[row["how"]] += 1
+    if not sent or not any(replicas_resident):
+        verdict = NOT_COMPARED
+    elif counts["differs"]:
+        verdict = DIFFERENT
+    elif counts["missing"] or counts["not-compared"] or len(sent) != len(model):
+        verdict = NOT_COMPARED
+    else:
+        verdict = EQUAL
+    summary = {
+        "sync": sync,
+        "step": step,
+        "verdict": verdict,
+        "sent_tensors": len(sent),
+        "model_tensors": len(model),
+        "tp_size": tp,
+        "replicas": max(len(replicas_received), len(replicas_resident)),
+        "counts": counts,
+        "resident_how": dict(how),
+    }
+    return summary, rows
+
+
+def _first_difference(rows: list[dict]) -> dict | None:
+    for row in sorted(rows, key=lambda r: (r["sync"], r["order"], r.get("replica", 0))):
+        for stage in ("received", "resident"):
+            finding = row[stage]
+            if finding["status"] == "differs":
+                return {
+                    "step": row["step"],
+                    "sync": row["sync"],
+                    "name": row["name"],
+                    "stage": stage,
+                    "index": row["index"],
+                    **{k: v for k, v in finding.items() if k != "status"},
+                }
+    return None
+
+
+def compare_run(run: Run) -> dict:
+    """The whole comparison document (what `weights compare --json` prints)."""
+    steps, rows = [], []
+    for sync in run.syncs():
+        summary, sync_rows = compare_sync(run, sync)
+        steps.append(summary)
+        rows.extend(sync_rows)
+    verdicts = [s["verdict"] for s in steps]
+    if DIFFERENT in verdicts:
+        verdict = DIFFERENT
+    elif not verdicts or NOT_COMPARED in verdicts:
+        verdict = NOT_COMPARED
+    else:
+        verdict = EQUAL
+    return {
+        "verdict": verdict,
+        "folder": str(run.folder),
+        "steps": steps,
+        "tensors": rows,
+        "first_difference": _first_difference(rows),
+    }

@@ -1,0 +1,115 @@
+"""Reading what a job wrote under `<dump-dir>/weights/`: `{stage}-{host}-{pid}.jsonl`, one JSON
+object per line (see verl/utils/rl_msprobe_weights.py, added by the verl-weights set).
+
+Every line is checked; a bad one is an error naming the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rl_msprobe.errors import UserError
+from rl_msprobe.weights.fingerprint import Fingerprint
+
+STAGES = ("sent", "received", "resident")
+META = "resident-meta"
+FIX = "the files are written by the verl-weights patch set; rerun the job rather than editing them"
+
+
+@dataclass(frozen=True)
+class Entry:
+    stage: str
+    sync: int
+    rank: int
+    process: str  # "{host}-{pid}" from the file name: one worker or actor process
+    name: str
+    index: int
+    dtype: str
+    fp: Fingerprint
+    hash: str | None = None
+    step: int | None = None
+    how: str | None = None  # resident: "loader-written" or "parameter"
+    engine_name: str | None = None
+    unreadable: bool = False
+
+
+@dataclass
+class Run:
+    """Everything read from one folder, grouped: stage -> sync -> process -> name -> Entry."""
+
+    folder: Path
+    entries: dict[str, dict[int, dict[str, dict[str, Entry]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
+    meta: dict[int, dict[str, dict]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )  # sync -> process -> meta
+    files: int = 0
+
+    def syncs(self) -> list[int]:
+        return sorted({s for stage in self.entries.values() for s in stage} | set(self.meta))
+
+
+def _bad(path: Path, line: int, what: str) -> UserError:
+    return UserError(f"{path}:{line}: {what}; {FIX}.")
+
+
+def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
+    try:
+        return Entry(
+            stage=doc["stage"],
+            sync=int(doc["sync"]),
+            rank=int(doc["rank"]),
+            process=process,
+            name=str(doc["name"]),
+            index=int(doc.get("index", -1)),
+            dtype=str(doc.get("dtype", "")),
+            fp=Fingerprint.from_dict(doc["fp"]),
+            hash=doc.get("hash"),
+            step=doc.get("step"),
+            how=doc.get("how"),
+            engine_name=doc.get("engine_name"),
+            unreadable=bool(doc.get("unreadable", False)),
+        )
+    except KeyError as exc:
+        raise _bad(path, line, f"key {exc.args[0]!r} missing") from None
+    except (TypeError, ValueError) as exc:
+        raise _bad(path, line, f"a value of the wrong type ({exc})") from None
+
+
+def read_run(folder: Path) -> Run:
+    """Read every `*.jsonl` under FOLDER (not recursive); UserError when there is none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a folder; pass the weights folder of a run (<dump-dir>/weights).")
+    paths = sorted(p for p in folder.glob("*.jsonl") if p.name.split("-", 1)[0] in (*STAGES,))
+    if not paths:
+        raise UserError(
+            f"{folder}: no sent-/received-/resident-*.jsonl files; run the job with the verl-weights patch set "
+            "applied and RL_MSPROBE_WEIGHTS_DIR set to this folder (rl-msprobe prepare SCRIPT --mode weights)."
+        )
+    run = Run(folder)
+    for path in paths:
+        process = path.stem.split("-", 1)[1] if "-" in path.stem else path.stem
+        run.files += 1
+        with path.open(encoding="utf-8") as fh:
+            for number, text in enumerate(fh, 1):
+                if not text.strip():
+                    continue
+                try:
+                    doc = json.loads(text)
+                except ValueError as exc:
+                    raise _bad(path, number, f"not JSON ({exc.msg})") from None
+                if not isinstance(doc, dict):
+                    raise _bad(path, number, "not a JSON object")
+                if doc.get("stage") == META:
+                    run.meta[int(doc.get("sync", 0))][process] = doc
+                    continue
+                if doc.get("stage") not in STAGES:
+                    raise _bad(path, number, f"stage {doc.get('stage')!r} is not one of {', '.join(STAGES)}")
+                entry = _entry(doc, path, number, process)
+                run.entries[entry.stage][entry.sync].setdefault(process, {})[entry.name] = entry
+    return run

@@ -1,0 +1,179 @@
+"""The weights compare report: a terminal summary, `weights.md` and `weights.html` (no plotting
+library: the per-layer picture is a table of coloured cells, one row per sync, one column per layer).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from rl_msprobe.errors import UserError
+
+LAYER = re.compile(r"\blayers?\.(\d+)\.")
+MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
+COLOUR = {
+    "equal": "#cfe8cf",
+    "differs": "#f4a6a6",
+    "missing": "#d9d9d9",
+    "not-compared": "#ececec",
+    "tied": "#cfe0f4",
+}
+RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 1, "equal": 0}
+
+
+def layer_of(name: str) -> str:
+    match = LAYER.search(name)
+    return match.group(1) if match else "other"
+
+
+def _worst(rows: list[dict]) -> tuple[str, str]:
+    """The worst status over ROWS and the stage it is in."""
+    status, stage = "equal", ""
+    for row in rows:
+        for s in ("received", "resident"):
+            found = row[s]["status"]
+            if RANK[found] > RANK[status]:
+                status, stage = found, s
+    return status, stage
+
+
+def picture(doc: dict) -> tuple[list[str], dict[int, dict[str, tuple[str, str]]]]:
+    """Columns (layers in model order, "other" last) and sync -> layer -> (worst status, stage)."""
+    cells: dict[int, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in doc["tensors"]:
+        cells[row["sync"]][layer_of(row["name"])].append(row)
+    layers = sorted(
+        {layer for sync in cells.values() for layer in sync},
+        key=lambda s: (s == "other", int(s) if s.isdigit() else 0),
+    )
+    return layers, {sync: {layer: _worst(rows) for layer, rows in by.items()} for sync, by in cells.items()}
+
+
+def _how(step: dict, none: str) -> str:
+    """Where a sync's resident fingerprints come from: `12 loader-written, 5 parameter`."""
+    return ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or none
+
+
+def summary_lines(doc: dict) -> list[str]:
+    lines = []
+    for step in doc["steps"]:
+        c, how = step["counts"], _how(step, "none")
+        lines.append(
+            f"sync {step['sync']} (step {step['step']}): {step['verdict']}: {step['sent_tensors']} sent, "
+            f"{step['model_tensors']} in the model, TP {step['tp_size']}; findings {c['differs']} differ, "
+            f"{c['missing']} missing, {c['not-compared']} not compared, {c['tied']} tied; resident: {how}"
+        )
+    for row in doc["tensors"]:
+        for stage in ("received", "resident"):
+            f = row[stage]
+            if f["status"] == "differs":
+                lines.append(
+                    f"  sync {row['sync']} {stage} differs: {row['name']} ranks {f.get('ranks')} "
+                    f"(norm rel {f.get('norm_rel')}, {f.get('what')}, {f.get('ratio')}x tolerance)"
+                )
+    first = doc["first_difference"]
+    if first:
+        lines.append(
+            f"first difference: sync {first['sync']} (step {first['step']}) {first['name']}, stage {first['stage']}"
+        )
+    lines.append(doc["verdict"])
+    return lines
+
+
+def markdown(doc: dict) -> str:
+    layers, cells = picture(doc)
+    out = [f"# Weight parity: {doc['verdict']}", "", f"Folder: `{doc['folder']}`", ""]
+    out += [
+        "| sync | step | verdict | sent | model | differ | missing | not compared | resident from |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in doc["steps"]:
+        c, how = s["counts"], _how(s, "-")
+        out.append(
+            f"| {s['sync']} | {s['step']} | {s['verdict']} | {s['sent_tensors']} | {s['model_tensors']} | "
+            f"{c['differs']} | {c['missing']} | {c['not-compared']} | {how} |"
+        )
+    out += ["", "## Per layer (X differs, ? missing, - not compared, = tied, · equal)", ""]
+    out.append("| sync | " + " | ".join(layers) + " |")
+    out.append("|---" * (len(layers) + 1) + "|")
+    for sync in sorted(cells):
+        marks = [
+            MARK[cells[sync].get(layer, ("equal", ""))[0]] + (cells[sync].get(layer, ("", ""))[1][:3])
+            for layer in layers
+        ]
+        out.append(f"| {sync} | " + " | ".join(marks) + " |")
+    findings = [
+        r
+        for r in doc["tensors"]
+        if r["received"]["status"] != "equal" or r["resident"]["status"] not in ("equal", "tied")
+    ]
+    out += ["", "## Findings", ""]
+    if not findings:
+        out.append("Every tensor equal at every sync.")
+    for row in findings:
+        for stage in ("received", "resident"):
+            f = row[stage]
+            if f["status"] not in ("equal", "tied"):
+                detail = ", ".join(f"{k} {v}" for k, v in f.items() if k != "status")
+                out.append(f"- sync {row['sync']} `{row['name']}` {stage}: {f['status']} ({detail})")
+    first = doc["first_difference"]
+    if first:
+        out += [
+            "",
+            f"**First difference**: sync {first['sync']} (step {first['step']}), `{first['name']}`, stage `{first['stage']}`.",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def html_page(doc: dict) -> str:
+    layers, cells = picture(doc)
+    esc = html.escape
+    head = "".join(f"<th>{esc(layer)}</th>" for layer in layers)
+    body = []
+    for sync in sorted(cells):
+        tds = []
+        for layer in layers:
+            status, stage = cells[sync].get(layer, ("equal", ""))
+            tds.append(
+                f'<td style="background:{COLOUR[status]}" title="{esc(status)} {esc(stage)}">{esc(MARK[status])}</td>'
+            )
+        body.append(f"<tr><th>sync {sync}</th>{''.join(tds)}</tr>")
+    md = esc(markdown(doc))
+    return (
+        "<!doctype html><meta charset=utf-8><title>rl-msprobe weights</title>"
+        f"<h1>Weight parity: {esc(doc['verdict'])}</h1>"
+        "<p>Per layer, per sync: green equal, red differs (hover: the stage), grey missing / not compared, blue tied.</p>"
+        f"<table border=1 cellspacing=0 cellpadding=4><tr><th></th>{head}</tr>{''.join(body)}</table>"
+        f"<pre>{md}</pre>"
+    )
+
+
+def _ours(path: Path) -> bool:
+    """Was PATH written by this report (so it may be replaced)?"""
+    head = path.read_text(encoding="utf-8", errors="replace")[:200]
+    return head.startswith(
+        ("# Weight parity", "<!doctype html><meta charset=utf-8><title>rl-msprobe weights", '{\n "verdict"')
+    )
+
+
+def write_report(doc: dict, out: Path) -> list[str]:
+    """weights.md, weights.html and weights.json under OUT; refuses (nothing written) where a file
+    of that name exists that this report did not write."""
+    import json
+
+    texts = {
+        out / "weights.md": markdown(doc),
+        out / "weights.html": html_page(doc),
+        out / "weights.json": json.dumps(doc, indent=1) + "\n",
+    }
+    theirs = [str(p) for p in texts if p.exists() and (not p.is_file() or not _ours(p))]
+    if theirs:
+        raise UserError(
+            f"{', '.join(theirs)}: exists and was not written by `weights compare`; pass another --out. Nothing was written."
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    for path, text in texts.items():
+        path.write_text(text, encoding="utf-8")
+    return [str(p) for p in texts]

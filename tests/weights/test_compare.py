@@ -1,0 +1,115 @@
+"""weights compare over folders written the way a TP-sharded engine writes them (tests/weights/synthetic.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_msprobe.errors import UserError
+from rl_msprobe.weights.compare import compare_run
+from rl_msprobe.weights.records import read_run
+from tests.support.trees import run_cli
+from tests.weights import synthetic
+
+K1 = "model.layers.1.self_attn.k_proj.weight"
+UP0 = "model.layers.0.mlp.up_proj.weight"
+NORM1 = "model.layers.1.input_layernorm.weight"
+
+
+def doc_of(folder):
+    return compare_run(read_run(folder))
+
+
+@pytest.mark.parametrize("tp,kv", [(1, 2), (2, 2), (4, 2)])
+def test_identical_weights_are_equal_with_every_tensor_accounted_for(tmp_path, tp, kv):
+    doc = doc_of(synthetic.write(tmp_path / "w", tp=tp, kv=kv))
+    assert doc["verdict"] == "EQUAL" and doc["first_difference"] is None
+    for step in doc["steps"]:
+        assert step["verdict"] == "EQUAL"
+        assert step["sent_tensors"] == step["model_tensors"] == len(synthetic.model())
+        assert step["counts"]["tied"] == 1
+    kv_rows = [r for r in doc["tensors"] if r["name"] == K1]
+    assert all(r["replicas"] == max(1, tp // kv) for r in kv_rows)
+
+
+@pytest.mark.parametrize("name,rank", [(K1, 1), (NORM1, 0), ("model.layers.0.self_attn.o_proj.weight", 1)])
+def test_a_loader_fault_on_one_rank_is_that_tensor_at_stage_resident(tmp_path, name, rank):
+    doc = doc_of(synthetic.write(tmp_path / "w", syncs=3, faults=[(2, "resident", name, rank, 1.001)]))
+    assert doc["verdict"] == "DIFFERENT"
+    first = doc["first_difference"]
+    assert (first["sync"], first["name"], first["stage"]) == (2, name, "resident")
+    differs = [
+        (r["sync"], r["name"], s)
+        for r in doc["tensors"]
+        for s in ("received", "resident")
+        if r[s]["status"] == "differs"
+    ]
+    assert differs == [(2, name, "resident")]
+    assert [s["verdict"] for s in doc["steps"]] == ["EQUAL", "DIFFERENT", "EQUAL"]
+
+
+def test_a_transfer_fault_is_that_tensor_at_stage_received(tmp_path):
+    doc = doc_of(synthetic.write(tmp_path / "w", syncs=3, faults=[(3, "received", UP0, None, 1.001)]))
+    differs = [
+        (r["sync"], r["name"], s)
+        for r in doc["tensors"]
+        for s in ("received", "resident")
+        if r[s]["status"] == "differs"
+    ]
+    assert differs == [(3, UP0, "received")]
+    first = doc["first_difference"]
+    assert (first["step"], first["name"], first["stage"], first["ranks"]) == (2, UP0, "received", [0, 1])
+
+
+def test_a_bit_flip_the_statistics_miss_is_caught_by_the_hash(tmp_path):
+    folder = synthetic.write(tmp_path / "w", syncs=1)
+    path = folder / "received-host-201.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[3]["hash"] = "0" * 32
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first = doc_of(folder)["first_difference"]
+    assert first["stage"] == "received" and first["ranks"] == [1] and "hash" in first["what"]
+
+
+def test_a_tensor_never_sent_is_never_equal(tmp_path):
+    doc = doc_of(synthetic.write(tmp_path / "w", drop_sent=("model.norm.weight",)))
+    assert doc["verdict"] == "NOT COMPARED"
+    rows = [r for r in doc["tensors"] if r["name"] == "model.norm.weight"]
+    assert rows and all(r["resident"]["status"] == "missing" for r in rows)
+
+
+def test_cli_json_exit_codes_and_reports(tmp_path):
+    folder = synthetic.write(tmp_path / "w", syncs=2, faults=[(2, "resident", K1, 1, 1.001)])
+    code, out, _ = run_cli("weights", "compare", str(folder), "--out", str(tmp_path / "r"), "--json")
+    doc = json.loads(out)
+    assert code == 1 and set(doc) >= {"verdict", "steps", "tensors", "first_difference"}
+    assert doc["first_difference"]["name"] == K1
+    md = (tmp_path / "r" / "weights.md").read_text()
+    assert "| 1 | 0 | EQUAL |" in md and "X" in md
+    assert "<table" in (tmp_path / "r" / "weights.html").read_text()
+    code, out, _ = run_cli(
+        "weights", "compare", str(synthetic.write(tmp_path / "ok")), "--out", str(tmp_path / "r")
+    )
+    assert code == 0 and out.strip().endswith("EQUAL")  # its own report files are replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "weights.md").write_text("my notes\n")
+    code, _, err = run_cli("weights", "compare", str(folder), "--out", str(tmp_path / "mine"))
+    assert (
+        code == 2
+        and "Nothing was written" in err
+        and (tmp_path / "mine" / "weights.md").read_text() == "my notes\n"
+    )
+
+
+def test_bad_input_names_file_and_line(tmp_path):
+    folder = synthetic.write(tmp_path / "w", syncs=1)
+    with (folder / "sent-host-100.jsonl").open("a") as out:
+        out.write('{"stage": "sent", "sync": 1}\n')
+    with pytest.raises(UserError, match=r"sent-host-100.jsonl:\d+: key 'rank' missing"):
+        read_run(folder)
+    code, _, err = run_cli("weights", "compare", str(tmp_path / "empty"))
+    assert code == 2 and "not a folder" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("weights", "compare", str(tmp_path / "empty"))
+    assert code == 2 and "RL_MSPROBE_WEIGHTS_DIR" in err
