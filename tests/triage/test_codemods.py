@@ -1,5 +1,5 @@
-"""What the verl-triage codemods log (their fixtures `fixtures/codemods/verl-triage-*/` run in tests/codemods/), plus the
-properties every codemod passes (idempotent, byte-exact revert, CRLF, loud failure on drift)."""
+"""What the verl-triage codemods log, beyond the properties every codemod passes on its fixtures
+(`fixtures/codemods/verl-triage-*/`, run in tests/codemods/test_every_codemod.py)."""
 
 from __future__ import annotations
 
