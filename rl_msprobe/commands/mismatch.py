@@ -39,6 +39,11 @@ def mismatch() -> None:
 @click.option(
     "--keep", type=click.IntRange(1, 1000), default=10, show_default=True, help="Worst requests listed."
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace files in --out that rl-msprobe did not write (or that were edited).",
+)
 @json_option
 @handles_user_errors
 def report(
@@ -48,6 +53,7 @@ def report(
     tree: str | None,
     python: str | None,
     keep: int,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Stream FOLDER's <pid>/triage.jsonl lines into report.md / report.html / PNGs / summary.json.
@@ -57,22 +63,20 @@ def report(
     positions, and the next step: a one-prompt data file and a ready `prepare --mode consistency` command.
     """
     from rl_msprobe.dumps.compare import recorded_python
-    from rl_msprobe.errors import UserError
+    from rl_msprobe.report_folder import ReportFolder
     from rl_msprobe.triage.propose import choose, growth, write_proposal
     from rl_msprobe.triage.report import fmt, write_report
     from rl_msprobe.triage.stream import read_triage
 
     out = (out or (folder if folder.is_dir() else folder.parent) / "report").resolve()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder. Choose another --out.")
     result = read_triage(folder, keep=keep)
-    out.mkdir(parents=True, exist_ok=True)
     g = growth(result)
     proposal = choose(result, result.step_worst)
-    if proposal is not None:
-        python = python or recorded_python([folder])[0]
-        write_proposal(proposal, out, script.resolve() if script else None, tree, python)
-    paths, notes = write_report(result, g, proposal, out)
+    with ReportFolder(out, force) as report_folder:
+        if proposal is not None:
+            python = python or recorded_python([folder])[0]
+            write_proposal(proposal, report_folder, script.resolve() if script else None, tree, python)
+        paths, notes = write_report(result, g, proposal, report_folder)
     if as_json:
         from rl_msprobe.triage.report import summary_json
 

@@ -23,21 +23,10 @@ _PROJECT_PACKAGES = {"verl": "verl", "sglang": "sglang", "vllm": "vllm", "vllm-a
 
 
 def _read_script(path: str) -> tuple[str, str]:
+    from rl_msprobe import bounded
+
     abs_path = os.path.abspath(path)
-    try:
-        data = Path(abs_path).read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file. Pass the verl launch script.") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder. Pass the verl launch script.") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({exc.strerror}). Pass a readable launch script.") from None
-    try:
-        return data.decode("utf-8"), abs_path
-    except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{path}: not UTF-8 text (byte {exc.start}). Pass the launch script itself."
-        ) from None
+    return bounded.read_text(abs_path, "verl launch script", bounded.LAUNCH_SCRIPT), abs_path
 
 
 def _int_list(text: str | None, option: str) -> list[int] | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe import bounded
 from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_files
 from rl_msprobe.errors import UserError
 
@@ -134,8 +135,8 @@ def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'
     (a line cut short by a killed process is expected); JSON nested too deeply is bad input."""
     loads = json.loads
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
+    with bounded.open_regular(path, "JSONL log") as f:
+        for n, line in enumerate(bounded.lines(f, path, "JSONL log"), 1):
             try:
                 obj = loads(line)
             except RecursionError:
@@ -160,8 +161,11 @@ def _continues_prefill(request: dict) -> bool:
         return False
     try:
         return int(request.get("tokens") or 0) > 1
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # `"tokens": Infinity`
         return False
+
+
+_ID_LIMIT = 10**18  # pids, steps and ranks become folder names; past this they are not a run's
 
 
 def _id(value: object, where: str, key: str, required: bool = True) -> int | None:
@@ -169,10 +173,14 @@ def _id(value: object, where: str, key: str, required: bool = True) -> int | Non
     if value is None and not required:
         return None
     if isinstance(value, bool) or not (
-        (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _DIGITS.match(value))
+        (isinstance(value, int) and 0 <= value < _ID_LIMIT)
+        or (isinstance(value, str) and _DIGITS.match(value) and len(value) < 19)
     ):
+        huge = isinstance(value, int) and value.bit_length() > 64  # repr() refuses 4300+ digits
+        shown = "a number of more than 19 digits" if huge else repr(value)[:60]
         raise UserError(
-            f"{where}: `{key}` is {value!r}; rl-msprobe's helpers write a non-negative integer there. "
+            f"{where}: `{key}` is {shown}; rl-msprobe's helpers write a non-negative integer below "
+            f"{_ID_LIMIT:,} there. "
             "The log was edited or is not one of theirs: fix or remove that line."
         )
     return int(value)

@@ -31,11 +31,11 @@ _PID = re.compile(r"^\d+$")
 def load_json(path: Path) -> object:
     """Parse a JSON file; UserError (exit 2) naming the file when it cannot be read or parsed,
     including JSON nested too deeply for Python's parser (RecursionError)."""
+    from rl_msprobe import bounded
     from rl_msprobe.errors import UserError
 
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(bounded.read_bytes(path, "msprobe dump.json", bounded.DUMP_JSON))
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deeply to read; not an msprobe dump.json.") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -69,16 +69,34 @@ def parse_dump_path(root: Path, path: Path) -> DumpRef | None:
     rank_m, step_m = _RANK.match(parts[-2]), _STEP.match(parts[-3])
     if not rank_m or not step_m:
         return None
-    rank = int(rank_m.group(1)) if rank_m.group(1) else None
-    proc = int(rank_m.group(2)) if rank_m.group(2) else None
+    where = str(path.parent)
+    rank = _number(rank_m.group(1), MAX_RANK, where, "rank") if rank_m.group(1) else None
+    proc = _number(rank_m.group(2), MAX_PID, where, "proc (pid)") if rank_m.group(2) else None
     prefix = parts[:-3]
     pid = global_step = stage = None
     if len(prefix) >= 2 and _GLOBAL_STEP.match(prefix[-2]):
-        global_step, stage = int(_GLOBAL_STEP.match(prefix[-2]).group(1)), prefix[-1]
+        global_step = _number(_GLOBAL_STEP.match(prefix[-2]).group(1), MAX_STEP, where, "global step")
+        stage = prefix[-1]
         prefix = prefix[:-2]
     if prefix and _PID.match(prefix[-1]):
-        pid = int(prefix[-1])
-    return DumpRef(path, int(step_m.group(1)), rank, proc, pid, global_step, stage)
+        pid = _number(prefix[-1], MAX_PID, where, "pid")
+    return DumpRef(
+        path, _number(step_m.group(1), MAX_STEP, where, "step"), rank, proc, pid, global_step, stage
+    )
+
+
+# what a real run produces, with room: beyond these a folder name is a stray, refused by name
+MAX_STEP = 10_000_000
+MAX_RANK = 1_000_000
+MAX_PID = 1 << 22  # Linux's largest pid_max
+
+
+def _number(digits: str, limit: int, where: str, what: str) -> int:
+    from rl_msprobe import bounded
+
+    if len(digits) > 20:  # int() of thousands of digits is refused by Python itself
+        return bounded.bounded_int(10**21, limit, where, what)
+    return bounded.bounded_int(int(digits), limit, where, what)
 
 
 def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path]:
@@ -169,12 +187,16 @@ class LayoutReport:
 
 def check_dump_file(path: Path) -> str | None:
     """Why a dump.json is unusable (empty, not JSON, no `data`), or None."""
+    from rl_msprobe import bounded
+    from rl_msprobe.errors import UserError
+
     try:
         if path.stat().st_size == 0:
             return "empty file"
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(bounded.read_bytes(path, "msprobe dump.json", bounded.DUMP_JSON))
+    except UserError as exc:
+        return str(exc)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         return f"unparsable: {exc}"
     except RecursionError:
         return "unparsable: JSON nested too deeply"
@@ -249,12 +271,12 @@ def _check_side(root: Path, mode: str, report: LayoutReport, label: str, jobs: i
         }
         where = str(root / group.replace("pid ", "")) if group else str(root)
         if mode != "training":
-            gaps = sorted(set(range(min(steps), max(steps) + 1)) - set(steps))
+            gaps = _gaps(sorted(steps))
             if gaps:
                 report.problems.append(
                     {
                         "where": where,
-                        "what": f"missing steps {_ranges(gaps)} between step{min(steps)} and step{max(steps)}",
+                        "what": f"missing steps {gaps} between step{min(steps)} and step{max(steps)}",
                         "fix": "check the msprobe config `step` list and whether those steps ran",
                     }
                 )
@@ -309,13 +331,15 @@ def _rank_sort(label: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, label)
 
 
-def _ranges(nums: list[int]) -> str:
-    out, start = [], None
-    for i, n in enumerate(nums):
-        start = n if start is None else start
-        if i + 1 == len(nums) or nums[i + 1] != n + 1:
-            out.append(f"step{start}" if start == n else f"step{start}-{n}")
-            start = None
+def _gaps(steps: list[int]) -> str:
+    """The missing runs between sorted steps as text ("step3, step5-9"), from the steps present only
+    (a stray step number far away costs nothing)."""
+    out = []
+    for low, high in zip(steps, steps[1:]):
+        if high - low == 2:
+            out.append(f"step{low + 1}")
+        elif high - low > 2:
+            out.append(f"step{low + 1}-{high - 1}")
     return ", ".join(out)
 
 

@@ -31,9 +31,14 @@ def interpreter(python: str | None) -> list[str]:
     """argv of the Python that runs msprobe: --python PY; else this one when it has msprobe; else
     the interpreter of an `msprobe` script on PATH (its #! line)."""
     if python:
-        argv = shlex.split(python)
-        if not argv:
-            raise UserError("--python is empty: pass the training interpreter, e.g. /venv/bin/python.")
+        from rl_msprobe.env import python_argv
+
+        argv = python_argv(python)
+        if shutil.which(argv[0]) is None:  # bad input (exit 2), not a pair that failed (exit 1)
+            raise UserError(
+                f"--python {python}: {argv[0]} was not found or cannot be run; pass the training "
+                "interpreter, e.g. --python /venv/bin/python."
+            )
         return argv
     if importlib.util.find_spec("msprobe") is not None:
         return [sys.executable]

@@ -112,6 +112,10 @@ _BRACE_RUN = re.compile(r"[^\\'{}]+")
 MAX_NESTING = 32  # `${A:-${A:-...}}` deeper than this is reported as too complex
 MAX_ARITH_BITS = 4096  # bash works in 64-bit integers; far larger intermediate values are refused
 MAX_ARITH_CHARS = 10_000
+MAX_VALUE_CHARS = (
+    1 << 22
+)  # 4 Mi characters: a value a script doubles in a loop stops here, not at MemoryError
+MAX_ARRAY_ITEMS = 1 << 16  # 65,536 items: likewise for an array appended to itself
 TOO_COMPLEX = "too complex to evaluate; reported as unverifiable"
 
 
@@ -775,10 +779,14 @@ class Scope:
 
 
 def _join(values: list[Value], sep: str) -> Value:
-    runtime = tuple(r for v in values for r in v.runtime)
-    assumed = tuple(a for v in values for a in v.assumed)
+    if len(values) == 1 and not values[0].runtime:
+        return values[0]
+    runtime = tuple(dict.fromkeys(r for v in values for r in v.runtime))  # doubled by `S="$S$S"`: once each
+    assumed = tuple(dict.fromkeys(a for v in values for a in v.assumed))
     if runtime:
         return Value(None, runtime, assumed)
+    if sum(len(v.text or "") + len(sep) for v in values) > MAX_VALUE_CHARS:
+        return Value(None, (f"{TOO_COMPLEX} (a value longer than {MAX_VALUE_CHARS:,} characters)",), assumed)
     return Value(sep.join(v.text or "" for v in values), (), assumed)
 
 
@@ -1239,6 +1247,9 @@ def _assign_array(scope: Scope, arr: ArrayAssign, conditional: bool, lines: Line
         lined_up = len(old_words) == len(old.items)
         values = [*old.items, *values]
         words = [*old_words, *words] if lined_up and len(words) == len(arr.items) else []
+    if len(values) > MAX_ARRAY_ITEMS:
+        why = f"{arr.name} on line {line}: {TOO_COMPLEX} (an array of more than {MAX_ARRAY_ITEMS:,} items)"
+        values, words = [Value(None, (why,))], []
     scope.vars[arr.name] = Variable(
         arr.name,
         _join(values[:1], ""),

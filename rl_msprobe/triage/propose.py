@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.triage.stream import Triage, Worst
 
 JUMP = 3.0  # a step's mean |Δp| at least this many times the median before it is a jump
@@ -109,7 +109,11 @@ def data_row(worst: Worst) -> tuple[dict[str, Any], bool]:
 
 
 def write_proposal(
-    proposal: Proposal, out: Path, script: Path | None, verl_tree: str | None, python: str | None = None
+    proposal: Proposal,
+    out: ReportFolder,
+    script: Path | None,
+    verl_tree: str | None,
+    python: str | None = None,
 ) -> None:
     """Write the one-prompt data file (and the reproduction script) and fill in the commands.
 
@@ -121,8 +125,10 @@ def write_proposal(
         return
     row, has_prompt = data_row(worst)
     tag = (worst.request_id or worst.uid or f"row{worst.index}")[:12]
-    data = out / f"repro_step{proposal.step}_{_safe(tag)}.jsonl"
-    data.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    data = out.write(
+        f"repro_step{_safe(str(proposal.step))}_{_safe(tag)}.jsonl",
+        json.dumps(row, ensure_ascii=False) + "\n",
+    )
     proposal.data_file = str(data)
     if not has_prompt:
         proposal.notes.append(
@@ -177,9 +183,9 @@ def trained_weights_note(step: int, freq: Any) -> str:
 
 def _read_script(script: Path) -> Any:
     """The user's launch script, parsed once for the reproduction script and its save_freq."""
-    from rl_msprobe import planner
+    from rl_msprobe import bounded, planner
 
-    return planner.read(script.read_text(encoding="utf-8"), str(script))
+    return planner.read(bounded.read_text(script, "verl launch script", bounded.LAUNCH_SCRIPT), str(script))
 
 
 def save_freq(parsed: Any) -> Any:
@@ -200,7 +206,7 @@ def target_args(verl_tree: str | None, python: str | None) -> str:
     return args + (f" --tree {shlex.quote(verl_tree)}" if verl_tree else "")
 
 
-def write_repro_script(script: Path, parsed: Any, data: Path, out: Path, step: Any) -> Path:
+def write_repro_script(script: Path, parsed: Any, data: Path, out: ReportFolder, step: Any) -> Path:
     """A copy of the user's launch script (`parsed`: as `_read_script` read it) with the one-prompt
     data and one training step."""
     from rl_msprobe.launch.overrides import Overrides
@@ -220,12 +226,7 @@ def write_repro_script(script: Path, parsed: Any, data: Path, out: Path, step: A
     ]
     derived = render(parsed, Overrides(parsed.command.args), tokens, [], header)
     stem = script.name[:-3] if script.name.endswith(".sh") else script.name
-    target = out / f"run_repro_step{step}_{stem}.sh"
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(derived, encoding="utf-8")
-    tmp.chmod(0o755)
-    os.replace(tmp, target)
-    return target
+    return out.write(f"run_repro_step{_safe(str(step))}_{_safe(stem)}.sh", derived, 0o755)
 
 
 def _safe(text: str) -> str:

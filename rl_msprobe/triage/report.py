@@ -12,9 +12,9 @@ import io
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, html_table
 from rl_msprobe.reporting.plot import pyplot
 from rl_msprobe.triage.propose import Growth, Proposal
@@ -118,7 +118,7 @@ def worst_rows(result: Triage) -> list[list[str]]:
         rows.append(
             [
                 fmt(w.step),
-                w.request_id or w.uid or "–",
+                fmt(w.request_id or w.uid or "–"),
                 fmt(w.prompt_len),
                 str(w.response_len),
                 fmt(w.key[0]),
@@ -337,21 +337,21 @@ def summary_json(
 
 
 def write_report(
-    result: Triage, g: Growth | None, proposal: Proposal | None, out: Path
+    result: Triage, g: Growth | None, proposal: Proposal | None, out: ReportFolder
 ) -> tuple[dict[str, str], list[str]]:
-    """Write everything into out; returns (name -> path, notes)."""
+    """Write everything into out (staged: in place when the command's folder commits); returns
+    (name -> path, notes)."""
     names, pngs, why_not = plots(result)
     parts = sections(result, g, proposal, names)
     paths = {
-        "md": str(out / "report.md"),
-        "html": str(out / "report.html"),
-        "json": str(out / "summary.json"),
+        "md": str(out.path / "report.md"),
+        "html": str(out.path / "report.html"),
+        "json": str(out.path / "summary.json"),
     }
     for name, data in pngs.items():
-        (out / name).write_bytes(data)
-        paths[name] = str(out / name)
-    (out / "report.md").write_text(render_markdown(parts), encoding="utf-8")
-    (out / "report.html").write_text(render_html(parts, pngs), encoding="utf-8")
+        paths[name] = str(out.write(name, data))
+    out.write("report.md", render_markdown(parts))
+    out.write("report.html", render_html(parts, pngs))
     doc = summary_json(result, g, proposal, paths)
-    (out / "summary.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
+    out.write("summary.json", json.dumps(doc, indent=2, default=str))
     return paths, [why_not] if why_not else []

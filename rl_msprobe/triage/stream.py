@@ -29,6 +29,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from rl_msprobe import bounded
 from rl_msprobe.dumps.layout import walk_files
 from rl_msprobe.errors import UserError
 
@@ -41,6 +42,11 @@ LOW_EXP, HIGH_EXP = -30, 8  # |Δ| below 2**-30 (and exact zeros) fall in bin 0;
 _LOW_KEY = (1023 + LOW_EXP) << MANTISSA_BITS
 N_BINS = 2 + ((HIGH_EXP - LOW_EXP) << MANTISSA_BITS)
 QUANTITIES = ("dlogp", "dp")  # |Δ log p|, |Δp|
+# what a real run produces, with room: a larger step or token id is a line rl-msprobe's helper did not
+# write (a token id of 3e8 would ask numpy for GiBs of per-token sums)
+MAX_STEP = 10_000_000
+MAX_TOKEN_ID = 1 << 24  # 16.7M; the largest vocabularies are ~256k
+_SCALARS = (str, int, float, type(None))
 
 
 def _np():
@@ -239,7 +245,15 @@ class _Accumulator:
         vstep = np.repeat(line_step, lengths)[valid]
         vpos = (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths))[valid]
         vtok = tokens[valid]
-        known = vtok >= 0
+        known = (vtok >= 0) & (vtok <= MAX_TOKEN_ID)
+        beyond = int((vtok > MAX_TOKEN_ID).sum())
+        if beyond:
+            res.bad_count += 1
+            if len(res.bad_lines) < 5:
+                res.bad_lines.append(
+                    f"{beyond} token id(s) above {MAX_TOKEN_ID:,} (no vocabulary is that large): "
+                    "left out of the per-token sums"
+                )
         valid_gaps = {q: g[valid] for q, g in gaps.items()}
         res.by_position = _grow_add(np, res.by_position, vpos, valid_gaps)
         self._tokens.append((vtok[known], {q: g[known] for q, g in valid_gaps.items()}))
@@ -295,7 +309,7 @@ class _Accumulator:
             if tail is not None:
                 try:
                     self.docs[i] = json.loads(self.raws[i])
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     res.bad_count += 1
                     if len(res.bad_lines) < 5:
                         res.bad_lines.append(
@@ -502,10 +516,13 @@ def _column(np: Any, docs: list[dict], key: str, total: int, dtype: Any, missing
     """One key's arrays of every line, end to end (a null or a non-number becomes `missing`)."""
     try:
         return np.fromiter(chain.from_iterable([d[key] for d in docs]), dtype, total)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a 30-digit number overflows int64 and float64 alike
         return np.asarray(
             [
-                v if isinstance(v, (int, float)) and not isinstance(v, bool) else missing
+                v
+                if isinstance(v, float)
+                or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62)
+                else missing
                 for d in docs
                 for v in d[key]
             ],
@@ -595,6 +612,27 @@ def _head(text: bytes) -> dict:
     return doc
 
 
+def check_head(doc: Any) -> None:
+    """A parsed line's small fields as the helper writes them (TypeError / ValueError naming the key
+    otherwise): a step that is a number up to MAX_STEP or a string, scalar ids, a mask that is a list."""
+    if type(doc) is not dict:
+        raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+    step = doc.get("step")
+    if isinstance(step, bool) or not isinstance(step, _SCALARS):
+        raise TypeError(f"`step` is a {type(step).__name__}, not a number")
+    if isinstance(step, (int, float)) and not (math.isfinite(step) and 0 <= step <= MAX_STEP):
+        raise ValueError(f"`step` is outside 0..{MAX_STEP:,} (more steps than a real run has)")
+    for key in ("request_id", "uid", "index", "prompt_len", "train_dtype", "rollout_dtype", "error"):
+        if not isinstance(doc.get(key), _SCALARS):
+            raise TypeError(f"`{key}` is a {type(doc[key]).__name__}, not a string or number")
+    for key in ("mask", "response_ids", "prompt_ids"):
+        if not isinstance(doc.get(key), (list, type(None), PromptText)):
+            raise TypeError(f"`{key}` is a {type(doc[key]).__name__}, not a list")
+    for key in ("rollout_log_probs", "train_log_probs"):
+        if key in doc and not isinstance(doc[key], list):
+            raise TypeError(f"`{key}` is a {type(doc[key]).__name__}, not a list")
+
+
 def log_files(root: Path) -> list[Path]:
     """Every triage.jsonl under root ({root}/{pid}/triage.jsonl, or root itself when it is one)."""
     if root.is_file():
@@ -617,9 +655,9 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
         name = str(path)
         result.files.append(name)
         docs, where, tails, raws = acc.docs, acc.where, acc.tails, acc.raws
-        with open(path, "rb") as f:
+        with bounded.open_regular(path, "triage log") as f:
             number = 0
-            for number, raw in enumerate(f, 1):  # noqa: B007 - counted after the loop
+            for number, raw in enumerate(bounded.lines(f, path, "triage"), 1):  # noqa: B007 - counted after
                 try:
                     split = split_tail(raw)
                     if split is None:
@@ -631,12 +669,13 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                                 doc["prompt_ids"] = PromptText(split[2])
                         except ValueError:
                             doc, tail = loads(raw), None  # says where the line itself is broken
+                    check_head(doc)
                     if "error" in doc:
                         result.error_count += 1
                         if len(result.errors) < 5:
                             result.errors.append(f"{path}:{number}: step {doc.get('step')}: {doc['error']}")
                         continue
-                except (ValueError, KeyError, TypeError) as exc:
+                except (ValueError, KeyError, TypeError, RecursionError) as exc:
                     if not raw.strip():
                         result.blank += 1
                         continue

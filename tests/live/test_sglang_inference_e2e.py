@@ -3,16 +3,20 @@ the CLI: `detect`, `prepare --mode inference --backend sglang --python PY`, `pat
 prepare printed, the engine the derived command implies (tests/support/sglang_live.py), `dumps
 check` on what it wrote, `patch revert` and a byte-identical sglang tree.
 
-- SGLang 0.5.10.post1 (``patch``): prepare prints `sglang-dump`; the derived command gives the
-  rollout MSPROBE_ROLLOUT_CONFIG; the dumps come from the patched ModelRunner in the spawned
-  scheduler process (the engine's main process never imports msprobe).
+- SGLang 0.5.10.post1 (``patch``), with `data_parallel_size=2`: prepare prints `sglang-dump`;
+  the derived command gives the rollout MSPROBE_ROLLOUT_CONFIG; the dumps come from the patched
+  ModelRunner of each spawned scheduler process (the engine's main process never imports
+  msprobe), one `rank{R}` per DP replica (rank_id=gpu_id: both replicas are rank 0 of their own
+  TP group). verl itself passes `tp_size = tp x dp` for DP attention, a GPU path; here each
+  replica has TP 1.
 - SGLang 0.5.23 (``native``): prepare prints no patch set; the derived command passes
-  `engine_kwargs.sglang.msprobe_dump_config`, which SGLang itself reads.
+  `engine_kwargs.sglang.msprobe_dump_config`, which SGLang itself reads; `sglang-dump` is refused.
 
 One engine per shape (module-scoped), its dumps reused by every check. Measured here (2 cores
-shared with four other sessions, load 3-11, 2026-12-01): the patch shape 145-276 s (CLI steps,
-engine start, 5 forwards, revert), the native shape 165 s, the refusal check 7 s; with the venvs
-cold add their builds (tests/support/sglang_venv.py: 204 s and 801 s under that load).
+shared with four other sessions, load 3-18, 2026-12-01): the patch shape (DP=2) 217 s (CLI
+steps, engine start, 4 dumped forwards per replica, revert), the native shape 165 s, the refusal
+check 7 s; with the venvs cold add their builds (tests/support/sglang_venv.py: 204 s and 801 s
+under that load).
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ import pytest
 from tests.support import live_flow, sglang_live, vllm_cpu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-STEPS = (0, 1, 2, 3)  # the prefills (one per prompt, or both at once), then decode steps
+STEPS = (0, 1, 2, 3)  # per rank: the prefill(s), then decode steps
+# data parallel size per shape: the patch shape runs two DP replicas (rank_id=gpu_id per replica:
+# without it both would write rank0), the native shape one; one engine start each
+DP = {"patch": 2, "native": 1}
+EXTEND, DECODE = 1, 2  # sglang ForwardMode (0.4 ... 0.5.23)
 
 
 @pytest.fixture(scope="module", params=["patch", "native"])
@@ -35,7 +43,8 @@ def run(request, tmp_path_factory):
     model = vllm_cpu.tiny_model(python=python)
     work = tmp_path_factory.mktemp(f"sglang-{shape}")
     script = work / "run_grpo_sglang.sh"
-    script.write_text(sglang_live.plain_script(model))
+    dp = (f"actor_rollout_ref.rollout.data_parallel_size={DP[shape]}",) if DP[shape] > 1 else ()
+    script.write_text(sglang_live.plain_script(model, *dp))
     steps = ",".join(map(str, STEPS))
     with sglang_live.session(python, script, work, "--steps", steps) as flow:
         engine = sglang_live.run_engine(python, model, flow.env, flow.server_args, work)
@@ -49,6 +58,7 @@ def test_prepare_asks_for_what_the_shape_needs(run):
     assert flow.detection["rollout"] == "sglang" and flow.detection["mode"] == "inference", flow.detection
     config = flow.prepared["configs"]["generate"]
     assert flow.server_args.get("disable_cuda_graph") is True, flow.argv  # enforce_eager=True
+    assert flow.server_args.get("dp_size", 1) == DP[shape], flow.argv
     if shape == "patch":
         assert flow.sets == ["sglang-dump"], flow.prepared
         assert flow.env.get("MSPROBE_ROLLOUT_CONFIG") == config, flow.argv
@@ -61,40 +71,51 @@ def test_prepare_asks_for_what_the_shape_needs(run):
         assert patched == [], patched
 
 
-def test_the_engine_runs_and_dumps_where_the_shape_says(run):
+def test_the_engine_runs_and_dumps_one_rank_per_dp_replica(run):
     shape, flow, engine, _ = run
     assert engine.returncode == 0 and engine.result, engine.tail()
     assert len(engine.result["texts"]) == len(sglang_live.PROMPTS), engine.result
-    # the main process never imports msprobe: the dumps come from the scheduler subprocess
+    # the main process never imports msprobe: the dumps come from the scheduler subprocesses
     assert engine.result["main_imported_msprobe"] is False, engine.result
     dumps = sorted(flow.dump_root.rglob("dump.json"))
     layout = sorted(str(p.parent.relative_to(flow.dump_root)) for p in dumps)
-    assert layout == [f"step{s}/rank0" for s in STEPS], (layout, engine.tail())
+    assert layout == sorted(f"step{s}/rank{r}" for s in STEPS for r in range(DP[shape])), (
+        layout,
+        engine.tail(),
+    )
     for dump in dumps:
         assert {p.name for p in dump.parent.iterdir()} >= {"dump.json", "construct.json", "stack.json"}
     stacks = (flow.dump_root / "step0" / "rank0" / "stack.json").read_text()
     assert "model_runner.py" in stacks, stacks[:2000]  # ModelRunner.forward is on every stack
 
 
-def _embed_tokens(dump: Path) -> int:
-    """How many tokens the forward pass of DUMP embedded (the embedding's input length)."""
+def _forward(dump: Path) -> dict:
+    """What one dumped forward pass ran: the model's input_ids / positions and the ForwardBatch."""
     data = json.loads(dump.read_text())["data"]
-    (name,) = [n for n in data if "embed_tokens" in n and n.endswith(".forward.0")]
-    (ids,) = [a for a in data[name]["input_args"] if a.get("type") == "torch.Tensor"][:1]
-    return ids["shape"][0]
+    (name,) = [n for n in data if n.startswith("Module.model.") and ".Qwen2Model.forward." in n]
+    ids, positions, batch = data[name]["input_args"][:3]
+    return {
+        "mode": batch["forward_mode"]["value"],
+        "requests": batch["batch_size"]["value"],
+        "tokens": ids["shape"][0],
+        "first_position": positions["Min"],
+        "layers": sorted({n.split("layers.")[1].split(".")[0] for n in data if "layers." in n}),
+    }
 
 
 def test_prefills_embed_the_prompts_and_decodes_one_token_per_request(run):
-    """Prefill forwards embed exactly the prompts' tokens; every decode forward one per request."""
-    _, flow, engine, _ = run
-    tokens = [_embed_tokens(flow.dump_root / f"step{s}" / "rank0" / "dump.json") for s in STEPS]
-    prompts = engine.result["prompt_tokens"]
-    running = len(sglang_live.PROMPTS)  # a decode forward embeds one token per running request
-    prefills = [n for n in tokens if n > running]
-    assert tokens[0] > running and sum(prefills) == sum(prompts), (tokens, prompts)
-    assert running in tokens, (tokens, prompts)  # a decode forward of both requests
-    data = json.loads((flow.dump_root / "step0" / "rank0" / "dump.json").read_text())["data"]
-    assert any("layers.1." in name for name in data), list(data)[:10]
+    """Per rank: step0 is a prefill from position 0, every decode embeds one token per request;
+    over all ranks the prefills embed exactly the prompts' tokens."""
+    shape, flow, engine, _ = run
+    prefilled = 0
+    for rank in range(DP[shape]):
+        passes = [_forward(flow.dump_root / f"step{s}" / f"rank{rank}" / "dump.json") for s in STEPS]
+        assert passes[0]["mode"] == EXTEND and passes[0]["first_position"] == 0, (rank, passes)
+        decodes = [p for p in passes if p["mode"] == DECODE]
+        assert decodes and all(p["tokens"] == p["requests"] for p in decodes), (rank, passes)
+        assert all(p["layers"] == ["0", "1"] for p in passes), (rank, passes)
+        prefilled += sum(p["tokens"] for p in passes if p["mode"] == EXTEND)
+    assert prefilled == sum(engine.result["prompt_tokens"]), (prefilled, engine.result)
 
 
 def test_dumps_check_reads_them_as_inference(run):

@@ -112,3 +112,29 @@ def test_format_value_quotes_what_would_parse_as_something_else() -> None:
     assert format_value("true") == '"true"'
     assert format_value("/abs/path.json") == "/abs/path.json"
     assert format_value("has space") == '"has space"'
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.from_regex(r"\+{0,2}[A-Za-z_][A-Za-z0-9_]{0,5}(\.[A-Za-z_][A-Za-z0-9_]{0,4}){0,2}=", fullmatch=True),
+    st.one_of(
+        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True),
+        st.from_regex(r"(0|[1-9][0-9]{0,19})", fullmatch=True),
+        st.sampled_from(
+            ["null", "True", "FALSE", "inf", "NaN", "nan", "Null", "true1", "0x10", "007", "1e3"]
+        ),
+    ),
+)
+def test_the_fast_path_reads_a_plain_override_as_hydra_does(key: str, value: str) -> None:
+    """`key=word` / `key=123` skip Hydra's parser (a 2 MB command took minutes): same key, prefix and value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rl_msprobe.launch.overrides import _simple_override
+
+    text = key + value
+    fast = _simple_override(text)
+    if fast is None:
+        return
+    parsed = OverridesParser.create().parse_override(text)
+    assert (fast.key, fast.prefix, fast.value) == (parsed.key_or_group, key[: key.count("+")], parsed.value())
+    assert type(fast.value) is type(parsed.value())
