@@ -7,9 +7,8 @@ from __future__ import annotations
 import html
 import re
 from collections import defaultdict
-from pathlib import Path
 
-from rl_msprobe.errors import UserError
+from rl_msprobe.report_folder import ReportFolder
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
@@ -82,6 +81,11 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _mark(status: str, stage: str) -> str:
+    """One cell of the text picture: `X rec` for a difference at stage received, `·` for equal."""
+    return MARK[status] + (f" {stage[:3]}" if status == "differs" else "")
+
+
 def markdown(doc: dict) -> str:
     layers, cells = picture(doc)
     out = [f"# Weight parity: {doc['verdict']}", "", f"Folder: `{doc['folder']}`", ""]
@@ -95,14 +99,15 @@ def markdown(doc: dict) -> str:
             f"| {s['sync']} | {s['step']} | {s['verdict']} | {s['sent_tensors']} | {s['model_tensors']} | "
             f"{c['differs']} | {c['missing']} | {c['not-compared']} | {how} |"
         )
-    out += ["", "## Per layer (X differs, ? missing, - not compared, = tied, · equal)", ""]
+    out += [
+        "",
+        "## Per layer (X rec / X res: differs at stage received / resident; ? missing, - not compared, = tied, · equal)",
+        "",
+    ]
     out.append("| sync | " + " | ".join(layers) + " |")
     out.append("|---" * (len(layers) + 1) + "|")
     for sync in sorted(cells):
-        marks = [
-            MARK[cells[sync].get(layer, ("equal", ""))[0]] + (cells[sync].get(layer, ("", ""))[1][:3])
-            for layer in layers
-        ]
+        marks = [_mark(*cells[sync].get(layer, ("equal", ""))) for layer in layers]
         out.append(f"| {sync} | " + " | ".join(marks) + " |")
     findings = [
         r
@@ -150,30 +155,15 @@ def html_page(doc: dict) -> str:
     )
 
 
-def _ours(path: Path) -> bool:
-    """Was PATH written by this report (so it may be replaced)?"""
-    head = path.read_text(encoding="utf-8", errors="replace")[:200]
-    return head.startswith(
-        ("# Weight parity", "<!doctype html><meta charset=utf-8><title>rl-msprobe weights", '{\n "verdict"')
-    )
-
-
-def write_report(doc: dict, out: Path) -> list[str]:
-    """weights.md, weights.html and weights.json under OUT; refuses (nothing written) where a file
-    of that name exists that this report did not write."""
+def write_report(doc: dict, out: ReportFolder) -> list[str]:
+    """weights.md, weights.html and weights.json into OUT (the shared --out folder: never over a
+    file rl-msprobe did not write, unless --force)."""
     import json
 
     texts = {
-        out / "weights.md": markdown(doc),
-        out / "weights.html": html_page(doc),
-        out / "weights.json": json.dumps(doc, indent=1) + "\n",
+        "weights.md": markdown(doc),
+        "weights.html": html_page(doc),
+        "weights.json": json.dumps(doc, indent=1) + "\n",
     }
-    theirs = [str(p) for p in texts if p.exists() and (not p.is_file() or not _ours(p))]
-    if theirs:
-        raise UserError(
-            f"{', '.join(theirs)}: exists and was not written by `weights compare`; pass another --out. Nothing was written."
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text, encoding="utf-8")
-    return [str(p) for p in texts]
+    out.claim(texts)
+    return [str(out.write(name, text)) for name, text in texts.items()]

@@ -31,17 +31,20 @@ imports rl-msprobe.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import socket
+import sys
 
 ENV = "RL_MSPROBE_WEIGHTS_DIR"
 HASH_ENV = "RL_MSPROBE_WEIGHTS_HASH"
 FORMAT = 1
 
 _counters = {"sent": 0, "engine": 0}
+_warned: set[str] = set()
 
 
 def enabled() -> bool:
@@ -50,6 +53,21 @@ def enabled() -> bool:
 
 def _hash_wanted() -> bool:
     return os.environ.get(HASH_ENV, "1").strip() != "0"
+
+
+@contextlib.contextmanager
+def _never_breaks_the_sync(what: str):
+    """A failure here costs fingerprints (the compare then reports them missing), never the sync."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - a debugging aid must not stop the job
+        if what not in _warned:
+            _warned.add(what)
+            print(
+                f"rl-msprobe weights: {what} failed ({type(exc).__name__}: {exc}); those fingerprints are "
+                "missing, the weight sync goes on",
+                file=sys.stderr,
+            )
 
 
 # ------------------------------------------------------------------------------ fingerprints
@@ -178,11 +196,13 @@ def _sent(stream, sync: int, step):
     rank, records, hashed = _rank(), [], _hash_wanted()
     try:
         for index, (name, tensor) in enumerate(stream):
-            extra = {"step": step, "hash": digest(tensor) if hashed else None}
-            records.append(_record("sent", sync, rank, name, tensor, index, **extra))
+            with _never_breaks_the_sync("the sent fingerprint"):
+                extra = {"step": step, "hash": digest(tensor) if hashed else None}
+                records.append(_record("sent", sync, rank, name, tensor, index, **extra))
             yield name, tensor
     finally:
-        _write("sent", records)
+        with _never_breaks_the_sync("writing the sent fingerprints"):
+            _write("sent", records)
 
 
 # ------------------------------------------------------------------------------ engine side
@@ -196,11 +216,15 @@ def engine_sync(method):
     def wrapper(self, *args, **kwargs):
         if not enabled():
             return method(self, *args, **kwargs)
-        state = _begin(self)
+        state = None
+        with _never_breaks_the_sync("starting a sync's fingerprints"):
+            state = _begin(self)
         try:
             return method(self, *args, **kwargs)
         finally:
-            _end(self, state)
+            if state is not None:
+                with _never_breaks_the_sync("the resident fingerprints"):
+                    _end(self, state)
 
     return wrapper
 
@@ -209,6 +233,11 @@ def received(worker, weights) -> None:
     """First line of `_update_weights`: fingerprint the bucket as it arrived, per TP rank."""
     if not enabled():
         return
+    with _never_breaks_the_sync("the received fingerprints"):
+        _received(worker, weights)
+
+
+def _received(worker, weights) -> None:
     state = getattr(worker, "_rl_msprobe_weights", None) or _begin(worker)
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
@@ -309,7 +338,8 @@ def _arm(model, state: dict) -> None:
             def hooked(layer, *args, _original=original, _armed=armed, **kwargs):
                 entry = _armed.get(id(layer))
                 if entry is not None and enabled():
-                    _capture(*entry, layer)
+                    with _never_breaks_the_sync("the loader-written fingerprints"):
+                        _capture(*entry, layer)
                 return _original(layer, *args, **kwargs)
 
             method.process_weights_after_loading = hooked
