@@ -73,7 +73,10 @@ def _never_breaks_the_sync(what: str):
 # ------------------------------------------------------------------------------ fingerprints
 
 
-BLOCK = 1 << 16  # elements per block: a float32 block and its float64 copy (768 KB) stay in a core's L2
+# Elements per block: a float32 block (1 MB) and its float64 scratch (2 MB) stay in cache while every
+# reduction runs on them. Statistics of 379 MB fp32 on the 2-core dev machine: 64K 0.17 s, 256K 0.10 s,
+# 1M 0.11 s, 4M 0.29 s (one whole-tensor pass per reduction, as before: 0.35 s; a memcpy: 0.31 s).
+BLOCK = 1 << 18
 
 
 def _pieces(tensor):
