@@ -115,11 +115,7 @@ class Codemod:
     name: ClassVar[str]  # also the marker suffix
     project: ClassVar[str]
     path: ClassVar[str]  # relative to the tree root, posix
-    # the releases the tests prove: information only, never a gate (the code found decides)
-    min_version: ClassVar[str | None] = None
-    max_version: ClassVar[str | None] = None
     anchors: ClassVar[dict[str, str]]  # anchor name -> what was expected there (for errors)
-    description: ClassVar[str] = ""
     # top-level classes, one of which the file must define for this codemod to apply there;
     # empty: the file's presence decides (then every required anchor must be found)
     subject: ClassVar[tuple[str, ...]] = ()
@@ -149,9 +145,6 @@ class Codemod:
         if not self.subject:
             return f"the file {self.path}"
         return " or ".join(f"class {name}" for name in self.subject)
-
-    def range_text(self) -> str:
-        return f"{self.min_version or 'any'} … {self.max_version or 'newest'}"
 
     def apply(self, source: str, version: str | None = None) -> str:
         """Insert the marked lines; a source where they already stand comes back unchanged."""

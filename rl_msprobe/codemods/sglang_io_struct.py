@@ -50,9 +50,6 @@ class SGLangIoStruct(Codemod):
     name = "sglang-io-struct"
     project = "sglang"
     path = "sglang/srt/managers/io_struct.py"
-    min_version = "0.5.2"
-    max_version = None  # also useful with native dumps (0.5.11+); anchors decide
-    description = "MSPROBE_BOOTSTRAP_ROOM pins the bootstrap room of batches without one"
     anchors = {METHOD: "a method _normalize_bootstrap_params in class GenerateReqInput (SGLang 0.5.2+)"}
 
     def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:

@@ -143,9 +143,6 @@ class SGLangModelRunner(Codemod):
     name = "sglang-model-runner"
     project = "sglang"
     path = "sglang/srt/model_executor/model_runner.py"
-    min_version = "0.4.6.post5"
-    max_version = "0.5.10.post1"
-    description = "msprobe debugger in ModelRunner: created in __init__, start/stop/step around forward"
     anchors = {
         "__init__: self.forward_pass_id = 0": "`self.forward_pass_id = 0` in the body of ModelRunner.__init__",
         "forward: self.forward_pass_id += 1": "`self.forward_pass_id += 1` in the body of ModelRunner.forward, "

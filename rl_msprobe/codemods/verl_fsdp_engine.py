@@ -80,9 +80,6 @@ class VerlFSDPEngine(Codemod):
     name = "verl-fsdp-engine"
     project = "verl"
     path = "verl/workers/engine/fsdp/transformer_impl.py"
-    min_version = "0.6.0"
-    max_version = "0.9.1"
-    description = "msprobe start/stop/step around each micro-batch in FSDPEngine.forward_backward_batch"
     anchors = {
         "FSDPEngine.forward_backward_batch": "a method forward_backward_batch in class FSDPEngine",
         "micro-batch loop": "a loop `for micro_batch in micro_batches:` (or over enumerate(micro_batches))",

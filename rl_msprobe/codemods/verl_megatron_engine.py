@@ -88,9 +88,6 @@ class VerlMegatronEngine(Codemod):
     name = "verl-megatron-engine"
     project = "verl"
     path = "verl/workers/engine/megatron/transformer_impl.py"
-    min_version = "0.6.0"
-    max_version = "0.9.1"
-    description = "dump switch per batch in MegatronEngine; start/stop around each forward_fn in forward_step"
     anchors = {
         "MegatronEngine.forward_backward_batch": "a method forward_backward_batch in class MegatronEngine",
         "MegatronEngineWithLMHead.forward_step": "a method forward_step(self, batch_iter, model, ...) "

@@ -141,11 +141,8 @@ _BYPASS_EXPECTED = (
 class VerlRayTrainer(_TrainerCodemod):
     name = "verl-ray-trainer"
     path = "verl/trainer/ppo/ray_trainer.py"
-    min_version = "0.6.0"
-    max_version = "0.9.1"
     method = "RayPPOTrainer.fit"
     anchor_name = "old-log-prob recompute"
-    description = "PROMPTS_ONLY trim before the old-log-prob recompute in RayPPOTrainer.fit"
     anchors = {
         "RayPPOTrainer.fit": "a method fit in class RayPPOTrainer",
         "old-log-prob recompute": f"{_BYPASS_EXPECTED} (0.6.1+) or "
@@ -163,12 +160,7 @@ class VerlRayTrainer(_TrainerCodemod):
 class VerlSeparateTrainer(_TrainerCodemod):
     name = "verl-separate-trainer"
     path = "verl/experimental/separation/ray_trainer.py"
-    min_version = "0.7.1"
-    max_version = "0.9.1"
     method = "SeparateRayPPOTrainer._fit_compute_log_prob"
-    description = (
-        "PROMPTS_ONLY trim in SeparateRayPPOTrainer._fit_compute_log_prob (one-step-off, fully-async)"
-    )
     anchors = {
         "SeparateRayPPOTrainer._fit_compute_log_prob": "a method _fit_compute_log_prob in class SeparateRayPPOTrainer",
         "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in SeparateRayPPOTrainer._fit_compute_log_prob",
@@ -178,10 +170,7 @@ class VerlSeparateTrainer(_TrainerCodemod):
 class VerlV1Trainer(_TrainerCodemod):
     name = "verl-v1-trainer"
     path = "verl/trainer/ppo/v1/trainer_base.py"
-    min_version = "0.9.0"
-    max_version = "0.9.1"
     method = "PPOTrainer._compute_old_log_prob"
-    description = "PROMPTS_ONLY trim (TransferQueue fields) in the v1 PPOTrainer._compute_old_log_prob"
     anchors = {
         "PPOTrainer._compute_old_log_prob": "a method _compute_old_log_prob in class PPOTrainer",
         "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in PPOTrainer._compute_old_log_prob",
@@ -191,10 +180,7 @@ class VerlV1Trainer(_TrainerCodemod):
 class VerlSyncTrainer(_TrainerCodemod):
     name = "verl-sync-trainer"
     path = "verl/trainer/main_ppo_sync.py"
-    min_version = "0.8.0"
-    max_version = "0.8.0"
     method = "PPOTrainer._compute_old_log_prob"
-    description = "PROMPTS_ONLY trim (TransferQueue fields) in main_ppo_sync PPOTrainer._compute_old_log_prob"
     anchors = VerlV1Trainer.anchors
 
 
@@ -227,12 +213,7 @@ class _AfterQueue(ScopedTransformer):
 class VerlFullyAsyncTrainer(ConsistencyCodemod):
     name = "verl-fully-async-trainer"
     path = "verl/experimental/fully_async_policy/fully_async_trainer.py"
-    min_version = "0.7.1"
-    max_version = "0.9.1"
     method = "FullyAsyncTrainer._fit_generate"
-    description = (
-        "PROMPTS_ONLY trim in FullyAsyncTrainer._fit_generate, after the batch is taken from the queue"
-    )
     anchors = {
         "FullyAsyncTrainer._fit_generate": "a method _fit_generate in class FullyAsyncTrainer",
         "batch taken from the queue": "a `with ...:` block calling self._get_samples_from_queue() "
@@ -241,12 +222,3 @@ class VerlFullyAsyncTrainer(ConsistencyCodemod):
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         return _AfterQueue(ctx, self.method)
-
-
-TRAINER_CODEMODS = (
-    VerlRayTrainer,
-    VerlSeparateTrainer,
-    VerlV1Trainer,
-    VerlSyncTrainer,
-    VerlFullyAsyncTrainer,
-)

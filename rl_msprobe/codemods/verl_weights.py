@@ -98,10 +98,7 @@ class VerlWeightsSent(Codemod):
     name = "verl-weights-sent"
     project = "verl"
     path = "verl/workers/engine_workers.py"
-    min_version = "0.7.0"
-    max_version = "0.9.1"
     subject = (ACTOR,)
-    description = "fingerprint every (name, tensor) the actor's engine hands to the weight sync"
     anchors = {
         f"class {ACTOR}": f"a top-level class {ACTOR}",
         "get_per_tensor_param assignment": (
@@ -146,10 +143,7 @@ class VerlWeightsReceived(Codemod):
     name = "verl-weights-received"
     project = "verl"
     path = "verl/workers/rollout/vllm_rollout/utils.py"
-    min_version = "0.7.1"
-    max_version = "0.9.1"
     subject = (EXTENSION,)
-    description = "fingerprint what each vLLM worker receives (before load_weights) and holds after the sync"
     anchors = {
         f"class {EXTENSION}": f"a top-level class {EXTENSION}",
         f"{EXTENSION}.update_weights_from_ipc": f"a method update_weights_from_ipc in class {EXTENSION}",

@@ -146,9 +146,6 @@ class VllmAscendModelRunner(Codemod):
     name = "vllm-ascend-model-runner"
     project = "vllm-ascend"
     path = "vllm_ascend/worker/model_runner_v1.py"
-    min_version = "0.12.0rc1"
-    max_version = None  # anchors decide for releases newer than the ones tested (0.30.0rc2)
-    description = "dispatch log line at every dump finish point of NPUModelRunner; dumps under {pid}"
     anchors = {
         "__init__: self.debugger = ...": f"`self.debugger = PrecisionDebugger(...)` (or AclGraphDumper) "
         f"in {CLASS}.__init__ — vLLM-Ascend's own msprobe support (0.12.0rc1+)",

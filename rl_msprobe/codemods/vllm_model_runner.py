@@ -114,9 +114,6 @@ class VllmModelRunner(Codemod):
     name = "vllm-model-runner"
     project = "vllm"
     path = "vllm/v1/worker/gpu_model_runner.py"
-    min_version = "0.24.0"
-    max_version = "0.33.0"
-    description = "msprobe start before the model forward, stop/step when execute_model exits, dispatch log"
     anchors = {
         f"class {CLASS}": f"a top-level class {CLASS}",
         f"{CLASS}.__init__": f"a method __init__ in class {CLASS}",

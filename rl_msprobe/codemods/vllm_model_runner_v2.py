@@ -53,9 +53,6 @@ class VllmModelRunnerV2(Codemod):
     name = "vllm-v2-runner-guard"
     project = "vllm"
     path = "vllm/v1/worker/gpu/model_runner.py"
-    min_version = "0.24.0"
-    max_version = "0.33.0"
-    description = "the V2 model runner refuses to start while MSPROBE_ROLLOUT_CONFIG is set (use VLLM_USE_V2_MODEL_RUNNER=0)"
     anchors = {"GPUModelRunner.__init__": "a method __init__ in class GPUModelRunner (the V2 runner)"}
 
     def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:

@@ -23,9 +23,7 @@ from packaging.version import VERSION_PATTERN, Version
 from rl_msprobe.launch.detect import Detection, env_value
 from rl_msprobe.launch.overrides import Overrides, format_value, render_override, same_value
 from rl_msprobe.launch.script import LaunchScript
-from rl_msprobe.upstream import VERL_NEWEST
 
-NEWEST = {"verl": VERL_NEWEST, "sglang": "0.5.16", "vllm-ascend": "0.20.2rc1"}
 RAY_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars."
 _MISSING = object()
 _VERSION_RE = re.compile(VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)

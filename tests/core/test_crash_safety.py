@@ -223,7 +223,7 @@ def test_simultaneous_applies_exactly_one_wins(kind, templates, tmp_path):
 
 
 def test_second_command_waits_then_refuses_with_the_holders_pid(templates, tmp_path, monkeypatch):
-    from rl_msprobe import journal
+    from rl_msprobe.engine import journal
 
     tree = _copy(templates["plain"].original, tmp_path / "t")
     monkeypatch.setenv("RL_MSPROBE_LOCK_WAIT", "0.2")

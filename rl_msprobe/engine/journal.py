@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_msprobe.errors import UserError
+from rl_msprobe.upstream.releases import cache_dir
 
 STATE_DIR = ".rl-msprobe"
 LOCK = "lock"
@@ -139,8 +140,6 @@ def writable_dir(path: Path) -> bool:
 
 
 def cache_state_dir(root: Path) -> Path:
-    from rl_msprobe.targets import cache_dir
-
     key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
     return cache_dir() / "trees" / key
 
