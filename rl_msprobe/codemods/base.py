@@ -119,6 +119,10 @@ class Codemod:
     # top-level classes, one of which the file must define for this codemod to apply there;
     # empty: the file's presence decides (then every required anchor must be found)
     subject: ClassVar[tuple[str, ...]] = ()
+    # its cases, under fixtures/codemods/ in the repository (default: the codemod's name):
+    # X.before.py + X.after.py per upstream shape, Y.invalid.py per drift it must refuse loudly;
+    # tests/codemods/ runs every registered codemod over its own folder
+    fixtures: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -130,6 +134,11 @@ class Codemod:
     @property
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.name}"
+
+    @property
+    def fixture_folder(self) -> str:
+        """The folder of this codemod's cases, relative to fixtures/codemods/."""
+        return self.fixtures or self.name
 
     def required_anchors(self) -> list[str]:
         """Every declared anchor; a transform waives the variants the file's code does not use."""

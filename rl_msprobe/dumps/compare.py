@@ -155,7 +155,7 @@ def first_divergences(run: CompareRun) -> dict[str, list[int]]:
 
 def _floor_text(run: CompareRun) -> str:
     floors = run.noise_floors()
-    return ", ".join(f"{k} {v:.0e}" for k, v in sorted(floors.items())) or "–"
+    return ", ".join(f"{k} {100 * v:.3g}%" for k, v in sorted(floors.items())) or "–"
 
 
 def verdict(run: CompareRun) -> str:

@@ -24,10 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Noise floors (relative error, fraction) for identical weights on both sides, by the coarser dtype
-# of the two: measured on the live verl 0.9.1 job (tests/consistency/test_live_job.py, 2026-12-01:
-# FSDP2 actor vs vLLM CPU, tiny Qwen2/Qwen3). fp32: largest clean row error 3e-6 (TP=1 and TP=2);
-# bf16: 0.8% (one rounding step of bf16, 2^-7, on a norm or a projection). fp16 has 3 more mantissa
-# bits than bf16: an eighth of its floor.
+# of the two, measured on the live verl 0.9.1 jobs (tests/consistency/test_live_job.py, 2026-12-01,
+# FSDP2 actor vs vLLM CPU): fp32, tiny Qwen2 TP=2, largest clean module error 2.5e-7 (floor 1e-4:
+# 400x above it, 100x below a 1% fault); bf16, tiny Qwen3 TP=2, largest clean module error 0.89%
+# (an input_layernorm; one bf16 rounding step is 2^-8..2^-7), floor 1.6% (1.8x above it: a bf16
+# fault must exceed ~1.6% to be told from noise). fp16 has 3 more mantissa bits than bf16: an
+# eighth of its floor (not measured here).
 NOISE_FLOOR = {"fp32": 1e-4, "bf16": 1.6e-2, "fp16": 2e-3}
 FLOOR_FACTOR = 1.0  # the output error must exceed the floor itself ...
 GAIN = 4.0  # ... and this many times the error the module received

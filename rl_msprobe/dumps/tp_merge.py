@@ -12,7 +12,9 @@ that differs, is a finding of its own (`Disagreement`). A module fed other input
 gives other outputs by design: a shard of a layout the dump does not tell, counted, not judged.
 
 Which tensors are shards is read from the module class in the dump key and checked against the
-shapes: the ranks' shapes must agree except on the shard dimension, and where the training dump
+shapes; a tensor of another class is a shard when its shape is the training tensor's (same module
+and role) with one dimension divided by the number of ranks (the q/k norms of Qwen3 see a rank's
+heads). Class rule and shapes: the ranks' shapes must agree except on the shard dimension, and where the training dump
 holds a tensor of the same module name and role, its shape must be the merged one (else the
 tensor is taken as whole, with a note). Never from a model name.
 
@@ -76,6 +78,29 @@ def shard_dim(cls: str, role: str, index: int | str, ndim: int) -> int | None:
     if cls in VOCAB and role == "parameters" and index == "weight":
         return 0
     return None
+
+
+def _unbatched(shape: list[int]) -> list[int]:
+    """The shape without leading 1-dims (the training side's batch of one)."""
+    out = [int(x) for x in shape]
+    while len(out) > 1 and out[0] == 1:
+        out = out[1:]
+    return out
+
+
+def shard_dim_by_shape(rank: list[int], train: list[int] | None, n: int) -> int | None:
+    """The dimension of RANK's shape that is 1/N of the training tensor's (all others equal, the
+    training batch of one aside): a shard of a module whose class does not say so (the q/k norms of
+    a rank's heads). None when the shapes do not say that."""
+    if train is None or n < 2:
+        return None
+    r, t = _unbatched(rank), _unbatched(train)
+    if len(r) != len(t):
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(r, t)) if a != b]
+    if len(differ) != 1 or r[differ[0]] * n != t[differ[0]]:
+        return None
+    return differ[0] + (len(rank) - len(r))
 
 
 def _squeezed(shape: list[int]) -> list[int]:
@@ -208,6 +233,12 @@ def merge(ranks: list[dict], train: dict | None = None) -> Merged:
                         f"(ranks {[c['shape'] for c in present]}, training {want}); compared as replicated"
                     )
                     dim = None
+            if dim is None and all(list(c["shape"]) == list(leaf["shape"]) for c in present):
+                dim = shard_dim_by_shape(list(leaf["shape"]), shapes.get((name, label)), len(present))
+                if dim is not None:
+                    _set(entry, role, index, merge_stats(present, dim))
+                    result.sharded[f"{cls} (by shape)"] = result.sharded.get(f"{cls} (by shape)", 0) + 1
+                    continue
             if dim is not None:
                 _set(entry, role, index, merge_stats(present, dim))
                 result.sharded[cls] = result.sharded.get(cls, 0) + 1

@@ -79,7 +79,7 @@ def test_consistent_report_and_many_pairs(tmp_path: Path) -> None:
     assert (
         paths["md"].read_text().splitlines()[2]
         == "**CONSISTENT: 10 pair(s), 20 matched row(s), 20 module output(s) judged; none exceeds its input's "
-        "error and the noise floor (fp32 1e-04)**"
+        "error and the noise floor (fp32 0.01%)**"
     )
     md = paths["md"].read_text()
     assert "Lowest-scoring" not in md and "DIVERGES" not in md and "| within |" in md

@@ -272,3 +272,46 @@ def test_tp_ranks_with_different_step_counts_fail_check(tmp_path: Path) -> None:
         for p in report.problems
     ), report.problems
     assert json.dumps(report.to_json())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 20, not done: tensor-mode dumps of several TP ranks would need their .pt shards "
+    "concatenated (torch, in the training interpreter); such a pair fails with that reason today",
+)
+def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(tmp_path: Path) -> None:
+    from rl_msprobe.dumps import inputs
+
+    ranks, _, train = _tp_dumps()
+    paths = []
+    for i, data in enumerate(ranks):
+        doc = {"task": "tensor", "level": "L0", "framework": "pytorch", "data": data}
+        paths.append(write_dump(tmp_path / f"rank{i}", doc))
+    t = write_dump(tmp_path / "train", {"task": "tensor", "level": "L0", "data": train})
+    given = inputs.prepare(t, paths[0], tmp_path / "given", "fsdp", tuple(paths[1:]))
+    assert given.rollout != paths[0]
+
+
+def test_a_shard_the_class_does_not_name_is_found_by_shape() -> None:
+    """Qwen3's q_norm / k_norm (RMSNorm) see a rank's heads: [T, H/tp, D] against the training
+    [1, T, H, D] is a shard on the heads; a whole tensor, or other ratios, are not."""
+    assert tp_merge.shard_dim_by_shape([5, 2, 32], [1, 5, 4, 32], 2) == 1
+    assert tp_merge.shard_dim_by_shape([5, 1, 32], [1, 5, 2, 32], 2) == 1  # one head per rank
+    assert tp_merge.shard_dim_by_shape([5, 4, 32], [1, 5, 4, 32], 2) is None  # whole: replicated
+    assert tp_merge.shard_dim_by_shape([5, 2, 32], [1, 5, 6, 32], 2) is None
+    assert tp_merge.shard_dim_by_shape([5, 2, 32], None, 2) is None
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(5, 4, 32))
+    ranks = [
+        {
+            "Module.model.layers.0.self_attn.q_norm.RMSNorm.forward.0": _entry(
+                [q[:, 2 * r : 2 * r + 2]], [q[:, 2 * r : 2 * r + 2]]
+            )
+        }
+        for r in range(2)
+    ]
+    train = {"Module.model.layers.0.self_attn.q_norm.Qwen3RMSNorm.forward.0": _entry([q[None]], [q[None]])}
+    merged = tp_merge.merge(ranks, train)
+    out = merged.data["Module.model.layers.0.self_attn.q_norm.RMSNorm.forward.0"]["output"][0]
+    assert out["shape"] == [5, 4, 32] and out["Norm"] == pytest.approx(float(np.linalg.norm(q)))
+    assert merged.sharded == {"RMSNorm (by shape)": 2} and not merged.disagreements

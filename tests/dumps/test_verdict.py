@@ -106,7 +106,7 @@ def test_consistent_says_how_many_rows_and_dtypes_in_header(tmp_path: Path) -> N
     run.results.append(_result(tmp_path, _matched("torch.bfloat16;torch.bfloat16")))
     assert verdict(run) == (
         "CONSISTENT: 1 pair(s), 4 matched row(s), 4 module output(s) judged; none exceeds its input's error "
-        "and the noise floor (bf16 2e-02)"
+        "and the noise floor (bf16 1.6%)"
     )
     assert dtype_line(run) == "dtypes differ (training -> rollout): torch.bfloat16 -> torch.float32 (4 rows)"
     md = write_report(run)["md"].read_text()
