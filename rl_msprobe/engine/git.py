@@ -274,6 +274,13 @@ def _index_for(repo: Any, info: dict[str, Any]) -> bytes:
                 entries[path] = f"{mode} {blob_id}\t{path}"
             lines = [entries.get(p, f"0 {ZERO}\t{p}") for p in paths]
             _git(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
+        # the new entries' stat data from the files on disk (else git sees them "not uptodate")
+        subprocess.run(
+            ["git", "-C", str(repo.working_tree_dir), "update-index", "-q", "--refresh"],
+            capture_output=True,
+            check=False,
+            env={**os.environ, **env},
+        )
         return Path(temp).read_bytes()
 
 
