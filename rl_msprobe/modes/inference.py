@@ -237,7 +237,9 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         )
         req.notes.append(
             "PD + data parallel: the optional sglang-bootstrap-room patch (SGLang >= 0.5.2) pins bootstrap_room for "
-            "reproducible routing: apply it and export MSPROBE_BOOTSTRAP_ROOM=<N> for the rollout."
+            "reproducible routing: apply it and export MSPROBE_BOOTSTRAP_ROOM=<N> for the rollout. It pins batched "
+            "requests only (SGLang normalises bootstrap parameters for batches); single requests, which verl "
+            "sends, keep the room their router gives them."
         )
     dp = ctx.int_value("actor_rollout_ref.rollout.data_parallel_size")
     if dp is not None and dp > 1 and not native:

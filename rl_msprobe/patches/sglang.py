@@ -84,7 +84,11 @@ SGLANG_BOOTSTRAP_ROOM = PatchSet(
     ),
     min_version="0.5.2",
     optional=True,
-    notes=("Only useful with PD disaggregation and data parallel size > 1.",),
+    notes=(
+        "Only useful with PD disaggregation and data parallel size > 1.",
+        "Pins batched requests only: SGLang runs GenerateReqInput._normalize_bootstrap_params for batches; a "
+        "single request keeps the room its router gives it (without one a PD server rejects it).",
+    ),
 )
 
 SETS = (SGLANG_DUMP, SGLANG_BOOTSTRAP_ROOM)

@@ -4,11 +4,11 @@ library: the per-layer picture is a table of coloured cells, one row per sync, o
 
 from __future__ import annotations
 
-import html
 import re
 from collections import defaultdict
 
 from rl_msprobe.report_folder import ReportFolder
+from rl_msprobe.reporting.html import CSS, h, html_table
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
@@ -19,7 +19,7 @@ COLOUR = {
     "not-compared": "#ececec",
     "tied": "#cfe0f4",
 }
-RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 1, "equal": 0}
+RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 0, "equal": 0}  # tied: accounted for
 
 
 def layer_of(name: str) -> str:
@@ -133,25 +133,66 @@ def markdown(doc: dict) -> str:
 
 
 def html_page(doc: dict) -> str:
+    """The report as one self-contained page (the shared style of rl-msprobe's reports)."""
     layers, cells = picture(doc)
-    esc = html.escape
-    head = "".join(f"<th>{esc(layer)}</th>" for layer in layers)
+    head = "".join(f"<th>{h(layer)}</th>" for layer in layers)
     body = []
     for sync in sorted(cells):
         tds = []
         for layer in layers:
             status, stage = cells[sync].get(layer, ("equal", ""))
             tds.append(
-                f'<td style="background:{COLOUR[status]}" title="{esc(status)} {esc(stage)}">{esc(MARK[status])}</td>'
+                f'<td style="background:{COLOUR[status]}" title="{h(status)} {h(stage)}">{h(_mark(status, stage))}</td>'
             )
         body.append(f"<tr><th>sync {sync}</th>{''.join(tds)}</tr>")
-    md = esc(markdown(doc))
+    verdict = doc["verdict"]
+    steps = [
+        [
+            str(s["sync"]),
+            str(s["step"]),
+            s["verdict"],
+            str(s["sent_tensors"]),
+            str(s["model_tensors"]),
+            str(s["counts"]["differs"]),
+            str(s["counts"]["missing"]),
+            _how(s, "-"),
+        ]
+        for s in doc["steps"]
+    ]
+    findings = [
+        [
+            str(r["sync"]),
+            r["name"],
+            stage,
+            r[stage]["status"],
+            str(r[stage].get("norm_rel")),
+            str(r[stage].get("ranks", "")),
+        ]
+        for r in doc["tensors"]
+        for stage in ("received", "resident")
+        if r[stage]["status"] not in ("equal", "tied")
+    ]
+    first = doc["first_difference"]
     return (
-        "<!doctype html><meta charset=utf-8><title>rl-msprobe weights</title>"
-        f"<h1>Weight parity: {esc(doc['verdict'])}</h1>"
-        "<p>Per layer, per sync: green equal, red differs (hover: the stage), grey missing / not compared, blue tied.</p>"
-        f"<table border=1 cellspacing=0 cellpadding=4><tr><th></th>{head}</tr>{''.join(body)}</table>"
-        f"<pre>{md}</pre>"
+        f"<!doctype html><meta charset=utf-8><title>rl-msprobe weights</title><style>{CSS}</style>"
+        f"<h1>Weight parity</h1><p class='verdict {'ok' if verdict == 'EQUAL' else 'bad'}'>{h(verdict)}"
+        + (
+            f": first difference at sync {first['sync']}, <code>{h(first['name'])}</code>, stage {h(first['stage'])}"
+            if first
+            else ""
+        )
+        + "</p><h2>Per layer</h2><p class=muted>One row per sync, one cell per layer: green equal, red differs "
+        "(X rec: stage received, X res: stage resident), grey missing / not compared.</p>"
+        f"<table><tr><th></th>{head}</tr>{''.join(body)}</table><h2>Syncs</h2>"
+        + html_table(
+            ["sync", "step", "verdict", "sent", "model", "differ", "missing", "resident from"], steps
+        )
+        + "<h2>Findings</h2>"
+        + (
+            html_table(["sync", "tensor", "stage", "status", "norm rel", "ranks"], findings)
+            if findings
+            else "<p>Every tensor equal at every sync.</p>"
+        )
     )
 
 

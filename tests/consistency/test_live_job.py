@@ -334,7 +334,7 @@ def test_planted_one_percent_faults_are_found_at_exactly_that_module(flow: Flow)
     for name in ("tp2", "tensor"):
         run = flow.runs[name]
         _ran(run)
-        assert {p["module"] for p in run.config.plants} <= {m for e in run.plant_log for m in e["active"]}
+        assert {p.module for p in run.config.plants} <= {m for e in run.plant_log for m in e["active"]}
         for plant in run.config.plants:
             proc, doc = run.compare(plant.step - 1)  # training dump step s-1 is training step s
             assert proc.returncode == 1 and doc["verdict"].startswith("DIVERGENT"), doc.get("verdict", doc)

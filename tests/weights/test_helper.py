@@ -76,3 +76,22 @@ def test_resident_parts_split_fused_and_drop_padding():
     assert torch.equal(torch.cat(list(fused.values())), model.attn.qkv_proj.weight)
     ((name, rows),) = helper._parts(model, "embed", model.embed, "weight", model.embed.weight)
     assert name == "embed.weight" and rows.shape == (5, 4)
+
+
+def test_the_device_path_gives_the_numpy_path_s_numbers():
+    """GPU / NPU tensors are fingerprinted where they live (torch, float64 blocks); run here on the
+    CPU through the same function: the numbers must agree with the numpy path's."""
+    from rl_msprobe.weights.fingerprint import Fingerprint, compare
+
+    helper = load()
+    g = torch.Generator().manual_seed(7)
+    for t in (torch.randn(3000, 7, generator=g), torch.randn(5000, generator=g).to(torch.bfloat16)):
+        bad = t.clone()
+        bad[3] = float("nan")
+        bad[11] = float("-inf")
+        for x in (t, bad):
+            numpy_fp = Fingerprint.from_dict(helper.fingerprint(x))
+            total, sumsq, low, high, nan, inf = helper._device_stats(x)
+            device_fp = Fingerprint(x.numel(), total, sumsq, low, high, nan, inf)
+            assert compare(numpy_fp, device_fp).equal, (numpy_fp, device_fp)
+            assert (device_fp.nan, device_fp.inf) == (numpy_fp.nan, numpy_fp.inf)

@@ -77,8 +77,8 @@ CHUNK = 1 << 22  # elements per block converted at a time (bfloat16 and other dt
 
 
 def _blocks(tensor):
-    """TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory for
-    float16/32/64 on the CPU, float32 copies of CHUNK elements otherwise (bfloat16, fp8, a GPU)."""
+    """A CPU TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory
+    for float16/32/64, float32 copies of CHUNK elements otherwise (bfloat16, fp8)."""
     import torch
 
     flat = tensor.detach().reshape(-1)
@@ -86,9 +86,7 @@ def _blocks(tensor):
         yield flat.contiguous().numpy()
         return
     for block in flat.split(CHUNK):
-        yield block.to(
-            device="cpu", dtype=torch.float64 if block.dtype == torch.float64 else torch.float32
-        ).numpy()
+        yield block.to(torch.float32).numpy()
 
 
 def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
@@ -114,12 +112,38 @@ def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
     return total, sumsq, low, high, nan, inf
 
 
+def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int, int]:
+    """The same statistics where the tensor lives (a GPU / NPU): float64 blocks of CHUNK elements
+    on the device, so nothing but the six numbers crosses to the host."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    total = sumsq = 0.0
+    nan = inf = 0
+    low = high = None
+    for block in flat.split(CHUNK):
+        block = block.to(torch.float64)
+        finite = torch.isfinite(block)
+        if not bool(finite.all()):
+            nan += int(torch.isnan(block).sum())
+            inf += int(torch.isinf(block).sum())
+            block = block[finite]
+        if block.numel():
+            lo, hi = torch.aminmax(block)
+            low = float(lo) if low is None else min(low, float(lo))
+            high = float(hi) if high is None else max(high, float(hi))
+            total += float(block.sum())
+            sumsq += float(torch.dot(block, block))
+    return total, sumsq, low, high, nan, inf
+
+
 def fingerprint(tensor) -> dict:
     """Order- and layout-invariant statistics of TENSOR in float64 (exact min / max), summed by
     numpy in float64 straight from the tensor's memory where it can (no float64 copy is made)."""
     if tensor.numel() == 0:
         return {"count": 0, "sum": 0.0, "sumsq": 0.0, "min": None, "max": None, "nan": 0, "inf": 0}
-    total, sumsq, low, high, nan, inf = _stats(_blocks(tensor))
+    on_device = tensor.device.type != "cpu"
+    total, sumsq, low, high, nan, inf = _device_stats(tensor) if on_device else _stats(_blocks(tensor))
     return {
         "count": tensor.numel(),
         "sum": total,
