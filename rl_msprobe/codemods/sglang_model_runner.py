@@ -26,7 +26,6 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     dotted,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -150,7 +149,7 @@ class SGLangModelRunner(Codemod):
         "forward: return output": "exactly one return in ModelRunner.forward: `return output` at the end of its body",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

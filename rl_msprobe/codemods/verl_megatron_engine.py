@@ -25,7 +25,6 @@ from rl_msprobe.codemods.base import (
     after_docstring,
     call_name,
     contains_call,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -97,7 +96,7 @@ class VerlMegatronEngine(Codemod):
         "(required where forward_step calls fused_forward_fn, as verl 0.7.1 and later do)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])
+    helper_import = HOOKS_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -31,7 +31,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     call_name,
     dotted,
-    insert_after_imports,
     insert_before,
 )
 
@@ -155,7 +154,7 @@ class VllmAscendModelRunner(Codemod):
         "sample_tokens: scheduler_output": f"scheduler_output unpacked from the execute state in {CLASS}.sample_tokens",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)
