@@ -18,9 +18,9 @@ import time
 
 import libcst as cst
 
-from rl_msprobe import workspace
+from rl_msprobe import engine
 from rl_msprobe.patches import get_set
-from rl_msprobe.targets import resolve_tree
+from rl_msprobe.upstream.trees import resolve_tree
 
 
 def best_of(fn, repeat: int) -> float:
@@ -56,10 +56,10 @@ def main() -> None:
             cst.parse_module(source).code  # noqa: B018
 
     def status() -> None:
-        workspace.collect_status(target, sets)
+        engine.status(target, sets)
 
     def diff() -> None:
-        workspace.unified_diff(workspace.plan_apply(target, sets).changes)
+        engine.diff(engine.plan_apply(target, sets))
 
     floor(), status(), diff()  # warm imports and caches
     t_floor = best_of(floor, args.repeat)

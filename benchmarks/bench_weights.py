@@ -16,8 +16,13 @@ repacking (`RL_MSPROBE_WEIGHTS_DIR` set; the JSON lines are written to a tempora
 Reported: median seconds of each, the median of the pair ratios (target <= 1.2), with the CRC-32
 checksum (the default) and without (RL_MSPROBE_WEIGHTS_HASH=0).
 
-Measured 2026-12-01 on the shared 2-core machine (load from other sessions' jobs; see the figures
-printed by a run and the issue note): written into /work/coord/notes/22.md.
+Measured 2026-12-01 on the shared 2-core machine (load average ~10 from other sessions' jobs, so
+single pairs range 1.3x-5x): 379 MB fp32, 27 tensors, `--repeat 9`: without 2.85 s, with 6.49 s,
+median pair ratio 1.97x with the CRC-32 (1.96x statistics only); `--repeat 7`: 2.21x / 1.56x;
+`--repeat 3`: 1.60x / 1.14x. The 1.2x target is NOT met on this CPU: one fingerprint costs ~0.4
+of a memcpy of the tensor (128 MB: 127 ms against 312 ms for a fresh copy; CRC-32 75 ms), three
+stages are fingerprinted, and this CPU "sync" is only copies (the real one adds the transport,
+FSDP's gathers and vLLM's weight loaders).
 
 Run: python benchmarks/bench_weights.py [--mb 400] [--repeat 5]
 """

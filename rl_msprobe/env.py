@@ -8,11 +8,11 @@ environment.
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 from dataclasses import dataclass, field
 
 from rl_msprobe.errors import UserError
+from rl_msprobe.upstream.interpreter import python_argv
 
 PACKAGE = "mindstudio-probe"
 IMPORT_CHECK = "from msprobe.pytorch import PrecisionDebugger"
@@ -70,22 +70,6 @@ class EnvReport:
         if self.install_attempted:
             doc["install_log_tail"] = self.install_log.strip().splitlines()[-20:]
         return doc
-
-
-def python_argv(python: str) -> list[str]:
-    """The --python value as an argv (it may be `docker exec -i NAME python3`); exit 2 when it cannot be."""
-    try:
-        argv = shlex.split(python)
-    except ValueError as exc:
-        raise UserError(
-            f"--python {python}: cannot be read as a command ({exc}); check its quotes, "
-            "e.g. --python 'docker exec -i NAME python3'."
-        ) from None
-    if not argv:
-        raise UserError(
-            "--python is empty: pass an interpreter such as `python3` or `docker exec -i NAME python3`."
-        )
-    return argv
 
 
 def probe(python: str, timeout: float = 300) -> EnvReport:

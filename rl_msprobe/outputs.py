@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_msprobe import journal
+from rl_msprobe.engine import journal
 from rl_msprobe.errors import UserError
 
 RECORD = ".rl-msprobe-prepared.json"

@@ -26,7 +26,6 @@ from rl_msprobe.launch.render import Token, comment, render
 from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
 from rl_msprobe.modes import consistency, inference, training, triage, weights
 from rl_msprobe.modes.base import (
-    NEWEST,
     CheckResult,
     Context,
     Options,
@@ -35,6 +34,8 @@ from rl_msprobe.modes.base import (
     check_requirements,
     env_in_script,
 )
+from rl_msprobe.upstream.projects import project
+from rl_msprobe.upstream.releases import release_dir
 
 MODE_MODULES = {
     "training": training,
@@ -49,18 +50,6 @@ DERIVED_PREFIX = {
     "consistency": "run_consistency_",
     "triage": "run_triage_",
     "weights": "run_weights_",
-}
-PATCH_TARGET = {
-    "verl-engine": "verl",
-    "verl-prompts-only": "verl",
-    "verl-request-id": "verl",
-    "verl-consistency": "verl",
-    "verl-triage": "verl",
-    "verl-weights": "verl",
-    "sglang-dump": "sglang",
-    "sglang-bootstrap-room": "sglang",
-    "vllm-ascend-dispatch-log": "vllm-ascend",
-    "vllm-dump": "vllm",
 }
 
 
@@ -119,10 +108,8 @@ def read_config(
     if verl_root is None:
         if not own_config:
             return None
-        from rl_msprobe.targets import cache_dir
-
-        version = verl_version or NEWEST["verl"]
-        cached = cache_dir() / "releases" / f"verl-{version}"
+        version = verl_version or project("verl").assumed_version
+        cached = release_dir("verl", version)
         if not (cached / "verl" / "trainer" / "config").is_dir():
             script.notes.append(
                 "the script names its own config: pass --tree or --python (the verl that runs it) to read it"
@@ -252,7 +239,7 @@ def requirements(ctx: Context, mode: str) -> Requirements:
     req.notes.extend(f"assumed: {a}" for a in dict.fromkeys(assumed))
     if ctx.versions.get("verl") is None and mode != "training":
         req.notes.append(
-            f"verl version unknown: assuming {NEWEST['verl']} (pass --tree or --python to detect it)."
+            f"verl version unknown: assuming {project('verl').assumed_version} (pass --tree or --python to detect it)."
         )
     return req
 
@@ -590,9 +577,11 @@ def _regenerate(command: str | None, path: str, mode: str) -> str:
 def patch_commands(sets: list[str], targets: dict[str, str]) -> list[str]:
     """The exact `rl-msprobe patch apply` commands: one per tree, but one for every tree a single
     --python imports (`patch apply` then patches them all or none)."""
+    from rl_msprobe.patches import get_set  # the registry says each set's project (LibCST: only here)
+
     groups: dict[tuple[str, str], list[str]] = {}  # (project, or "" for a shared --python; where) -> sets
     for name in sets:
-        project = PATCH_TARGET.get(name, "verl")
-        where = targets.get(project) or f"--tree <the {project} tree that actually runs>"
-        groups.setdefault(("" if where.startswith("--python ") else project, where), []).append(name)
+        upstream = get_set(name).project
+        where = targets.get(upstream) or f"--tree <the {upstream} tree that actually runs>"
+        groups.setdefault(("" if where.startswith("--python ") else upstream, where), []).append(name)
     return [f"rl-msprobe patch apply {' '.join(names)} {where}" for (_, where), names in groups.items()]

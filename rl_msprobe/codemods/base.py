@@ -115,25 +115,48 @@ class Codemod:
     name: ClassVar[str]  # also the marker suffix
     project: ClassVar[str]
     path: ClassVar[str]  # relative to the tree root, posix
-    # the releases the tests prove: information only, never a gate (the code found decides)
-    min_version: ClassVar[str | None] = None
-    max_version: ClassVar[str | None] = None
     anchors: ClassVar[dict[str, str]]  # anchor name -> what was expected there (for errors)
-    description: ClassVar[str] = ""
     # top-level classes, one of which the file must define for this codemod to apply there;
     # empty: the file's presence decides (then every required anchor must be found)
     subject: ClassVar[tuple[str, ...]] = ()
+    # its cases, under fixtures/codemods/ in the repository (default: the codemod's name):
+    # X.before.py + X.after.py per upstream shape, Y.invalid.py per drift it must refuse loudly;
+    # tests/codemods/ runs every registered codemod over its own folder
+    fixtures: ClassVar[str] = ""
+
+    # the helper module's import the inserted lines use, put after the file's imports (None: none)
+    helper_import: ClassVar[str | None] = None
 
     # ------------------------------------------------------------------ for subclasses
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        """The LibCST transformer that inserts this codemod's lines (it calls ctx.hit per anchor)."""
         raise NotImplementedError
+
+    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
+        """Hook: anchors that depend on what the visit found (waive the variants the file lacks)."""
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        """Visit, check that every required anchor was found (in declaration order), then import
+        the helper. A codemod overrides `transformer` (or, for something else, this)."""
+        transformer = self.transformer(ctx)
+        updated = module.visit(transformer)
+        self.after_visit(transformer, ctx)
+        ctx.check_all_found()
+        if self.helper_import:
+            updated = insert_after_imports(updated, [ctx.statement(self.helper_import)])
+        return updated
 
     # ------------------------------------------------------------------ public API
 
     @property
     def marker(self) -> str:
         return f"{MARKER_PREFIX}{self.name}"
+
+    @property
+    def fixture_folder(self) -> str:
+        """The folder of this codemod's cases, relative to fixtures/codemods/."""
+        return self.fixtures or self.name
 
     def required_anchors(self) -> list[str]:
         """Every declared anchor; a transform waives the variants the file's code does not use."""
@@ -149,9 +172,6 @@ class Codemod:
         if not self.subject:
             return f"the file {self.path}"
         return " or ".join(f"class {name}" for name in self.subject)
-
-    def range_text(self) -> str:
-        return f"{self.min_version or 'any'} … {self.max_version or 'newest'}"
 
     def apply(self, source: str, version: str | None = None) -> str:
         """Insert the marked lines; a source where they already stand comes back unchanged."""

@@ -26,7 +26,6 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     dotted,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -143,9 +142,6 @@ class SGLangModelRunner(Codemod):
     name = "sglang-model-runner"
     project = "sglang"
     path = "sglang/srt/model_executor/model_runner.py"
-    min_version = "0.4.6.post5"
-    max_version = "0.5.10.post1"
-    description = "msprobe debugger in ModelRunner: created in __init__, start/stop/step around forward"
     anchors = {
         "__init__: self.forward_pass_id = 0": "`self.forward_pass_id = 0` in the body of ModelRunner.__init__",
         "forward: self.forward_pass_id += 1": "`self.forward_pass_id += 1` in the body of ModelRunner.forward, "
@@ -153,7 +149,7 @@ class SGLangModelRunner(Codemod):
         "forward: return output": "exactly one return in ModelRunner.forward: `return output` at the end of its body",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -20,7 +20,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     contains_call,
     dotted,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -80,16 +79,13 @@ class VerlFSDPEngine(Codemod):
     name = "verl-fsdp-engine"
     project = "verl"
     path = "verl/workers/engine/fsdp/transformer_impl.py"
-    min_version = "0.6.0"
-    max_version = "0.9.1"
-    description = "msprobe start/stop/step around each micro-batch in FSDPEngine.forward_backward_batch"
     anchors = {
         "FSDPEngine.forward_backward_batch": "a method forward_backward_batch in class FSDPEngine",
         "micro-batch loop": "a loop `for micro_batch in micro_batches:` (or over enumerate(micro_batches))",
         "with-block around self.forward_step": "a `with ctx...:` block in the loop that calls self.forward_step(...)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])
+    helper_import = HOOKS_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

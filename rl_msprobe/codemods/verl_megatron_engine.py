@@ -25,7 +25,6 @@ from rl_msprobe.codemods.base import (
     after_docstring,
     call_name,
     contains_call,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -88,9 +87,6 @@ class VerlMegatronEngine(Codemod):
     name = "verl-megatron-engine"
     project = "verl"
     path = "verl/workers/engine/megatron/transformer_impl.py"
-    min_version = "0.6.0"
-    max_version = "0.9.1"
-    description = "dump switch per batch in MegatronEngine; start/stop around each forward_fn in forward_step"
     anchors = {
         "MegatronEngine.forward_backward_batch": "a method forward_backward_batch in class MegatronEngine",
         "MegatronEngineWithLMHead.forward_step": "a method forward_step(self, batch_iter, model, ...) "
@@ -100,7 +96,7 @@ class VerlMegatronEngine(Codemod):
         "(required where forward_step calls fused_forward_fn, as verl 0.7.1 and later do)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])
+    helper_import = HOOKS_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

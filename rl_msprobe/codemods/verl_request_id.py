@@ -150,12 +150,7 @@ _SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or
 class VerlAgentLoopRequestId(ConsistencyCodemod):
     name = "verl-agent-loop-request-id"
     path = "verl/experimental/agent_loop/agent_loop.py"
-    min_version = "0.6.0"
-    max_version = "0.7.1"
     subject = ("AsyncLLMServerManager",)  # from 0.8.0 the client lives in llm_server.py instead
-    description = (
-        "request id into the rollout output (AsyncLLMServerManager.generate, AgentLoopWorker._run_agent_loop)"
-    )
     anchors = {
         "AsyncLLMServerManager.generate": "a method generate in class AsyncLLMServerManager",
         "server.generate.remote call": f"{_SERVER_CALL} in AsyncLLMServerManager.generate",
@@ -192,10 +187,7 @@ class VerlAgentLoopRequestId(ConsistencyCodemod):
 class VerlLLMServerRequestId(ConsistencyCodemod):
     name = "verl-llm-server-request-id"
     path = "verl/workers/rollout/llm_server.py"
-    min_version = "0.8.0"
-    max_version = "0.9.1"
     subject = ("LLMServerClient",)
-    description = "request id into the rollout output (LLMServerClient.generate; the fully-async subclass where present)"
     anchors = {
         "LLMServerClient.generate": "a method generate in class LLMServerClient",
         "server.generate.remote call": f"{_SERVER_CALL} in LLMServerClient.generate",
@@ -225,9 +217,6 @@ class VerlLLMServerRequestId(ConsistencyCodemod):
 class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
     name = "verl-fully-async-rollouter-request-id"
     path = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
-    min_version = "0.8.0"
-    max_version = "0.8.0"
-    description = "fully-async client keeps the parent's extra_fields (request id) in its accumulated output"
     anchors = {
         "fully-async client generate": _FULLY_ASYNC_EXPECTED,
         "super().generate call": _SUPER_CALL_EXPECTED,
@@ -270,10 +259,7 @@ def _code(stmt: cst.SimpleStatementLine) -> str:
 class VerlAgentLoopTQRequestId(ConsistencyCodemod):
     name = "verl-agent-loop-tq-request-id"
     path = "verl/trainer/ppo/v1/agent_loop_tq.py"
-    min_version = "0.9.0"
-    max_version = "0.9.1"
     method = "AgentLoopWorkerTQ._agent_loop_postprocess"
-    description = "v1 trainer: the request id as a top-level TransferQueue field, so micro-batches carry it"
     anchors = {
         "AgentLoopWorkerTQ._agent_loop_postprocess": "a method _agent_loop_postprocess in class AgentLoopWorkerTQ",
         "position_ids field": f"`{POSITION_FIELD}` in AgentLoopWorkerTQ._agent_loop_postprocess",
@@ -281,11 +267,3 @@ class VerlAgentLoopTQRequestId(ConsistencyCodemod):
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         return _AfterPositionField(ctx, self.method)
-
-
-REQUEST_ID_CODEMODS = (
-    VerlAgentLoopRequestId,
-    VerlLLMServerRequestId,
-    VerlFullyAsyncRolloutRequestId,
-    VerlAgentLoopTQRequestId,
-)

@@ -100,41 +100,25 @@ class _TriageCodemod(Codemod):
     project = "verl"
     anchors = {ANCHOR: _EXPECTED}
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_AfterMetrics(ctx))
-        ctx.check_all_found()
-        return updated
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _AfterMetrics(ctx)
 
 
 class VerlTriageRayTrainer(_TriageCodemod):
     name = "verl-triage-ray-trainer"
     path = "verl/trainer/ppo/ray_trainer.py"
-    description = "triage line after calculate_debug_metrics in RayPPOTrainer.fit"
 
 
 class VerlTriageSeparateTrainer(_TriageCodemod):
     name = "verl-triage-separate-trainer"
     path = "verl/experimental/separation/ray_trainer.py"
-    description = (
-        "triage line after calculate_debug_metrics in SeparateRayPPOTrainer (one-step-off, fully-async)"
-    )
 
 
 class VerlTriageSyncTrainer(_TriageCodemod):
     name = "verl-triage-sync-trainer"
     path = "verl/trainer/main_ppo_sync.py"
-    description = "triage line after calculate_debug_metrics in main_ppo_sync PPOTrainer (TransferQueue)"
 
 
 class VerlTriageV1Trainer(_TriageCodemod):
     name = "verl-triage-v1-trainer"
     path = "verl/trainer/ppo/v1/trainer_base.py"
-    description = "triage line after calculate_debug_metrics in the v1 PPOTrainer (TransferQueue)"
-
-
-TRIAGE_CODEMODS = (
-    VerlTriageRayTrainer,
-    VerlTriageSeparateTrainer,
-    VerlTriageSyncTrainer,
-    VerlTriageV1Trainer,
-)

@@ -26,7 +26,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     after_docstring,
     call_name,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -98,10 +97,7 @@ class VerlWeightsSent(Codemod):
     name = "verl-weights-sent"
     project = "verl"
     path = "verl/workers/engine_workers.py"
-    min_version = "0.7.0"
-    max_version = "0.9.1"
     subject = (ACTOR,)
-    description = "fingerprint every (name, tensor) the actor's engine hands to the weight sync"
     anchors = {
         f"class {ACTOR}": f"a top-level class {ACTOR}",
         "get_per_tensor_param assignment": (
@@ -109,10 +105,10 @@ class VerlWeightsSent(Codemod):
         ),
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_SentTransformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _SentTransformer(ctx)
 
 
 class _ReceivedTransformer(ScopedTransformer):
@@ -146,17 +142,14 @@ class VerlWeightsReceived(Codemod):
     name = "verl-weights-received"
     project = "verl"
     path = "verl/workers/rollout/vllm_rollout/utils.py"
-    min_version = "0.7.1"
-    max_version = "0.9.1"
     subject = (EXTENSION,)
-    description = "fingerprint what each vLLM worker receives (before load_weights) and holds after the sync"
     anchors = {
         f"class {EXTENSION}": f"a top-level class {EXTENSION}",
         f"{EXTENSION}.update_weights_from_ipc": f"a method update_weights_from_ipc in class {EXTENSION}",
         f"{EXTENSION}._update_weights": f"a method _update_weights(self, weights, ...) in class {EXTENSION}",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_ReceivedTransformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _ReceivedTransformer(ctx)

@@ -31,7 +31,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     call_name,
     dotted,
-    insert_after_imports,
     insert_before,
 )
 
@@ -146,9 +145,6 @@ class VllmAscendModelRunner(Codemod):
     name = "vllm-ascend-model-runner"
     project = "vllm-ascend"
     path = "vllm_ascend/worker/model_runner_v1.py"
-    min_version = "0.12.0rc1"
-    max_version = None  # anchors decide for releases newer than the ones tested (0.30.0rc2)
-    description = "dispatch log line at every dump finish point of NPUModelRunner; dumps under {pid}"
     anchors = {
         "__init__: self.debugger = ...": f"`self.debugger = PrecisionDebugger(...)` (or AclGraphDumper) "
         f"in {CLASS}.__init__ — vLLM-Ascend's own msprobe support (0.12.0rc1+)",
@@ -158,7 +154,7 @@ class VllmAscendModelRunner(Codemod):
         "sample_tokens: scheduler_output": f"scheduler_output unpacked from the execute state in {CLASS}.sample_tokens",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -33,7 +33,6 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     contains_call,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -114,9 +113,6 @@ class VllmModelRunner(Codemod):
     name = "vllm-model-runner"
     project = "vllm"
     path = "vllm/v1/worker/gpu_model_runner.py"
-    min_version = "0.24.0"
-    max_version = "0.33.0"
-    description = "msprobe start before the model forward, stop/step when execute_model exits, dispatch log"
     anchors = {
         f"class {CLASS}": f"a top-level class {CLASS}",
         f"{CLASS}.__init__": f"a method __init__ in class {CLASS}",
@@ -124,7 +120,7 @@ class VllmModelRunner(Codemod):
         "model forward in execute_model": f"a statement in {CLASS}.execute_model calling {FORWARD_CALL}(...)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -1,13 +1,17 @@
-"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.workspace` (plans,
-status) and `rl_msprobe.writer` (apply, revert)."""
+"""`rl-msprobe patch list | diff | apply | revert | status`: thin wrappers over `rl_msprobe.engine`
+(plans, diffs, status, apply, revert) that render its results."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
+
+if TYPE_CHECKING:
+    from rl_msprobe.engine import ApplyResult, Recovered, RevertResult
 
 tree_option = click.option(
     "--tree",
@@ -26,7 +30,7 @@ sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
 def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str | None):
     from rl_msprobe.patches import resolve_sets
     from rl_msprobe.patches.releases import default_release
-    from rl_msprobe.targets import resolve_target
+    from rl_msprobe.upstream.trees import resolve_target
 
     sets = resolve_sets(set_names)
     default = default_release(sets[0]) if not tree and not python else None  # one project per call
@@ -46,13 +50,6 @@ def _groups(set_names: tuple[str, ...], tree: str | None, python: str | None):
     return [_target_and_sets(tuple(names), None, python) for names in by_project.values()]
 
 
-def _combined(docs: list[dict]) -> dict:
-    """One JSON document: a single tree's as it is, several under "trees" (as `patch status` does)."""
-    if len(docs) == 1:
-        return docs[0]
-    return {"trees": docs, "sets": [s for d in docs for s in d["sets"]], "noop": all(d["noop"] for d in docs)}
-
-
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
@@ -62,20 +59,20 @@ def _warn(warnings: list[str]) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
-def _echo_recovered(journal: dict | None) -> None:
+def _echo_recovered(journal: Recovered | None) -> None:
     """Say what became of a run that was killed part-way (its journal was found)."""
+    from rl_msprobe.engine import JournalOutcome
+
     if not journal:
         return
-    if journal["outcome"] == "in progress":
-        click.echo(
-            f"note: another rl-msprobe (pid {journal['pid']}) is patching this tree right now.", err=True
-        )
-    elif journal["outcome"] == "unfinished":
-        click.echo(f"note: {journal['detail']}", err=True)
+    if journal.outcome is JournalOutcome.IN_PROGRESS:
+        click.echo(f"note: another rl-msprobe (pid {journal.pid}) is patching this tree right now.", err=True)
+    elif journal.outcome is JournalOutcome.UNFINISHED:
+        click.echo(f"note: {journal.detail}", err=True)
     else:
         click.echo(
-            f"note: an interrupted `patch {journal['op']}` (pid {journal['pid']}) was found and "
-            f"{journal['outcome']} first ({', '.join(journal['files'])}).",
+            f"note: an interrupted `patch {journal.op}` (pid {journal.pid}) was found and "
+            f"{journal.outcome.value} first ({', '.join(journal.files)}).",
             err=True,
         )
 
@@ -150,12 +147,12 @@ def diff(
 
     Exit 0 like `git diff`; with --exit-code, 1 when changes are pending and 0 when none.
     """
-    from rl_msprobe import workspace
+    from rl_msprobe import engine
 
     target, sets = _target_and_sets(set_names, tree, python)
-    plan = workspace.plan_apply(target, sets)
-    text = workspace.unified_diff(plan.changes)
-    summary = workspace.summarize(text)
+    plan = engine.plan_apply(target, sets)
+    text = engine.diff(plan)
+    summary = engine.summarize(text)
     if as_json:
         emit_json(
             {
@@ -216,49 +213,38 @@ def apply(
     interpreter imports, each tree all or nothing, and the command too: when a later tree fails, the
     trees already patched are taken back.
     """
-    from rl_msprobe import multitree, writer
+    from rl_msprobe import engine
     from rl_msprobe.errors import UserError
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
     groups = _groups(set_names, tree, python)
-
-    def one(target, sets):
-        return writer.apply(target, sets, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
-
-    results = multitree.each(groups, one)
-    for (target, sets), result in zip(groups, results, strict=True):
-        result["notes"] = [
-            *result.pop("tree_notes"),
-            *(note for s in sets for note in s.notes_for(target.version)),
-        ]
+    results = engine.apply_many(groups, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
     if as_json:
-        emit_json(_combined(results))
+        emit_json(engine.combined_json(results))
         return
     for (target, _), result in zip(groups, results, strict=True):
         _echo_applied(target, result)
 
 
-def _echo_applied(target, result: dict) -> None:
-    _echo_recovered(result.get("recovered"))
-    if result["noop"]:
-        click.echo(f"{', '.join(result['sets'])}: already applied to {target.describe()}; no file changed.")
-        if result["git"]:  # its pieces came with another set: recorded, so reverting that one keeps them
-            click.echo(
-                f"git: recorded on branch {result['git']['branch']}, commit {result['git']['commit'][:12]}"
-            )
+def _echo_applied(target, result: ApplyResult) -> None:
+    _echo_recovered(result.recovered)
+    if result.noop:
+        click.echo(f"{', '.join(result.sets)}: already applied to {target.describe()}; no file changed.")
+        if result.git:  # its pieces came with another set: recorded, so reverting that one keeps them
+            click.echo(f"git: recorded on branch {result.git.branch}, commit {result.git.commit[:12]}")
     else:
-        click.echo(f"applied {', '.join(result['sets'])} to {target.describe()}:")
-        for path in result["changed"]:
+        click.echo(f"applied {', '.join(result.sets)} to {target.describe()}:")
+        for path in result.changed:
             click.echo(f"  {path}")
-        if result["git"]:
-            click.echo(f"git: branch {result['git']['branch']}, commit {result['git']['commit'][:12]}")
+        if result.git:
+            click.echo(f"git: branch {result.git.branch}, commit {result.git.commit[:12]}")
         else:
-            click.echo(f"originals kept in {result['manifest']}")
-    for skipped in result["skipped"]:
-        click.echo(f"  not applicable: {skipped['codemod']} ({skipped['detail']})")
-    _warn(result["warnings"])
-    for note in dict.fromkeys(result["notes"]):
+            click.echo(f"originals kept in {result.manifest}")
+    for skipped in result.skipped:
+        click.echo(f"  not applicable: {skipped.piece} ({skipped.detail})")
+    _warn(list(result.warnings))
+    for note in dict.fromkeys(result.notes):
         click.echo(f"note: {note}")
 
 
@@ -273,34 +259,32 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
 
     With --python, sets of several projects are reverted in their trees, all or none (as apply).
     """
-    from rl_msprobe import multitree, writer
+    from rl_msprobe import engine
 
     groups = _groups(set_names, tree, python)
-    results = multitree.each(groups, writer.revert)
-    for result in results:
-        result["notes"] = result.pop("tree_notes")
+    results = engine.revert_many(groups)
     if as_json:
-        emit_json(_combined(results))
+        emit_json(engine.combined_json(results))
         return
     for (target, _), result in zip(groups, results, strict=True):
         _echo_reverted(target, result)
 
 
-def _echo_reverted(target, result: dict) -> None:
-    _echo_recovered(result.get("recovered"))
-    for note in result["notes"]:
+def _echo_reverted(target, result: RevertResult) -> None:
+    _echo_recovered(result.recovered)
+    for note in result.notes:
         click.echo(f"note: {note}")
-    if result["noop"]:
-        what = "no file changed" if result["kept"] else "not applied; nothing changed"
-        click.echo(f"{', '.join(result['sets'])}: {what} in {target.describe()}.")
+    if result.noop:
+        what = "no file changed" if result.kept else "not applied; nothing changed"
+        click.echo(f"{', '.join(result.sets)}: {what} in {target.describe()}.")
     else:
-        click.echo(f"reverted {', '.join(result['sets'])} in {target.describe()}:")
-    for path in result["changed"]:
+        click.echo(f"reverted {', '.join(result.sets)} in {target.describe()}:")
+    for path in result.changed:
         click.echo(f"  {path}")
-    for kept in result["kept"]:
-        click.echo(f"  kept: {kept['path']} [{kept['codemod']}] ({kept['detail']})")
-    if result["git"]:
-        click.echo(f"git: revert commit {result['git']['commit'][:12]} on {result['git']['branch']}")
+    for kept in result.kept:
+        click.echo(f"  kept: {kept.path} [{kept.piece}] ({kept.detail})")
+    if result.git:
+        click.echo(f"git: revert commit {result.git.commit[:12]} on {result.git.branch}")
 
 
 @patch.command()
@@ -315,9 +299,9 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     Exit 0 when everything asked for is applied (or native), 1 otherwise. Without SET, every
     set for the tree's project.
     """
-    from rl_msprobe import workspace
+    from rl_msprobe import engine
     from rl_msprobe.patches import all_sets
-    from rl_msprobe.targets import resolve_tree
+    from rl_msprobe.upstream.trees import resolve_tree
 
     if set_names:
         groups = _groups(set_names, tree, python)
@@ -330,21 +314,20 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
             )
         target = resolve_tree(tree)
         groups = [(target, [s for s in all_sets() if s.project == target.project and not s.includes])]
-    docs = [workspace.collect_status(target, sets) for target, sets in groups]
-    doc = docs[0] if len(docs) == 1 else {"trees": docs, "sets": [s for d in docs for s in d["sets"]]}
+    statuses = [engine.status(target, sets) for target, sets in groups]
     if as_json:
-        emit_json(doc)
+        emit_json(engine.combined_status_json(statuses))
     else:
-        for (target, _), tree_doc in zip(groups, docs, strict=True):
+        for (target, _), found in zip(groups, statuses, strict=True):
             click.echo(f"{target.describe()}")
-            _warn(tree_doc["warnings"])
-            _echo_recovered(tree_doc.get("journal"))
-            for entry in tree_doc["sets"]:
-                click.echo(f"{entry['name']}: {entry['status']}")
-                for f in entry["files"]:
-                    click.echo(f"  {f['status']:<15} {f['path']}  [{f['codemod']}] {f['detail']}")
-                for cap in entry["capabilities"]:
-                    click.echo(f"  capability found: {cap['name']} ({', '.join(cap['sites'])})")
-                for note in entry["notes"]:
+            _warn(list(found.warnings))
+            _echo_recovered(found.journal)
+            for entry in found.sets:
+                click.echo(f"{entry.name}: {entry.status.value}")
+                for f in entry.files:
+                    click.echo(f"  {f.status.value:<15} {f.path}  [{f.piece}] {f.detail}")
+                for cap in entry.capabilities:
+                    click.echo(f"  capability found: {cap.name} ({', '.join(cap.sites)})")
+                for note in entry.notes:
                     click.echo(f"  note: {note}")
-    sys.exit(0 if workspace.all_applied(doc) else 1)
+    sys.exit(0 if all(found.all_applied for found in statuses) else 1)

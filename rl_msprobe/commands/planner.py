@@ -19,8 +19,6 @@ from rl_msprobe.errors import UserError
 if TYPE_CHECKING:
     from rl_msprobe import outputs
 
-_PROJECT_PACKAGES = {"verl": "verl", "sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm_ascend"}
-
 
 def _read_script(path: str) -> tuple[str, str]:
     from rl_msprobe import bounded
@@ -47,27 +45,29 @@ def _versions(
     """Upstream versions (and how to name each tree in a patch command) from --tree / --python.
 
     `roots` (filled in when given): each project's folder, for reading its config."""
-    from rl_msprobe import targets
+    from rl_msprobe.upstream import interpreter, projects
+    from rl_msprobe.upstream.trees import detect_version, resolve_tree
 
     roots = {} if roots is None else roots
     versions: dict[str, str | None] = {}
     where: dict[str, str] = {}
     notes: list[str] = []
     for spec in trees:
-        target = targets.resolve_tree(spec)
+        target = resolve_tree(spec)
         versions[target.project] = target.version
         roots.setdefault(target.project, Path(target.root))
         if not target.readonly:
             where[target.project] = f"--tree {target.root}"
         notes.append(f"{target.describe()} (from --tree {spec})")
     if python:
-        found = targets.locate_with_python(python, list(_PROJECT_PACKAGES.values()))
-        for project, package in _PROJECT_PACKAGES.items():
+        packages = projects.packages()
+        found = interpreter.locate_with_python(python, list(packages.values()))
+        for project, package in packages.items():
             location = found.get(package)
             if project in versions or not location:
                 continue
             root = Path(location).parent
-            versions[project] = targets.detect_version(root, project) if root.is_dir() else None
+            versions[project] = detect_version(root, project) if root.is_dir() else None
             if root.is_dir():
                 roots.setdefault(project, root)
             where[project] = f"--python {python!r}" if " " in python else f"--python {python}"

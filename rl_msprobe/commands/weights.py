@@ -27,9 +27,12 @@ def weights() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write weights.md, weights.html, weights.json here.",
 )
+@click.option(
+    "--force", is_flag=True, help="Replace files in --out that rl-msprobe did not write (or that were edited)."
+)
 @json_option
 @handles_user_errors
-def compare(folder: Path, out: Path | None, as_json: bool) -> None:
+def compare(folder: Path, out: Path | None, force: bool, as_json: bool) -> None:
     """Compare what the actor sent, what each engine rank received and what it holds, per sync.
 
     FOLDER is <dump-dir>/weights of a run prepared with --mode weights (or --weights). Per
@@ -37,13 +40,15 @@ def compare(folder: Path, out: Path | None, as_json: bool) -> None:
     from what was sent: the transfer) or `resident` (what the engine holds or its loader wrote
     differs from what it received). Exit 0 EQUAL, 1 DIFFERENT or NOT COMPARED.
     """
+    from rl_msprobe.report_folder import ReportFolder
     from rl_msprobe.weights.compare import EQUAL, compare_run
     from rl_msprobe.weights.records import read_run
     from rl_msprobe.weights.report import summary_lines, write_report
 
     doc = compare_run(read_run(folder))
     if out is not None:
-        doc["report"] = write_report(doc, out)
+        with ReportFolder(out, force) as report_folder:
+            doc["report"] = write_report(doc, report_folder)
     if as_json:
         emit_json(doc)
     else:

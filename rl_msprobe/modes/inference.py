@@ -23,7 +23,6 @@ from typing import Any
 from packaging.version import Version
 
 from rl_msprobe.modes.base import (
-    NEWEST,
     ConfigSpec,
     Context,
     EnvVar,
@@ -32,6 +31,7 @@ from rl_msprobe.modes.base import (
     Violation,
     is_abs_path,
 )
+from rl_msprobe.upstream.projects import project
 
 VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
 VLLM_KEY_0_12 = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config"
@@ -170,7 +170,7 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
     native = version is None or version >= SGLANG_NATIVE
     if version is None:
         req.notes.append(
-            f"SGLang version unknown: assuming the newest release ({NEWEST['sglang']}), which reads "
+            f"SGLang version unknown: assuming the newest release ({project('sglang').assumed_version}), which reads "
             "msprobe_dump_config natively. SGLang < 0.5.11 rejects that key (TypeError): there, drop it, apply "
             f"the sglang-dump patch and set {ROLLOUT_ENV} instead (pass --tree/--python to detect the version)."
         )
@@ -237,7 +237,9 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         )
         req.notes.append(
             "PD + data parallel: the optional sglang-bootstrap-room patch (SGLang >= 0.5.2) pins bootstrap_room for "
-            "reproducible routing: apply it and export MSPROBE_BOOTSTRAP_ROOM=<N> for the rollout."
+            "reproducible routing: apply it and export MSPROBE_BOOTSTRAP_ROOM=<N> for the rollout. It pins batched "
+            "requests only (SGLang normalises bootstrap parameters for batches); single requests, which verl "
+            "sends, keep the room their router gives them."
         )
     dp = ctx.int_value("actor_rollout_ref.rollout.data_parallel_size")
     if dp is not None and dp > 1 and not native:

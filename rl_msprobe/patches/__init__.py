@@ -1,253 +1,33 @@
-"""Patch sets: named groups of codemods and added files, and the capabilities each must deliver.
-
-The capability model (every set follows it; `rl-msprobe patch diff|apply|status` enforce it):
-
-- A set lists *pieces*. A piece is one codemod (one upstream file) or one file added to the
-  tree verbatim (from `patches/files/<project>/...`).
-- **Shape decides whether a piece applies**, never the version number. A codemod piece applies
-  when its file is in the tree and the file holds the codemod's *subject* (`Codemod.present`:
-  e.g. class `AsyncLLMServerManager` in agent_loop.py; most codemods: the file's presence).
-  Once it applies, every anchor it requires must be found (which variant is required follows
-  from the file too), else the run stops with the file, the anchor and what was expected.
-  An `essential` piece must apply (file and subject present); a non-essential one whose file
-  or subject is absent is reported `not-applicable`, with the reason, and nothing else.
-- **Capabilities** say what the set promises (`Capability`: "engine hook", "PROMPTS_ONLY trim",
-  "request-id record", "create / start / stop sites", ...), each with the pieces that can deliver
-  it. A capability is delivered when at least one of its pieces has a patched site in this
-  tree; a `Probe` may also require code the capability depends on (a class that must exist for
-  the patched site to ever run). A capability with no site is an error (exit 2) that names the
-  capability and every file searched with what was (not) found: never a silent gap.
-- **Native support** is recognised from the code as well (`PatchSet.native`: a `Probe` that,
-  when it holds, means upstream does this itself; the set is then refused with what to use).
-- **Versions are information only**: `min_version`/`max_version` are the range of releases the
-  tests prove (the default release of `patch diff`, notes, `tested`). A tree outside that
-  range, or a dev / rc / local build, is patched when every capability is found, with a warning
-  and `"tested": false`.
+"""Patch sets: the model (`model`: sets, pieces, capabilities), the registry of every set
+(`registry`), the shape checks (`shape`), the default release without a tree (`releases`), and
+one module of sets per upstream project. `files/` holds the helpers added verbatim to trees.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import resources
-
-from packaging.version import Version
-
-from rl_msprobe.codemods.base import (
-    Codemod,
-    class_has_field,
-    parse_version,
-    top_level_classes,
-    version_in_range,
+from rl_msprobe.patches.model import (
+    Capability,
+    CapabilityError,
+    NewFile,
+    PatchSet,
+    Piece,
+    Probe,
+    defines_class,
+    where_present,
 )
+from rl_msprobe.patches.registry import SETS, all_sets, get_set, resolve_sets
 
-__all__ = ["class_has_field", "top_level_classes"]
-from rl_msprobe.errors import UserError
-
-
-@dataclass(frozen=True)
-class NewFile:
-    """A file rl-msprobe adds to the upstream tree (e.g. the training-side helper)."""
-
-    project: str
-    path: str  # relative to the tree root, posix
-    name: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.name or f"file:{self.path}"
-
-    def content(self) -> bytes:
-        return resources.files("rl_msprobe.patches").joinpath("files", self.project, self.path).read_bytes()
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.content()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One part of a set. `essential=False`: not-applicable (with `why_optional`) where its file
-    or the codemod's subject is not in the tree."""
-
-    item: Codemod | NewFile
-    essential: bool = True
-    why_optional: str = ""  # shown after the shape reason when the piece is not applicable
-
-    @property
-    def label(self) -> str:
-        return self.item.name if isinstance(self.item, Codemod) else self.item.label
-
-    @property
-    def path(self) -> str:
-        return self.item.path
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Code a capability (or native support) depends on: `check(source)` on one file of the tree."""
-
-    path: str
-    expected: str  # what must be there, in words ("class ActorRolloutRefWorker")
-    check: Callable[[str], bool]
-
-    def holds(self, source: str | None) -> bool:
-        return source is not None and self.check(source)
-
-
-def defines_class(path: str, cls: str) -> Probe:
-    return Probe(path, f"class {cls}", lambda source: cls in top_level_classes(source))
-
-
-@dataclass(frozen=True)
-class Capability:
-    """Something a set promises to deliver, and the pieces (labels) that can deliver it.
-
-    Delivered when at least one of `pieces` has a patched site in the tree (and `probe`, if any,
-    holds). `where` says, in words, where the site is expected; `why` explains a failed probe.
-    """
-
-    name: str
-    where: str
-    pieces: tuple[str, ...]
-    probe: Probe | None = None
-    why: str = ""
-
-
-class CapabilityError(UserError):
-    """A capability has no patched site in this tree (or the code it depends on is missing)."""
-
-
-@dataclass(frozen=True)
-class PatchSet:
-    name: str
-    project: str
-    description: str
-    pieces: tuple[Piece, ...] = ()
-    includes: tuple[str, ...] = ()
-    capabilities: tuple[Capability, ...] = ()
-    min_version: str | None = None  # oldest release the tests prove (information)
-    max_version: str | None = None  # newest release the tests prove (information; None: the newest one)
-    native: Probe | None = None  # holds: upstream does this itself, no patch is needed
-    native_since: str | None = None  # the first release with native support (information)
-    native_hint: str = ""  # what to use instead, for the refusal
-    optional: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    # (min_version, max_version, text): notes that hold only for some versions (information)
-    version_notes: tuple[tuple[str | None, str | None, str], ...] = field(default_factory=tuple)
-
-    def notes_for(self, version: str | None) -> list[str]:
-        """The notes that hold for this version (all version notes when the version is unknown)."""
-        scoped = [text for low, high, text in self.version_notes if version_in_range(version, low, high)]
-        return [*self.notes, *scoped]
-
-    def all_pieces(self) -> tuple[Piece, ...]:
-        """This set's pieces and those of included sets, each once, in order."""
-        seen: dict[str, Piece] = {}
-        for included in self.includes:
-            for piece in get_set(included).all_pieces():
-                seen.setdefault(piece.label, piece)
-        for piece in self.pieces:
-            seen.setdefault(piece.label, piece)
-        return tuple(seen.values())
-
-    def all_capabilities(self) -> tuple[Capability, ...]:
-        """This set's capabilities and those of included sets, each once (by name), in order."""
-        seen: dict[str, Capability] = {}
-        for included in self.includes:
-            for capability in get_set(included).all_capabilities():
-                seen.setdefault(capability.name, capability)
-        for capability in self.capabilities:
-            seen[capability.name] = capability  # the including set may sharpen an included one
-        return tuple(seen.values())
-
-    def range_text(self) -> str:
-        return f"{self.min_version or 'any'} … {self.max_version or 'newest'}"
-
-    def tested(self, version: str | None) -> bool:
-        """Is `version` a release inside the range the tests prove (not a dev or local build)?"""
-        parsed = parse_version(version)
-        if parsed is None or parsed.is_devrelease or parsed.local:
-            return False
-        return version_in_range(version, self.min_version, self.max_version)
-
-    def untested_warning(
-        self, version: str | None, tail: str = "all anchors found; review the diff"
-    ) -> str | None:
-        """The warning for a version the tests do not prove (None for a tested one)."""
-        if self.tested(version):
-            return None
-        parsed = parse_version(version)
-        shown = f"{self.project} {version or '(unknown version)'}"
-        public = Version(parsed.public) if parsed is not None else None  # 0.9.1+local is 0.9.1 here
-        if public is not None and self.max_version and public > Version(self.max_version):
-            why = f"is newer than the newest tested release {self.max_version}"
-        elif public is not None and self.min_version and public < Version(self.min_version):
-            why = f"is older than the oldest tested release {self.min_version}"
-        elif parsed is not None and (parsed.is_devrelease or parsed.local):
-            why = f"is a development build (tested releases: {self.range_text()})"
-        else:
-            why = f"is not a tested release ({self.range_text()})"
-        return f"{self.name}: {shown} {why}: {tail}."
-
-
-_REGISTRY: dict[str, PatchSet] = {}
-
-
-def register(patch_set: PatchSet) -> PatchSet:
-    if patch_set.name in _REGISTRY:
-        raise ValueError(f"patch set {patch_set.name} registered twice")
-    _REGISTRY[patch_set.name] = patch_set
-    return patch_set
-
-
-def _load_all() -> None:
-    """Import every set module (each registers its sets), in the order `patch list` shows them.
-
-    Called once, at the end of this package's import: whichever module is imported first (a set
-    module included, which imports this package first), the registry is complete before anyone
-    can read it.
-    """
-    from rl_msprobe.patches import verl, verl_triage, verl_weights  # noqa: F401
-
-    for optional in (
-        "rl_msprobe.patches.sglang",
-        "rl_msprobe.patches.vllm_ascend",
-        "rl_msprobe.patches.vllm",
-    ):
-        try:
-            __import__(optional)
-        except ModuleNotFoundError as exc:
-            if exc.name != optional:
-                raise
-
-
-def all_sets() -> list[PatchSet]:
-    return list(_REGISTRY.values())
-
-
-def get_set(name: str) -> PatchSet:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise UserError(
-            f"unknown patch set {name!r}; known sets: {known} (see `rl-msprobe patch list`)."
-        ) from None
-
-
-def resolve_sets(names: list[str] | tuple[str, ...]) -> list[PatchSet]:
-    """The sets named on the command line; all for one project."""
-    if not names:
-        raise UserError("name at least one patch set (see `rl-msprobe patch list`).")
-    sets = [get_set(n) for n in dict.fromkeys(names)]
-    projects = {s.project for s in sets}
-    if len(projects) > 1:
-        raise UserError(
-            f"sets {', '.join(s.name for s in sets)} are for different projects ({', '.join(sorted(projects))}); "
-            "patch one tree at a time."
-        )
-    return sets
-
-
-_load_all()
+__all__ = [
+    "SETS",
+    "Capability",
+    "CapabilityError",
+    "NewFile",
+    "PatchSet",
+    "Piece",
+    "Probe",
+    "all_sets",
+    "defines_class",
+    "get_set",
+    "resolve_sets",
+    "where_present",
+]

@@ -7,10 +7,11 @@ import ast
 from rl_msprobe.codemods.base import top_level_classes
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
-from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, Probe, register
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, Probe
+from rl_msprobe.upstream.projects import project
 
 OLDEST = "0.4.6.post5"
-NEWEST = "0.5.10.post1"  # the last release without native msprobe support
+NEWEST = project("sglang").newest_tested  # the last release without native msprobe support
 NATIVE_SINCE = "0.5.11"
 
 
@@ -42,50 +43,52 @@ ROOM_FILE = NewFile(
     "sglang", "sglang/srt/managers/rl_msprobe_bootstrap_room.py", name="sglang-bootstrap-room-file"
 )
 
-SGLANG_DUMP = register(
-    PatchSet(
-        name="sglang-dump",
-        project="sglang",
-        description="msprobe debugger in ModelRunner (MSPROBE_ROLLOUT_CONFIG; PD: MSPROBE_PREFILL/DECODE_CONFIG)",
-        pieces=(Piece(DUMP_FILE), Piece(SGLangModelRunner())),
-        capabilities=(
-            Capability(
-                "create / start / stop sites",
-                "ModelRunner.__init__ (create) and ModelRunner.forward (start, stop + step) in "
-                "sglang/srt/model_executor/model_runner.py",
-                ("sglang-model-runner",),
-            ),
+SGLANG_DUMP = PatchSet(
+    name="sglang-dump",
+    project="sglang",
+    description="msprobe debugger in ModelRunner (MSPROBE_ROLLOUT_CONFIG; PD: MSPROBE_PREFILL/DECODE_CONFIG)",
+    pieces=(Piece(DUMP_FILE), Piece(SGLangModelRunner())),
+    capabilities=(
+        Capability(
+            "create / start / stop sites",
+            "ModelRunner.__init__ (create) and ModelRunner.forward (start, stop + step) in "
+            "sglang/srt/model_executor/model_runner.py",
+            ("sglang-model-runner",),
         ),
-        min_version=OLDEST,
-        max_version=NEWEST,
-        native=NATIVE,
-        native_since=NATIVE_SINCE,
-        native_hint=(
-            f"SGLang >= {NATIVE_SINCE} dumps with msprobe itself (server argument msprobe_dump_config): "
-            f"pass {NATIVE_OVERRIDE} to verl instead of patching."
-        ),
-        notes=(
-            "Set MSPROBE_ROLLOUT_CONFIG (PD disaggregation: MSPROBE_PREFILL_CONFIG / MSPROBE_DECODE_CONFIG) in the "
-            "rollout's environment; the config must set dump_path. CUDA graphs are turned off while it is set.",
-        ),
-    )
+    ),
+    min_version=OLDEST,
+    max_version=NEWEST,
+    native=NATIVE,
+    native_since=NATIVE_SINCE,
+    native_hint=(
+        f"SGLang >= {NATIVE_SINCE} dumps with msprobe itself (server argument msprobe_dump_config): "
+        f"pass {NATIVE_OVERRIDE} to verl instead of patching."
+    ),
+    notes=(
+        "Set MSPROBE_ROLLOUT_CONFIG (PD disaggregation: MSPROBE_PREFILL_CONFIG / MSPROBE_DECODE_CONFIG) in the "
+        "rollout's environment; the config must set dump_path. CUDA graphs are turned off while it is set.",
+    ),
 )
 
-SGLANG_BOOTSTRAP_ROOM = register(
-    PatchSet(
-        name="sglang-bootstrap-room",
-        project="sglang",
-        description="optional: MSPROBE_BOOTSTRAP_ROOM pins the bootstrap room, so PD + DP routing repeats",
-        pieces=(Piece(ROOM_FILE), Piece(SGLangIoStruct())),
-        capabilities=(
-            Capability(
-                "bootstrap room pin",
-                "GenerateReqInput._normalize_bootstrap_params in sglang/srt/managers/io_struct.py (SGLang 0.5.2+)",
-                ("sglang-io-struct",),
-            ),
+SGLANG_BOOTSTRAP_ROOM = PatchSet(
+    name="sglang-bootstrap-room",
+    project="sglang",
+    description="optional: MSPROBE_BOOTSTRAP_ROOM pins the bootstrap room, so PD + DP routing repeats",
+    pieces=(Piece(ROOM_FILE), Piece(SGLangIoStruct())),
+    capabilities=(
+        Capability(
+            "bootstrap room pin",
+            "GenerateReqInput._normalize_bootstrap_params in sglang/srt/managers/io_struct.py (SGLang 0.5.2+)",
+            ("sglang-io-struct",),
         ),
-        min_version="0.5.2",
-        optional=True,
-        notes=("Only useful with PD disaggregation and data parallel size > 1.",),
-    )
+    ),
+    min_version="0.5.2",
+    optional=True,
+    notes=(
+        "Only useful with PD disaggregation and data parallel size > 1.",
+        "Pins batched requests only: SGLang runs GenerateReqInput._normalize_bootstrap_params for batches; a "
+        "single request keeps the room its router gives it (without one a PD server rejects it).",
+    ),
 )
+
+SETS = (SGLANG_DUMP, SGLANG_BOOTSTRAP_ROOM)

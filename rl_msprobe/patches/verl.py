@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, defines_class, register
-from rl_msprobe.upstream import VERL_NEWEST
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, defines_class, where_present
+from rl_msprobe.upstream.projects import project
 
-NEWEST = VERL_NEWEST  # newest verl release every verl set is tested on; the default release for `patch diff`
+NEWEST = project("verl").newest_tested  # every verl set is tested up to it
 FSDP_HOOK = Capability(
     "FSDP engine hook",
     "FSDPEngine.forward_backward_batch in verl/workers/engine/fsdp/transformer_impl.py",
@@ -21,24 +21,22 @@ MEGATRON_HOOK = Capability(
 
 HOOKS_FILE = NewFile("verl", "verl/utils/rl_msprobe_hooks.py", name="verl-hooks-file")
 
-VERL_ENGINE = register(
-    PatchSet(
-        name="verl-engine",
-        project="verl",
-        description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1)",
-        pieces=(Piece(HOOKS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
-        capabilities=(FSDP_HOOK, MEGATRON_HOOK),
-        min_version="0.6.0",
-        max_version=NEWEST,
-        version_notes=(
-            (
-                None,
-                "0.7.1",
-                "verl <= 0.7.1 runs the legacy workers by default: add trainer.use_legacy_worker_impl=disable "
-                "so the patched engine runs (rl-msprobe prepare does).",
-            ),
+VERL_ENGINE = PatchSet(
+    name="verl-engine",
+    project="verl",
+    description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1)",
+    pieces=(Piece(HOOKS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
+    capabilities=(FSDP_HOOK, MEGATRON_HOOK),
+    min_version="0.6.0",
+    max_version=NEWEST,
+    version_notes=(
+        (
+            None,
+            "0.7.1",
+            "verl <= 0.7.1 runs the legacy workers by default: add trainer.use_legacy_worker_impl=disable "
+            "so the patched engine runs (rl-msprobe prepare does).",
         ),
-    )
+    ),
 )
 
 
@@ -59,12 +57,6 @@ from rl_msprobe.codemods.verl_trainer import (  # noqa: E402
 )
 
 CONSISTENCY_FILE = NewFile("verl", "verl/utils/rl_msprobe_consistency.py", name="verl-consistency-file")
-
-
-def where_present(codemod, why: str) -> Piece:
-    """A piece that applies where the tree has its file (and the codemod's subject); `why` says
-    which verl has it. A capability still needs one site among its pieces."""
-    return Piece(codemod, essential=False, why_optional=why)
 
 
 TRIM = Capability(
@@ -88,109 +80,105 @@ REQUEST_ID = Capability(
 )
 
 
-VERL_PROMPTS_ONLY = register(
-    PatchSet(
-        name="verl-prompts-only",
-        project="verl",
-        description="PROMPTS_ONLY=1: a prompts-only copy's log-prob forward (the dumped prefill) before the "
-        "old-log-prob recompute in every trainer of the version; the step trains on the full batch",
-        pieces=(
-            Piece(CONSISTENCY_FILE),
-            Piece(VerlRayTrainer()),
-            where_present(
-                VerlSeparateTrainer(),
-                "SeparateRayPPOTrainer (verl/experimental/separation) is in verl 0.7.1 and later",
-            ),
-            where_present(
-                VerlSyncTrainer(),
-                "verl/trainer/main_ppo_sync.py (TransferQueue trainer) is in verl 0.8.0",
-            ),
-            where_present(
-                VerlV1Trainer(),
-                "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) is in verl 0.9.0 and later",
-            ),
-            where_present(
-                VerlFullyAsyncTrainer(),
-                "verl wheels ship it from 0.8.0; 0.7.1 has only its config; FullyAsyncTrainer inherits the "
-                "patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
-            ),
+VERL_PROMPTS_ONLY = PatchSet(
+    name="verl-prompts-only",
+    project="verl",
+    description="PROMPTS_ONLY=1: a prompts-only copy's log-prob forward (the dumped prefill) before the "
+    "old-log-prob recompute in every trainer of the version; the step trains on the full batch",
+    pieces=(
+        Piece(CONSISTENCY_FILE),
+        Piece(VerlRayTrainer()),
+        where_present(
+            VerlSeparateTrainer(),
+            "SeparateRayPPOTrainer (verl/experimental/separation) is in verl 0.7.1 and later",
         ),
-        capabilities=(TRIM,),
-        min_version="0.6.0",
-        max_version=NEWEST,
-        notes=(
-            "Essential in every tree: RayPPOTrainer.fit (before the bypass_recomputing_logprobs line, or before "
-            "the compute_log_prob call where there is none, as in 0.6.0). Patched wherever the tree has them: "
-            "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
-            "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer), FullyAsyncTrainer._fit_generate "
-            "(where the tree ships fully_async_trainer.py).",
-            "The batch itself is never trimmed: the copy's forward is extra work per step (one prompt's "
-            "prefill), and the step's own recompute and update see the full responses, so the job runs to "
-            "its end. With PROMPTS_ONLY=1 the engine hook dumps only that copy's micro-batches.",
+        where_present(
+            VerlSyncTrainer(),
+            "verl/trainer/main_ppo_sync.py (TransferQueue trainer) is in verl 0.8.0",
         ),
-    )
+        where_present(
+            VerlV1Trainer(),
+            "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) is in verl 0.9.0 and later",
+        ),
+        where_present(
+            VerlFullyAsyncTrainer(),
+            "verl wheels ship it from 0.8.0; 0.7.1 has only its config; FullyAsyncTrainer inherits the "
+            "patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
+        ),
+    ),
+    capabilities=(TRIM,),
+    min_version="0.6.0",
+    max_version=NEWEST,
+    notes=(
+        "Essential in every tree: RayPPOTrainer.fit (before the bypass_recomputing_logprobs line, or before "
+        "the compute_log_prob call where there is none, as in 0.6.0). Patched wherever the tree has them: "
+        "SeparateRayPPOTrainer._fit_compute_log_prob (0.7.1+), main_ppo_sync PPOTrainer (0.8.0), v1 "
+        "PPOTrainer._compute_old_log_prob (0.9.0+, the default trainer), FullyAsyncTrainer._fit_generate "
+        "(where the tree ships fully_async_trainer.py).",
+        "The batch itself is never trimmed: the copy's forward is extra work per step (one prompt's "
+        "prefill), and the step's own recompute and update see the full responses, so the job runs to "
+        "its end. With PROMPTS_ONLY=1 the engine hook dumps only that copy's micro-batches.",
+    ),
 )
 
-VERL_REQUEST_ID = register(
-    PatchSet(
-        name="verl-request-id",
-        project="verl",
-        description="the id each rollout request carries is kept in the output's extra_fields['request_id']",
-        pieces=(
-            Piece(CONSISTENCY_FILE),
-            where_present(
-                VerlAgentLoopRequestId(),
-                "from verl 0.8.0 the rollout client is LLMServerClient in verl/workers/rollout/llm_server.py",
-            ),
-            where_present(
-                VerlLLMServerRequestId(),
-                "before verl 0.8.0 the rollout client is AsyncLLMServerManager in agent_loop.py",
-            ),
-            where_present(
-                VerlFullyAsyncRolloutRequestId(),
-                "the fully-async client is defined in fully_async_rollouter.py in verl 0.8.0 (in llm_server.py later)",
-            ),
-            where_present(
-                VerlAgentLoopTQRequestId(),
-                "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) is in verl 0.9.0 "
-                "and later",
-            ),
+VERL_REQUEST_ID = PatchSet(
+    name="verl-request-id",
+    project="verl",
+    description="the id each rollout request carries is kept in the output's extra_fields['request_id']",
+    pieces=(
+        Piece(CONSISTENCY_FILE),
+        where_present(
+            VerlAgentLoopRequestId(),
+            "from verl 0.8.0 the rollout client is LLMServerClient in verl/workers/rollout/llm_server.py",
         ),
-        capabilities=(REQUEST_ID,),
-        min_version="0.6.0",
-        max_version=NEWEST,
-        notes=(
-            "The rollout client the tree has is patched: AsyncLLMServerManager in agent_loop.py (0.6.0 - 0.7.1) "
-            "or LLMServerClient in llm_server.py (0.8.0+); plus the fully-async client where the tree defines "
-            "it and the v1 trainer's agent_loop_tq.py (request_id as a top-level TransferQueue field).",
-            "Active only with DUMP_ON=1, PROMPTS_ONLY=1 or RL_MSPROBE_REQUEST_ID=1 in the rollout workers' "
-            "environment; otherwise the inserted lines do nothing.",
+        where_present(
+            VerlLLMServerRequestId(),
+            "before verl 0.8.0 the rollout client is AsyncLLMServerManager in agent_loop.py",
         ),
-    )
+        where_present(
+            VerlFullyAsyncRolloutRequestId(),
+            "the fully-async client is defined in fully_async_rollouter.py in verl 0.8.0 (in llm_server.py later)",
+        ),
+        where_present(
+            VerlAgentLoopTQRequestId(),
+            "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) is in verl 0.9.0 "
+            "and later",
+        ),
+    ),
+    capabilities=(REQUEST_ID,),
+    min_version="0.6.0",
+    max_version=NEWEST,
+    notes=(
+        "The rollout client the tree has is patched: AsyncLLMServerManager in agent_loop.py (0.6.0 - 0.7.1) "
+        "or LLMServerClient in llm_server.py (0.8.0+); plus the fully-async client where the tree defines "
+        "it and the v1 trainer's agent_loop_tq.py (request_id as a top-level TransferQueue field).",
+        "Active only with DUMP_ON=1, PROMPTS_ONLY=1 or RL_MSPROBE_REQUEST_ID=1 in the rollout workers' "
+        "environment; otherwise the inserted lines do nothing.",
+    ),
 )
 
-VERL_CONSISTENCY = register(
-    PatchSet(
-        name="verl-consistency",
-        project="verl",
-        description="training-inference consistency: engine hooks + PROMPTS_ONLY trimming + request ids",
-        includes=("verl-engine", "verl-prompts-only", "verl-request-id"),
-        capabilities=(
-            Capability(
-                "engine runs the actor",
-                "the actor's log-probs computed by the patched training engine",
-                ("verl-fsdp-engine", "verl-megatron-engine"),
-                probe=defines_class("verl/workers/engine_workers.py", "ActorRolloutRefWorker"),
-                why=(
-                    "Without it (as in verl 0.6.x) the actor always runs the legacy workers (use_legacy_worker_impl "
-                    "switches only the critic and the reward model), so the patched training engine never "
-                    "computes the actor's log-probs and nothing would be dumped; use verl 0.7.0 or later. "
-                    "verl-prompts-only and verl-request-id alone do apply there."
-                ),
+VERL_CONSISTENCY = PatchSet(
+    name="verl-consistency",
+    project="verl",
+    description="training-inference consistency: engine hooks + PROMPTS_ONLY trimming + request ids",
+    includes=(VERL_ENGINE, VERL_PROMPTS_ONLY, VERL_REQUEST_ID),
+    capabilities=(
+        Capability(
+            "engine runs the actor",
+            "the actor's log-probs computed by the patched training engine",
+            ("verl-fsdp-engine", "verl-megatron-engine"),
+            probe=defines_class("verl/workers/engine_workers.py", "ActorRolloutRefWorker"),
+            why=(
+                "Without it (as in verl 0.6.x) the actor always runs the legacy workers (use_legacy_worker_impl "
+                "switches only the critic and the reward model), so the patched training engine never "
+                "computes the actor's log-probs and nothing would be dumped; use verl 0.7.0 or later. "
+                "verl-prompts-only and verl-request-id alone do apply there."
             ),
         ),
-        min_version="0.7.0",
-        max_version=NEWEST,
-        version_notes=VERL_ENGINE.version_notes,
-    )
+    ),
+    min_version="0.7.0",
+    max_version=NEWEST,
+    version_notes=VERL_ENGINE.version_notes,
 )
+
+SETS = (VERL_ENGINE, VERL_PROMPTS_ONLY, VERL_REQUEST_ID, VERL_CONSISTENCY)

@@ -12,8 +12,8 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
-from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
-from rl_msprobe.patches.verl import NEWEST, where_present
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
+from rl_msprobe.upstream.projects import project
 
 TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")
 
@@ -31,31 +31,31 @@ TRIAGE_LINES = Capability(
 )
 
 
-VERL_TRIAGE = register(
-    PatchSet(
-        name="verl-triage",
-        project="verl",
-        description="one JSON line per request (rollout vs training log-probs) where verl computes "
-        "training/rollout_probs_diff_* (RL_MSPROBE_TRIAGE=<folder>)",
-        pieces=(
-            Piece(TRIAGE_FILE),
-            Piece(VerlTriageRayTrainer()),
-            where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
-            where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
-            where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
-        ),
-        capabilities=(TRIAGE_LINES,),
-        min_version="0.7.0",
-        max_version=NEWEST,
-        notes=(
-            "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
-            "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "
-            "ray_trainer.py is required.",
-            "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
-            "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
-            "read the folder with `rl-msprobe mismatch report`.",
-            "Request ids in the lines come from verl-request-id (with RL_MSPROBE_REQUEST_ID=1): prepare --mode triage "
-            "lists both sets; without it the lines carry verl's uid only.",
-        ),
-    )
+VERL_TRIAGE = PatchSet(
+    name="verl-triage",
+    project="verl",
+    description="one JSON line per request (rollout vs training log-probs) where verl computes "
+    "training/rollout_probs_diff_* (RL_MSPROBE_TRIAGE=<folder>)",
+    pieces=(
+        Piece(TRIAGE_FILE),
+        Piece(VerlTriageRayTrainer()),
+        where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
+        where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
+        where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
+    ),
+    capabilities=(TRIAGE_LINES,),
+    min_version="0.7.0",
+    max_version=project("verl").newest_tested,
+    notes=(
+        "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
+        "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "
+        "ray_trainer.py is required.",
+        "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
+        "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
+        "read the folder with `rl-msprobe mismatch report`.",
+        "Request ids in the lines come from verl-request-id (with RL_MSPROBE_REQUEST_ID=1): prepare --mode triage "
+        "lists both sets; without it the lines carry verl's uid only.",
+    ),
 )
+
+SETS = (VERL_TRIAGE,)

@@ -1,13 +1,13 @@
 """The verl-weights patch set: weight-parity fingerprints on both sides of every weight sync.
 
-Kept in its own module (one registration line in `patches/__init__.py`), like verl-triage.
+Kept in its own module (its SETS are one entry of `patches/registry.py`), like verl-triage.
 """
 
 from __future__ import annotations
 
 from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
-from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
-from rl_msprobe.patches.verl import NEWEST
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece
+from rl_msprobe.upstream.projects import project
 
 WEIGHTS_FILE = NewFile("verl", "verl/utils/rl_msprobe_weights.py", name="verl-weights-file")
 ENV = "RL_MSPROBE_WEIGHTS_DIR"
@@ -25,26 +25,26 @@ RECEIVED = Capability(
     ("verl-weights-received",),
 )
 
-VERL_WEIGHTS = register(
-    PatchSet(
-        name="verl-weights",
-        project="verl",
-        description=f"weight parity at every sync: what the actor sends, what each vLLM TP rank receives and "
-        f"holds ({ENV}=<folder>; read it with `rl-msprobe weights compare`)",
-        pieces=(Piece(WEIGHTS_FILE), Piece(VerlWeightsSent()), Piece(VerlWeightsReceived())),
-        capabilities=(SENT, RECEIVED),
-        min_version="0.7.1",
-        max_version=NEWEST,
-        notes=(
-            f"Active only with {ENV}=<absolute folder> in the job's environment (actor workers and the vLLM "
-            "workers); unset, the marked lines return at once and torch is not touched. "
-            "RL_MSPROBE_WEIGHTS_HASH=0 skips the bit-exact hash of sent and received tensors.",
-            "The resident side is what the loader wrote (each layer just before vLLM processes / repacks its "
-            "weights after loading) where vLLM repacks them (CPU), else the parameters after the sync; fused "
-            "qkv_proj / gate_up_proj are split back by the layer's output_partition_sizes and the model's "
-            "packed_modules_mapping; vocab padding rows are dropped.",
-            "verl 0.7.0 loads weights inside vLLMAsyncRollout.update_weights (no worker extension): refused; "
-            "SGLang rollouts and the LoRA adapter path are not fingerprinted.",
-        ),
-    )
+VERL_WEIGHTS = PatchSet(
+    name="verl-weights",
+    project="verl",
+    description=f"weight parity at every sync: what the actor sends, what each vLLM TP rank receives and "
+    f"holds ({ENV}=<folder>; read it with `rl-msprobe weights compare`)",
+    pieces=(Piece(WEIGHTS_FILE), Piece(VerlWeightsSent()), Piece(VerlWeightsReceived())),
+    capabilities=(SENT, RECEIVED),
+    min_version="0.7.1",
+    max_version=project("verl").newest_tested,
+    notes=(
+        f"Active only with {ENV}=<absolute folder> in the job's environment (actor workers and the vLLM "
+        "workers); unset, the marked lines return at once and torch is not touched. "
+        "RL_MSPROBE_WEIGHTS_HASH=0 skips the bit-exact hash of sent and received tensors.",
+        "The resident side is what the loader wrote (each layer just before vLLM processes / repacks its "
+        "weights after loading) where vLLM repacks them (CPU), else the parameters after the sync; fused "
+        "qkv_proj / gate_up_proj are split back by the layer's output_partition_sizes and the model's "
+        "packed_modules_mapping; vocab padding rows are dropped.",
+        "verl 0.7.0 loads weights inside vLLMAsyncRollout.update_weights (no worker extension): refused; "
+        "SGLang rollouts and the LoRA adapter path are not fingerprinted.",
+    ),
 )
+
+SETS = (VERL_WEIGHTS,)

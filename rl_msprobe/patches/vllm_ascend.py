@@ -3,38 +3,39 @@
 from __future__ import annotations
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from rl_msprobe.patches import Capability, NewFile, PatchSet, Piece, register
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece
+from rl_msprobe.upstream.projects import project
 
 OLDEST = "0.12.0rc1"  # first release with msprobe support (additional_config.dump_config)
-NEWEST_TESTED = "0.30.0rc2"  # newest release the codemod is tested on; newer ones: the anchors decide
+NEWEST_TESTED = project("vllm-ascend").newest_tested  # newer releases: the anchors decide
 
 DISPATCH_LOGGER_FILE = NewFile(
     "vllm_ascend", "vllm_ascend/worker/dispatch_logger.py", name="vllm-ascend-dispatch-logger-file"
 )
 
-VLLM_ASCEND_DISPATCH_LOG = register(
-    PatchSet(
-        name="vllm-ascend-dispatch-log",
-        project="vllm-ascend",
-        description="dispatch_log.jsonl (which requests each dumped step served) and dumps under {pid}",
-        pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(VllmAscendModelRunner())),
-        capabilities=(
-            Capability(
-                "dispatch log sites",
-                "NPUModelRunner.__init__ (attach) and every dump finish point of execute_model and sample_tokens "
-                "in vllm_ascend/worker/model_runner_v1.py",
-                ("vllm-ascend-model-runner",),
-            ),
+VLLM_ASCEND_DISPATCH_LOG = PatchSet(
+    name="vllm-ascend-dispatch-log",
+    project="vllm-ascend",
+    description="dispatch_log.jsonl (which requests each dumped step served) and dumps under {pid}",
+    pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(VllmAscendModelRunner())),
+    capabilities=(
+        Capability(
+            "dispatch log sites",
+            "NPUModelRunner.__init__ (attach) and every dump finish point of execute_model and sample_tokens "
+            "in vllm_ascend/worker/model_runner_v1.py",
+            ("vllm-ascend-model-runner",),
         ),
-        min_version=OLDEST,
-        max_version=NEWEST_TESTED,
-        notes=(
-            "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
-            "this set only adds the dispatch log and the {pid} sub-folder.",
-            "Only the V1 runner (vllm_ascend/worker/model_runner_v1.py) dumps: vLLM-Ascend's V2 runner "
-            "(worker/v2/model_runner.py, chosen when vLLM's use_v2_model_runner is on) has no msprobe support up to "
-            f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment.",
-            f"Tested on vLLM-Ascend {OLDEST} … {NEWEST_TESTED}.",
-        ),
-    )
+    ),
+    min_version=OLDEST,
+    max_version=NEWEST_TESTED,
+    notes=(
+        "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
+        "this set only adds the dispatch log and the {pid} sub-folder.",
+        "Only the V1 runner (vllm_ascend/worker/model_runner_v1.py) dumps: vLLM-Ascend's V2 runner "
+        "(worker/v2/model_runner.py, chosen when vLLM's use_v2_model_runner is on) has no msprobe support up to "
+        f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment.",
+        f"Tested on vLLM-Ascend {OLDEST} … {NEWEST_TESTED}.",
+    ),
 )
+
+SETS = (VLLM_ASCEND_DISPATCH_LOG,)

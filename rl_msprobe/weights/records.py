@@ -11,11 +11,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 from rl_msprobe.weights.fingerprint import Fingerprint
 
 STAGES = ("sent", "received", "resident")
 META = "resident-meta"
+WHAT = "weights fingerprint file"
+LINE_LIMIT = 1 << 20  # one tensor's line is ~400 bytes
 FIX = "the files are written by the verl-weights patch set; rerun the job rather than editing them"
 
 
@@ -95,14 +98,14 @@ def read_run(folder: Path) -> Run:
     for path in paths:
         process = path.stem.split("-", 1)[1] if "-" in path.stem else path.stem
         run.files += 1
-        with path.open(encoding="utf-8") as fh:
-            for number, text in enumerate(fh, 1):
-                if not text.strip():
+        with bounded.open_regular(path, WHAT) as fh:
+            for number, raw in enumerate(bounded.lines(fh, path, WHAT, LINE_LIMIT), 1):
+                if not raw.strip():
                     continue
                 try:
-                    doc = json.loads(text)
+                    doc = json.loads(raw)
                 except ValueError as exc:
-                    raise _bad(path, number, f"not JSON ({exc.msg})") from None
+                    raise _bad(path, number, f"not JSON ({getattr(exc, 'msg', exc)})") from None
                 if not isinstance(doc, dict):
                     raise _bad(path, number, "not a JSON object")
                 if doc.get("stage") == META:

@@ -4,12 +4,11 @@ library: the per-layer picture is a table of coloured cells, one row per sync, o
 
 from __future__ import annotations
 
-import html
 import re
 from collections import defaultdict
-from pathlib import Path
 
-from rl_msprobe.errors import UserError
+from rl_msprobe.report_folder import ReportFolder
+from rl_msprobe.reporting.html import CSS, h, html_table
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
@@ -20,7 +19,7 @@ COLOUR = {
     "not-compared": "#ececec",
     "tied": "#cfe0f4",
 }
-RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 1, "equal": 0}
+RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 0, "equal": 0}  # tied: accounted for
 
 
 def layer_of(name: str) -> str:
@@ -82,6 +81,11 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _mark(status: str, stage: str) -> str:
+    """One cell of the text picture: `X rec` for a difference at stage received, `·` for equal."""
+    return MARK[status] + (f" {stage[:3]}" if status == "differs" else "")
+
+
 def markdown(doc: dict) -> str:
     layers, cells = picture(doc)
     out = [f"# Weight parity: {doc['verdict']}", "", f"Folder: `{doc['folder']}`", ""]
@@ -95,14 +99,15 @@ def markdown(doc: dict) -> str:
             f"| {s['sync']} | {s['step']} | {s['verdict']} | {s['sent_tensors']} | {s['model_tensors']} | "
             f"{c['differs']} | {c['missing']} | {c['not-compared']} | {how} |"
         )
-    out += ["", "## Per layer (X differs, ? missing, - not compared, = tied, · equal)", ""]
+    out += [
+        "",
+        "## Per layer (X rec / X res: differs at stage received / resident; ? missing, - not compared, = tied, · equal)",
+        "",
+    ]
     out.append("| sync | " + " | ".join(layers) + " |")
     out.append("|---" * (len(layers) + 1) + "|")
     for sync in sorted(cells):
-        marks = [
-            MARK[cells[sync].get(layer, ("equal", ""))[0]] + (cells[sync].get(layer, ("", ""))[1][:3])
-            for layer in layers
-        ]
+        marks = [_mark(*cells[sync].get(layer, ("equal", ""))) for layer in layers]
         out.append(f"| {sync} | " + " | ".join(marks) + " |")
     findings = [
         r
@@ -128,52 +133,78 @@ def markdown(doc: dict) -> str:
 
 
 def html_page(doc: dict) -> str:
+    """The report as one self-contained page (the shared style of rl-msprobe's reports)."""
     layers, cells = picture(doc)
-    esc = html.escape
-    head = "".join(f"<th>{esc(layer)}</th>" for layer in layers)
+    head = "".join(f"<th>{h(layer)}</th>" for layer in layers)
     body = []
     for sync in sorted(cells):
         tds = []
         for layer in layers:
             status, stage = cells[sync].get(layer, ("equal", ""))
             tds.append(
-                f'<td style="background:{COLOUR[status]}" title="{esc(status)} {esc(stage)}">{esc(MARK[status])}</td>'
+                f'<td style="background:{COLOUR[status]}" title="{h(status)} {h(stage)}">{h(_mark(status, stage))}</td>'
             )
         body.append(f"<tr><th>sync {sync}</th>{''.join(tds)}</tr>")
-    md = esc(markdown(doc))
+    verdict = doc["verdict"]
+    steps = [
+        [
+            str(s["sync"]),
+            str(s["step"]),
+            s["verdict"],
+            str(s["sent_tensors"]),
+            str(s["model_tensors"]),
+            str(s["counts"]["differs"]),
+            str(s["counts"]["missing"]),
+            _how(s, "-"),
+        ]
+        for s in doc["steps"]
+    ]
+    findings = [
+        [
+            str(r["sync"]),
+            r["name"],
+            stage,
+            r[stage]["status"],
+            str(r[stage].get("norm_rel")),
+            str(r[stage].get("ranks", "")),
+        ]
+        for r in doc["tensors"]
+        for stage in ("received", "resident")
+        if r[stage]["status"] not in ("equal", "tied")
+    ]
+    first = doc["first_difference"]
     return (
-        "<!doctype html><meta charset=utf-8><title>rl-msprobe weights</title>"
-        f"<h1>Weight parity: {esc(doc['verdict'])}</h1>"
-        "<p>Per layer, per sync: green equal, red differs (hover: the stage), grey missing / not compared, blue tied.</p>"
-        f"<table border=1 cellspacing=0 cellpadding=4><tr><th></th>{head}</tr>{''.join(body)}</table>"
-        f"<pre>{md}</pre>"
+        f"<!doctype html><meta charset=utf-8><title>rl-msprobe weights</title><style>{CSS}</style>"
+        f"<h1>Weight parity</h1><p class='verdict {'ok' if verdict == 'EQUAL' else 'bad'}'>{h(verdict)}"
+        + (
+            f": first difference at sync {first['sync']}, <code>{h(first['name'])}</code>, stage {h(first['stage'])}"
+            if first
+            else ""
+        )
+        + "</p><h2>Per layer</h2><p class=muted>One row per sync, one cell per layer: green equal, red differs "
+        "(X rec: stage received, X res: stage resident), grey missing / not compared.</p>"
+        f"<table><tr><th></th>{head}</tr>{''.join(body)}</table><h2>Syncs</h2>"
+        + html_table(
+            ["sync", "step", "verdict", "sent", "model", "differ", "missing", "resident from"], steps
+        )
+        + "<h2>Findings</h2>"
+        + (
+            html_table(["sync", "tensor", "stage", "status", "norm rel", "ranks"], findings)
+            if findings
+            else "<p>Every tensor equal at every sync.</p>"
+        )
     )
 
 
-def _ours(path: Path) -> bool:
-    """Was PATH written by this report (so it may be replaced)?"""
-    head = path.read_text(encoding="utf-8", errors="replace")[:200]
-    return head.startswith(
-        ("# Weight parity", "<!doctype html><meta charset=utf-8><title>rl-msprobe weights", '{\n "verdict"')
-    )
-
-
-def write_report(doc: dict, out: Path) -> list[str]:
-    """weights.md, weights.html and weights.json under OUT; refuses (nothing written) where a file
-    of that name exists that this report did not write."""
+def write_report(doc: dict, out: ReportFolder) -> list[str]:
+    """weights.md, weights.html and weights.json into OUT (the shared --out folder: never over a
+    file rl-msprobe did not write, unless --force)."""
     import json
 
     texts = {
-        out / "weights.md": markdown(doc),
-        out / "weights.html": html_page(doc),
-        out / "weights.json": json.dumps(doc, indent=1) + "\n",
+        "weights.md": markdown(doc),
+        "weights.html": html_page(doc),
+        "weights.json": json.dumps(doc, indent=1) + "\n",
     }
-    theirs = [str(p) for p in texts if p.exists() and (not p.is_file() or not _ours(p))]
-    if theirs:
-        raise UserError(
-            f"{', '.join(theirs)}: exists and was not written by `weights compare`; pass another --out. Nothing was written."
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text, encoding="utf-8")
-    return [str(p) for p in texts]
+    out.claim(texts)
+    return [str(out.write(name, text)) for name, text in texts.items()]

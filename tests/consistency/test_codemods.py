@@ -1,10 +1,12 @@
 """Before/after fixtures and properties of the verl trainer and request-id codemods.
 
-Fixtures (`fixtures/codemods/verl_trainer/`, `fixtures/codemods/verl_request_id/`) are small
+Fixtures (`fixtures/codemods/<codemod>/`, run by tests/codemods/test_every_codemod.py) are small
 files in the shape of upstream code, one per drift variant, named `<codemod prefix>_<variant>`.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -23,7 +25,7 @@ from rl_msprobe.codemods.verl_trainer import (
     VerlSyncTrainer,
     VerlV1Trainer,
 )
-from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+from tests.support.codemod_cases import FIXTURES, invalid, pairs
 
 CODEMODS = {
     "ray_fit": VerlRayTrainer(),
@@ -36,7 +38,6 @@ CODEMODS = {
     "fully_async_rollouter": VerlFullyAsyncRolloutRequestId(),
     "agent_loop_tq": VerlAgentLoopTQRequestId(),
 }
-FOLDERS = ("verl_trainer", "verl_request_id")
 
 
 def codemod_for(path):
@@ -45,18 +46,8 @@ def codemod_for(path):
     return CODEMODS[prefix]
 
 
-PAIRS = [pair for folder in FOLDERS for pair in pairs(folder)]
-INVALID = [path for folder in FOLDERS for path in invalid(folder)]
-
-
-@pytest.mark.parametrize(("before", "after"), PAIRS, ids=lambda p: p.name)
-def test_fixture_pair(before, after):
-    check_pair(codemod_for(before), before, after)
-
-
-@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
-def test_drifted_source_fails_loudly(path):
-    check_invalid(codemod_for(path), path)
+PAIRS = [pair for codemod in CODEMODS.values() for pair in pairs(codemod.fixture_folder)]
+INVALID = [path for codemod in CODEMODS.values() for path in invalid(codemod.fixture_folder)]
 
 
 def test_every_codemod_has_a_fixture_and_a_drift_case():
@@ -72,8 +63,8 @@ def test_every_codemod_has_a_fixture_and_a_drift_case():
     }
 
 
-def _read(folder, name):
-    return (FIXTURES / folder / name).read_text()
+def _read(name):
+    return (FIXTURES / codemod_for(Path(name)).fixture_folder / name).read_text()
 
 
 def test_trim_scoped_to_the_recompute_method():
@@ -84,7 +75,7 @@ def test_trim_scoped_to_the_recompute_method():
         ("ray_fit_v060.before.py", "fit", "_validate"),
         ("ray_fit_v091.before.py", "fit", "_compute_old_log_prob"),
     ):
-        out = codemod_for(FIXTURES / "verl_trainer" / name).apply(_read("verl_trainer", name))
+        out = codemod_for(Path(name)).apply(_read(name))
         assert out.count("prompts_forward(self, batch)") == 1, name
         body = out.split(f"def {method}(")[1].split("\n    def ")[0]
         other_body = out.split(f"def {other}(")[1].split("\n    def ")[0]
@@ -92,7 +83,7 @@ def test_trim_scoped_to_the_recompute_method():
 
 
 def test_ray_trainer_060_trims_right_before_the_recompute():
-    out = VerlRayTrainer().apply(_read("verl_trainer", "ray_fit_v060.before.py"))
+    out = VerlRayTrainer().apply(_read("ray_fit_v060.before.py"))
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if "prompts_forward" in line)
     assert lines[at + 1].strip() == "old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)"
@@ -100,7 +91,7 @@ def test_ray_trainer_060_trims_right_before_the_recompute():
 
 
 def test_fully_async_trims_after_the_queue_block():
-    out = VerlFullyAsyncTrainer().apply(_read("verl_trainer", "fully_async_v080.before.py"))
+    out = VerlFullyAsyncTrainer().apply(_read("fully_async_v080.before.py"))
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if "prompts_forward" in line)
     assert lines[at - 1].strip() == "self._collect_metrics_from_samples(batch, metrics)"
@@ -109,7 +100,7 @@ def test_fully_async_trims_after_the_queue_block():
 
 def test_request_id_lines_surround_the_server_call():
     for name in ("agent_loop_v060.before.py", "agent_loop_v071.before.py", "llm_server_v091.before.py"):
-        out = codemod_for(FIXTURES / "verl_request_id" / name).apply(_read("verl_request_id", name))
+        out = codemod_for(Path(name)).apply(_read(name))
         tree = cst.parse_module(out)
         assert tree.code == out
         lines = out.splitlines()
@@ -126,10 +117,10 @@ def test_llm_server_code_decides_whether_the_fully_async_client_is_patched():
     fully-async subclass of LLMServerClient is patched under any name (FullyLLMServerClient was main's
     name in spring 2026), and one whose resume call moved is a missing anchor."""
     codemod = VerlLLMServerRequestId()
-    source = _read("verl_request_id", "llm_server_v080.before.py")
+    source = _read("llm_server_v080.before.py")
     for version in ("0.8.0", None, "0.9.1", "0.10.0.dev"):
         assert codemod.apply(source, version=version).count("rl-msprobe:") == 3
-    v091 = _read("verl_request_id", "llm_server_v091.before.py")
+    v091 = _read("llm_server_v091.before.py")
     assert "class FullyAsyncLLMServerClient(LLMServerClient)" in v091
     renamed = v091.replace("FullyAsyncLLMServerClient", "FullyLLMServerClient")
     out = codemod.apply(renamed, version="0.8.0.dev")
@@ -143,7 +134,7 @@ def test_llm_server_code_decides_whether_the_fully_async_client_is_patched():
 
 def test_anchor_changed_after_apply_is_a_conflict():
     codemod = VerlSeparateTrainer()
-    applied = codemod.apply(_read("verl_trainer", "separate_v071.before.py"))
+    applied = codemod.apply(_read("separate_v071.before.py"))
     drifted = applied.replace(
         'bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)\n        if',
         "use_rollout = rollout_corr_config is not None\n        if",
@@ -156,7 +147,7 @@ def test_anchor_changed_after_apply_is_a_conflict():
 
 def test_request_id_call_moved_after_apply_is_a_conflict():
     codemod = VerlLLMServerRequestId()
-    applied = codemod.apply(_read("verl_request_id", "llm_server_v080.before.py"))
+    applied = codemod.apply(_read("llm_server_v080.before.py"))
     drifted = applied.replace("await server.generate.remote(", "await server.generate_tokens.remote(")
     report = codemod.status(drifted)
     assert report.status is Status.CONFLICT and "server.generate.remote call" in report.detail

@@ -88,7 +88,7 @@ def _sglang_tree(root: Path, version: str, native_field: bool) -> Path:
     (root / "sglang" / "version.py").write_text(f'__version__ = "{version}"\n')
     # SGLang >= 0.5.11: ModelRunner makes its own debugger from the server argument (DOMAIN §4)
     native = "\n    def init_msprobe(self):\n        self.msprobe_debugger = None\n" if native_field else ""
-    runner.write_text((FIXTURES / "sglang_model_runner" / "dp_rank_v051.before.py").read_text() + native)
+    runner.write_text((FIXTURES / "sglang-model-runner" / "dp_rank_v051.before.py").read_text() + native)
     return root
 
 

@@ -1,33 +1,17 @@
-"""Before/after fixtures and properties of the verl engine codemods (one case per drift variant)."""
+"""What the verl engine codemods insert where (the fixture properties of every codemod run in
+tests/codemods/test_every_codemod.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from rl_msprobe.codemods.base import Status
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from tests.support.codemod_cases import check_invalid, check_pair, invalid_params, pair_params, pairs
-
-CASES = [
-    (VerlFSDPEngine(), "verl_fsdp_engine"),
-    (VerlMegatronEngine(), "verl_megatron_engine"),
-]
-
-
-@pytest.mark.parametrize(("codemod", "before", "after"), pair_params(CASES))
-def test_fixture_pair(codemod, before, after):
-    check_pair(codemod, before, after)
-
-
-@pytest.mark.parametrize(("codemod", "path"), invalid_params(CASES))
-def test_drifted_source_fails_loudly(codemod, path):
-    check_invalid(codemod, path)
+from tests.support.codemod_cases import pairs
 
 
 def test_megatron_value_head_is_left_alone():
     codemod = VerlMegatronEngine()
-    ((before, _),) = [p for p in pairs("verl_megatron_engine") if "fused" in p[0].name]
+    ((before, _),) = [p for p in pairs("verl-megatron-engine") if "fused" in p[0].name]
     out = codemod.apply(before.read_text())
     value_head = out.split("class MegatronEngineWithValueHead")[1]
     assert "rl-msprobe" not in value_head
@@ -36,7 +20,7 @@ def test_megatron_value_head_is_left_alone():
 
 def test_fsdp_wraps_the_with_block_not_the_loop_head():
     codemod = VerlFSDPEngine()
-    ((before, _),) = [p for p in pairs("verl_fsdp_engine") if "v091" in p[0].name]
+    ((before, _),) = [p for p in pairs("verl-fsdp-engine") if "v091" in p[0].name]
     lines = codemod.apply(before.read_text()).splitlines()
     start = next(i for i, line in enumerate(lines) if "micro_batch_start" in line)
     assert lines[start - 1].strip().startswith("# Name each micro-batch"), (
@@ -49,7 +33,7 @@ def test_fsdp_wraps_the_with_block_not_the_loop_head():
 
 def test_moved_anchor_after_apply_is_a_conflict():
     codemod = VerlFSDPEngine()
-    ((before, _),) = [p for p in pairs("verl_fsdp_engine") if "v060" in p[0].name]
+    ((before, _),) = [p for p in pairs("verl-fsdp-engine") if "v060" in p[0].name]
     applied = codemod.apply(before.read_text())
     drifted = applied.replace("for micro_batch in micro_batches:", "for micro_batch in chunks:")
     report = codemod.status(drifted)

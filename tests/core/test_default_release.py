@@ -70,19 +70,20 @@ def test_diff_with_no_tree_works_for_every_set(patch_set):
 
 
 def test_the_planner_assumes_the_verl_release_the_sets_default_to():
-    """One source of truth: the planner's assumed verl (modes.base.NEWEST) is the verl sets' default
-    release; changing the one constant moves both (checked in a fresh interpreter)."""
-    from rl_msprobe.modes.base import NEWEST
+    """One source of truth: the planner's assumed verl is the verl sets' default release and their
+    newest tested one; changing the one table row moves all three (checked in a fresh interpreter)."""
+    from rl_msprobe.upstream.projects import project
 
     verl_sets = [s for s in all_sets() if s.project == "verl"]
-    assert {default_release(s) for s in verl_sets} == {NEWEST["verl"]}
+    assert {default_release(s) for s in verl_sets} == {project("verl").assumed_version}
     code = (
-        "import json, rl_msprobe.upstream as u; u.VERL_NEWEST = '9.9.9'\n"
-        "from rl_msprobe.modes.base import NEWEST\n"
+        "import dataclasses, json, rl_msprobe.upstream.projects as u\n"
+        "u.PROJECTS = tuple(dataclasses.replace(p, newest_tested='9.9.9') if p.name == 'verl' else p"
+        " for p in u.PROJECTS)\n"
         "from rl_msprobe.patches import all_sets\n"
         "from rl_msprobe.patches.releases import default_release\n"
         "verl = [s for s in all_sets() if s.project == 'verl']\n"
-        "print(json.dumps([NEWEST['verl'], sorted({default_release(s) for s in verl}),"
+        "print(json.dumps([u.project('verl').assumed_version, sorted({default_release(s) for s in verl}),"
         " sorted({s.max_version for s in verl})]))"
     )
     root = Path(__file__).resolve().parents[2]

@@ -51,7 +51,7 @@ def _full_disk_at(step: str, monkeypatch) -> None:
         if name == step:
             raise OSError(28, "No space left on device", name)
 
-    monkeypatch.setattr("rl_msprobe.journal.checkpoint", checkpoint)
+    monkeypatch.setattr("rl_msprobe.engine.journal.checkpoint", checkpoint)
 
 
 def _states(roots: list[Path]) -> list[dict]:

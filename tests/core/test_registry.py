@@ -1,4 +1,5 @@
-"""The patch-set registry is complete however it is first reached (a set module imported first included)."""
+"""The patch-set registry is one explicit table: complete however it is first reached (a set module
+imported first included), and every set module's sets are in it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _names(first_import: str) -> list[str]:
         "rl_msprobe.patches.vllm",
         "rl_msprobe.patches.verl_triage",
         "rl_msprobe.patches.sglang",
-        "rl_msprobe.writer",
+        "rl_msprobe.engine.writer",
     ],
 )
 def test_importing_one_set_module_first_still_lists_every_set(module: str) -> None:
@@ -40,3 +41,11 @@ def test_every_set_module_registers_something() -> None:
     names = _names("rl_msprobe")
     for expected in ("verl-engine", "verl-triage", "sglang-dump", "vllm-dump", "vllm-ascend-dispatch-log"):
         assert expected in names
+
+
+def test_the_registry_is_the_set_modules_tables_in_order() -> None:
+    from rl_msprobe.patches import SETS, sglang, verl, verl_triage, verl_weights, vllm, vllm_ascend
+
+    modules = (verl, verl_triage, verl_weights, sglang, vllm_ascend, vllm)
+    assert all(module.SETS for module in modules)
+    assert tuple(s for module in modules for s in module.SETS) == SETS

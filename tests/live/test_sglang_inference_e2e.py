@@ -13,10 +13,10 @@ check` on what it wrote, `patch revert` and a byte-identical sglang tree.
   `engine_kwargs.sglang.msprobe_dump_config`, which SGLang itself reads; `sglang-dump` is refused.
 
 One engine per shape (module-scoped), its dumps reused by every check. Measured here (2 cores
-shared with four other sessions, load 3-18, 2026-12-01): the patch shape (DP=2) 217 s (CLI
-steps, engine start, 4 dumped forwards per replica, revert), the native shape 165 s, the refusal
-check 7 s; with the venvs cold add their builds (tests/support/sglang_venv.py: 204 s and 801 s
-under that load).
+shared with four other sessions, load 10-18, 2026-12-01): the whole module 426 s warm (`-m e2e`,
+9 passed): the patch shape (DP=2) 217-224 s (CLI steps, engine start, 4 dumped forwards per
+replica, revert), the native shape 165-227 s, the refusal check 7-9 s; cold, add the venv builds
+(tests/support/sglang_venv.py: 204 s and 801 s under that load).
 """
 
 from __future__ import annotations

@@ -6,22 +6,12 @@ import pytest
 
 from rl_msprobe.codemods.base import AnchorError
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from tests.support.codemod_cases import FIXTURES, check_invalid, check_pair, invalid, pairs
+from tests.support.codemod_cases import FIXTURES
 
 CODEMOD = VllmAscendModelRunner()
-FOLDER = "vllm_ascend_model_runner"
+FOLDER = CODEMOD.fixture_folder
 LOG = "dispatch_logger.log_step(self, scheduler_output)"
 ATTACH = "dispatch_logger.attach(self)"
-
-
-@pytest.mark.parametrize(("before", "after"), pairs(FOLDER), ids=lambda p: p.name)
-def test_fixture_pair(before, after):
-    check_pair(CODEMOD, before, after)
-
-
-@pytest.mark.parametrize("path", invalid(FOLDER), ids=lambda p: p.name)
-def test_drifted_source_fails_loudly(path):
-    check_invalid(CODEMOD, path)
 
 
 # DOMAIN §5: the dump finish points of each generation, per method, and the debugger creations.

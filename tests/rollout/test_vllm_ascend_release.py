@@ -13,7 +13,7 @@ import pytest
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
 from rl_msprobe.patches.releases import newest_tested
-from rl_msprobe.targets import detect_version, fetch_release
+from rl_msprobe.upstream import detect_version, fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 release = pytest.mark.release

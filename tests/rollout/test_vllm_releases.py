@@ -10,7 +10,7 @@ import pytest
 
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
-from rl_msprobe.targets import detect_version, fetch_release
+from rl_msprobe.upstream import detect_version, fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]

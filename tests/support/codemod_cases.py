@@ -1,7 +1,8 @@
 """The properties every codemod must pass, run over its fixture folder.
 
-`fixtures/codemods/<name>/X.before.py` + `X.after.py` pairs (one per drift variant) and
-`Y.invalid.py` files (drifted sources the codemod must refuse loudly).
+`fixtures/codemods/<codemod>/X.before.py` + `X.after.py` pairs (one per upstream shape) and
+`Y.invalid.py` files (drifted sources the codemod must refuse loudly); the folder is the
+codemod's `fixture_folder`. tests/codemods/test_every_codemod.py runs them for every codemod.
 """
 
 from __future__ import annotations
@@ -58,21 +59,3 @@ def check_invalid(codemod: Codemod, path: Path) -> None:
     message = str(info.value)
     assert codemod.path in message and "anchor" in message and "9.9.9" in message
     assert codemod.status(path.read_text()).status is Status.CONFLICT
-
-
-def pair_params(cases: list[tuple[Codemod, str]]) -> list:
-    """pytest params (codemod, before, after) for every fixture pair of every (codemod, folder)."""
-    return [
-        pytest.param(codemod, before, after, id=f"{codemod.name}:{before.name}")
-        for codemod, folder in cases
-        for before, after in pairs(folder)
-    ]
-
-
-def invalid_params(cases: list[tuple[Codemod, str]]) -> list:
-    """pytest params (codemod, path) for every drifted source of every (codemod, folder)."""
-    return [
-        pytest.param(codemod, path, id=f"{codemod.name}:{path.name}")
-        for codemod, folder in cases
-        for path in invalid(folder)
-    ]

@@ -135,24 +135,24 @@ def checkout(repo: Path, sha: str) -> None:
 def full_cycle(repo: Path, project: str, set_names: list[str]) -> dict:
     """Diff, apply (branch + commit), status applied, byte-exact revert on the checked-out commit,
     in-process. Returns {"tested": bool, "capabilities": {name: sites}}; raises UserError on a refusal."""
-    from rl_msprobe import workspace, writer
+    from rl_msprobe import engine
     from rl_msprobe.patches import resolve_sets
-    from rl_msprobe.targets import resolve_tree
+    from rl_msprobe.upstream.trees import resolve_tree
 
     target = resolve_tree(str(repo), project)
     sets = resolve_sets(set_names)
-    plan = workspace.plan_apply(target, sets)  # raises on a missing anchor or capability
+    plan = engine.plan_apply(target, sets)  # raises on a missing anchor or capability
     assert plan.changes, "a tree with every capability found has something to patch"
     originals = {c.path: c.before for c in plan.changes}
-    result = writer.apply(target, sets)
-    assert result["git"] and sorted(result["changed"]) == sorted(originals)
+    result = engine.apply(target, sets)
+    assert result.git and sorted(result.changed) == sorted(originals)
     for change in plan.changes:
         if change.path.endswith(".py"):
             compile(change.after or b"", change.path, "exec")
-    doc = workspace.collect_status(target, sets)
-    assert workspace.all_applied(doc), [s["status"] for s in doc["sets"]]
-    assert workspace.plan_apply(target, sets).changes == [], "a second apply changes nothing"
-    writer.revert(target, sets)
+    status = engine.status(target, sets)
+    assert status.all_applied, [s.status.value for s in status.sets]
+    assert engine.plan_apply(target, sets).changes == [], "a second apply changes nothing"
+    engine.revert(target, sets)
     for path, before in originals.items():
         now = (repo / path).read_bytes() if (repo / path).exists() else None
         assert now == before, f"{path}: not byte-exact after revert"

@@ -4,8 +4,8 @@ bundle of tests/data/history): every commit whose change touches a line with
 ActorRolloutRefWorker the codemod must apply (every anchor found), compile, be idempotent and
 revert byte-exactly; where the worker does not exist yet it is not the codemod's subject.
 
-The bundle holds no verl/workers/rollout/vllm_rollout/utils.py (the received side): that file is
-proven on the verl releases (test_release_matrix.py) only; see the issue note.
+The received side (verl/workers/rollout/vllm_rollout/utils.py, not in the verl bundle) walks its
+own small bundle, tests/data/history/verl-vllm-rollout-utils.bundle (see the README there).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import subprocess
 import pytest
 
 from rl_msprobe.codemods.base import Status
-from rl_msprobe.codemods.verl_weights import VerlWeightsSent
-from tests.support.history import clone, commits, git
+from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
+from rl_msprobe.errors import UserError
+from tests.support.history import DATA, clone, commits, git
 
 pytestmark = [pytest.mark.release, pytest.mark.history]
 
@@ -68,3 +69,36 @@ def test_the_sweep_is_not_vacuous(tmp_path):
     repo = clone("verl", tmp_path / "verl")
     shas = _picked(repo, commits(repo))
     assert len(shas) >= 10
+
+
+RECEIVED_PATH = "verl/workers/rollout/vllm_rollout/utils.py"
+
+
+def test_received_codemod_over_the_history_of_the_vllm_worker_extension(tmp_path):
+    """Every upstream commit of verl/workers/rollout/vllm_rollout/utils.py since the v0.6.0 branch
+    point (the verl-vllm-rollout-utils bundle): where the file defines vLLMColocateWorkerExtension
+    the codemod applies, compiles, is idempotent and reverts byte-exactly."""
+    repo = tmp_path / "utils"
+    subprocess.run(
+        ["git", "clone", "-q", "--branch", "main", str(DATA / "verl-vllm-rollout-utils.bundle"), str(repo)],
+        check=True,
+        capture_output=True,
+    )
+    codemod = VerlWeightsReceived()
+    patched, absent, refused = 0, 0, []
+    for commit in commits(repo):
+        text = git(repo, "show", f"{commit.sha}:{RECEIVED_PATH}")
+        if not codemod.present(text):
+            absent += 1
+            continue
+        try:
+            result = codemod.apply(text)
+        except UserError as exc:
+            refused.append((commit.date, commit.subject, str(exc)[:120]))
+            continue
+        assert codemod.apply(result) == result and codemod.revert(result) == text, commit
+        assert codemod.status(result).status is Status.APPLIED
+        compile(result, RECEIVED_PATH, "exec")
+        patched += 1
+    assert not refused, refused
+    assert patched >= 30, (patched, absent)

@@ -15,9 +15,9 @@ user venv's site-packages byte-identical. Test-only code in the vLLM workers
   that tensor differs, stage `received`;
 - every other sync: EQUAL, every parameter of the model accounted for.
 
-Wall time (2 cores shared with other sessions and a benchmark, 2026-12-01): the job alone ~300 s
-(22:06:20 -> 22:11:20; a smoke run of the same job 484 s), 640 s from the `run` call including
-the wait for the live-job lock, the whole fixture 676 s (user venv, prepare, apply, revert ~35 s,
+Wall time (2 cores shared with other sessions, 2026-12-01, three runs): the job alone 276-300 s
+(a smoke run of the same job 484 s); the whole fixture 301 s when the live-job lock was free,
+520-676 s when it waited for another session's job (user venv, prepare, apply, revert ~25 s,
 compare < 1 s); the six tests on its results < 1 s. (Plain TP=2 job: 132 s on a quiet machine,
 DOMAIN §9.)
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_msprobe.targets import fetch_release
+from rl_msprobe.upstream.releases import fetch_release
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]

@@ -31,17 +31,20 @@ imports rl-msprobe.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import socket
+import sys
 
 ENV = "RL_MSPROBE_WEIGHTS_DIR"
 HASH_ENV = "RL_MSPROBE_WEIGHTS_HASH"
 FORMAT = 1
 
 _counters = {"sent": 0, "engine": 0}
+_warned: set[str] = set()
 
 
 def enabled() -> bool:
@@ -52,6 +55,21 @@ def _hash_wanted() -> bool:
     return os.environ.get(HASH_ENV, "1").strip() != "0"
 
 
+@contextlib.contextmanager
+def _never_breaks_the_sync(what: str):
+    """A failure here costs fingerprints (the compare then reports them missing), never the sync."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - a debugging aid must not stop the job
+        if what not in _warned:
+            _warned.add(what)
+            print(
+                f"rl-msprobe weights: {what} failed ({type(exc).__name__}: {exc}); those fingerprints are "
+                "missing, the weight sync goes on",
+                file=sys.stderr,
+            )
+
+
 # ------------------------------------------------------------------------------ fingerprints
 
 
@@ -59,8 +77,8 @@ CHUNK = 1 << 22  # elements per block converted at a time (bfloat16 and other dt
 
 
 def _blocks(tensor):
-    """TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory for
-    float16/32/64 on the CPU, float32 copies of CHUNK elements otherwise (bfloat16, fp8, a GPU)."""
+    """A CPU TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory
+    for float16/32/64, float32 copies of CHUNK elements otherwise (bfloat16, fp8)."""
     import torch
 
     flat = tensor.detach().reshape(-1)
@@ -68,9 +86,7 @@ def _blocks(tensor):
         yield flat.contiguous().numpy()
         return
     for block in flat.split(CHUNK):
-        yield block.to(
-            device="cpu", dtype=torch.float64 if block.dtype == torch.float64 else torch.float32
-        ).numpy()
+        yield block.to(torch.float32).numpy()
 
 
 def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
@@ -96,12 +112,38 @@ def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
     return total, sumsq, low, high, nan, inf
 
 
+def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int, int]:
+    """The same statistics where the tensor lives (a GPU / NPU): float64 blocks of CHUNK elements
+    on the device, so nothing but the six numbers crosses to the host."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    total = sumsq = 0.0
+    nan = inf = 0
+    low = high = None
+    for block in flat.split(CHUNK):
+        block = block.to(torch.float64)
+        finite = torch.isfinite(block)
+        if not bool(finite.all()):
+            nan += int(torch.isnan(block).sum())
+            inf += int(torch.isinf(block).sum())
+            block = block[finite]
+        if block.numel():
+            lo, hi = torch.aminmax(block)
+            low = float(lo) if low is None else min(low, float(lo))
+            high = float(hi) if high is None else max(high, float(hi))
+            total += float(block.sum())
+            sumsq += float(torch.dot(block, block))
+    return total, sumsq, low, high, nan, inf
+
+
 def fingerprint(tensor) -> dict:
     """Order- and layout-invariant statistics of TENSOR in float64 (exact min / max), summed by
     numpy in float64 straight from the tensor's memory where it can (no float64 copy is made)."""
     if tensor.numel() == 0:
         return {"count": 0, "sum": 0.0, "sumsq": 0.0, "min": None, "max": None, "nan": 0, "inf": 0}
-    total, sumsq, low, high, nan, inf = _stats(_blocks(tensor))
+    on_device = tensor.device.type != "cpu"
+    total, sumsq, low, high, nan, inf = _device_stats(tensor) if on_device else _stats(_blocks(tensor))
     return {
         "count": tensor.numel(),
         "sum": total,
@@ -178,11 +220,13 @@ def _sent(stream, sync: int, step):
     rank, records, hashed = _rank(), [], _hash_wanted()
     try:
         for index, (name, tensor) in enumerate(stream):
-            extra = {"step": step, "hash": digest(tensor) if hashed else None}
-            records.append(_record("sent", sync, rank, name, tensor, index, **extra))
+            with _never_breaks_the_sync("the sent fingerprint"):
+                extra = {"step": step, "hash": digest(tensor) if hashed else None}
+                records.append(_record("sent", sync, rank, name, tensor, index, **extra))
             yield name, tensor
     finally:
-        _write("sent", records)
+        with _never_breaks_the_sync("writing the sent fingerprints"):
+            _write("sent", records)
 
 
 # ------------------------------------------------------------------------------ engine side
@@ -196,11 +240,15 @@ def engine_sync(method):
     def wrapper(self, *args, **kwargs):
         if not enabled():
             return method(self, *args, **kwargs)
-        state = _begin(self)
+        state = None
+        with _never_breaks_the_sync("starting a sync's fingerprints"):
+            state = _begin(self)
         try:
             return method(self, *args, **kwargs)
         finally:
-            _end(self, state)
+            if state is not None:
+                with _never_breaks_the_sync("the resident fingerprints"):
+                    _end(self, state)
 
     return wrapper
 
@@ -209,6 +257,11 @@ def received(worker, weights) -> None:
     """First line of `_update_weights`: fingerprint the bucket as it arrived, per TP rank."""
     if not enabled():
         return
+    with _never_breaks_the_sync("the received fingerprints"):
+        _received(worker, weights)
+
+
+def _received(worker, weights) -> None:
     state = getattr(worker, "_rl_msprobe_weights", None) or _begin(worker)
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
@@ -309,7 +362,8 @@ def _arm(model, state: dict) -> None:
             def hooked(layer, *args, _original=original, _armed=armed, **kwargs):
                 entry = _armed.get(id(layer))
                 if entry is not None and enabled():
-                    _capture(*entry, layer)
+                    with _never_breaks_the_sync("the loader-written fingerprints"):
+                        _capture(*entry, layer)
                 return _original(layer, *args, **kwargs)
 
             method.process_weights_after_loading = hooked

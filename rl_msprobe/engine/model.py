@@ -1,0 +1,47 @@
+"""What a patch plan is made of: file changes, per-piece reports, the plan itself (all in memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rl_msprobe.codemods.base import Status
+from rl_msprobe.patches import PatchSet, shape
+from rl_msprobe.upstream.trees import Target
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str  # relative to the tree root, posix
+    before: bytes | None  # None: the file does not exist yet
+    after: bytes | None  # None: the file is removed
+    pieces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PieceReport:
+    set: str
+    path: str
+    piece: str
+    status: Status
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "codemod": self.piece, "status": self.status.value, "detail": self.detail}
+
+
+@dataclass
+class Plan:
+    target: Target
+    sets: list[PatchSet]
+    changes: list[FileChange] = field(default_factory=list)
+    skipped: list[PieceReport] = field(default_factory=list)  # not-applicable / native pieces
+    kept: list[PieceReport] = field(default_factory=list)  # revert: pieces another applied set still uses
+    capabilities: dict[str, list[shape.CapabilityReport]] = field(default_factory=dict)  # per set
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.changes)
+
+    @property
+    def warnings(self) -> list[str]:
+        return shape.untested_warnings(self.sets, self.target.version)

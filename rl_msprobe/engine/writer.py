@@ -1,0 +1,303 @@
+"""Writing patch plans to a tree: one step for the user, whatever happens on the way.
+
+`apply` and `revert` take the tree's lock, finish or undo what a killed run left (its journal),
+record the new operation, and only then write: on git a branch, the files and a commit; elsewhere
+the files plus the originals and a manifest in the state folder, so revert is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rl_msprobe.engine import git, journal, manifest, space
+from rl_msprobe.engine.inspection import holders
+from rl_msprobe.engine.model import FileChange, Plan
+from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
+from rl_msprobe.engine.recovery import recover
+from rl_msprobe.engine.results import ApplyResult, GitCommit, Recovered, RevertResult
+from rl_msprobe.engine.transaction import Transaction, write_entries
+from rl_msprobe.engine.tree import Tree, open_tree
+from rl_msprobe.errors import UserError
+from rl_msprobe.patches import NewFile, PatchSet
+from rl_msprobe.upstream.trees import Target
+
+
+def _preflight(root: Path, changes: list[FileChange]) -> None:
+    """Refuse before writing anything when any file could not be written."""
+    for change in changes:
+        path = root / change.path
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            raise UserError(
+                f"{path}: on a read-only file system (mounted read-only), so no mode change helps; remount it "
+                "read-write, or patch a writable copy of the tree (--tree COPY). Nothing was changed."
+            )
+        if path.exists():
+            mode = path.stat().st_mode
+            if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
+                raise UserError(
+                    f"{path}: read-only; make it writable (chmod u+w) and run again. Nothing was changed."
+                )
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not os.access(parent, os.W_OK):
+            raise UserError(f"{parent}: folder is not writable; nothing was changed.")
+
+
+@contextmanager
+def _locked(target: Target) -> Iterator[tuple[Tree, Recovered | None]]:
+    """Hold the tree's lock and first finish (or undo) whatever a killed run left half-done."""
+    tree = open_tree(target, writing=True)
+    if tree.repo is None:
+        _state_writable(tree.state)
+    with journal.tree_lock(tree.state):
+        recovered = recover(tree)
+        if tree.repo is not None:
+            git.check_index_lock(tree.repo)
+        yield tree, recovered
+
+
+def _state_writable(state: Path) -> None:
+    if state.exists() and not journal.writable_dir(state):
+        raise UserError(
+            f"{state}: rl-msprobe's state folder is read-only, so the originals could not be kept; make it "
+            "writable (chmod u+w) and run again. Nothing was changed."
+        )
+
+
+def _recorded(tree: Tree) -> list[str]:
+    """The sets applied to the tree and not reverted since, oldest first: on git the rl-msprobe commits
+    of HEAD's history (so it follows branches), elsewhere the manifest."""
+    if tree.repo is None:
+        return manifest.recorded_in_manifest(tree.state)
+    return git.recorded_sets(tree.repo)
+
+
+def _writable(target: Target) -> None:
+    if target.readonly:
+        raise UserError(
+            f"{target.origin}: a fetched release is read-only (diff and status only); pass --tree PATH or "
+            "--python PY to patch the tree that runs."
+        )
+
+
+def _tree_entries(root: Path, changes: list[FileChange]) -> list[journal.Entry]:
+    return [journal.Entry(root / c.path, c.before, c.after, c.path) for c in changes if c.before != c.after]
+
+
+def _fields(
+    plan: Plan, recovered: Recovered | None, changed: list[str], git_commit: GitCommit | None
+) -> dict:
+    """What an apply and a revert result share (the plan's reports, the tree's recovery)."""
+    return {
+        "tree": str(plan.target.root),
+        "project": plan.target.project,
+        "version": plan.target.version,
+        "sets": tuple(s.name for s in plan.sets),
+        "changed": tuple(changed),
+        "skipped": tuple(plan.skipped),
+        "kept": tuple(plan.kept),
+        "git": git_commit,
+        "noop": not changed,
+        "tested": not plan.warnings,
+        "warnings": tuple(plan.warnings),
+        "recovered": recovered,
+    }
+
+
+# ---------------------------------------------------------------- apply
+
+
+def apply(
+    target: Target,
+    sets: list[PatchSet],
+    branch: str | None = None,
+    make_branch: bool = True,
+    allow_dirty: bool = False,
+) -> ApplyResult:
+    """Apply `sets` to the tree: all files or none; on git a branch and a commit."""
+    _writable(target)
+    with _locked(target) as (tree, recovered):
+        repo = tree.repo
+        if branch and repo is not None:
+            git.check_branch_name(repo, branch)
+        plan = plan_apply(target, sets)
+        notes = (*tree.notes, *(note for s in sets for note in s.notes_for(target.version)))
+        changed = [c.path for c in plan.changes]
+        recorded = _recorded(tree)
+        commit, kept_in = None, None
+        # files to change, or a set whose pieces another set put there: recorded, so reverting that
+        # other set keeps them (on git an empty commit, elsewhere the manifest)
+        if plan.changes or not all(s.name in recorded for s in sets):
+            if repo is not None:
+                commit = _apply_git(tree, target, sets, plan, branch, make_branch, allow_dirty)
+            else:
+                _preflight(target.root, plan.changes)
+                space.require(tree, plan.changes)
+                entries = _tree_entries(target.root, plan.changes) + manifest.apply_state(
+                    tree.state, plan, recorded
+                )
+                Transaction(tree, "apply", tuple(entries)).run()
+                kept_in = str(manifest.manifest_path(tree.state))
+    fields = _fields(plan, recovered, changed, commit)
+    return ApplyResult(**fields, notes=notes, manifest=kept_in)
+
+
+def _apply_git(
+    tree: Tree,
+    target: Target,
+    sets: list[PatchSet],
+    plan: Plan,
+    branch: str | None,
+    make_branch: bool,
+    allow_dirty: bool,
+) -> GitCommit:
+    repo = tree.repo
+    # no file to change (only the record): the user's uncommitted work is never part of that commit
+    git.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
+    paths = git.repo_paths(repo, target.root, plan.changes)
+    _preflight(target.root, plan.changes)
+    original_branch = None if repo.head.is_detached else repo.active_branch.name
+    name = branch or git.default_branch(sets)
+    new_branch = make_branch and original_branch != name
+    if new_branch:
+        git.check_branch_name(repo, name)
+    message = git.message("apply", target, sets, plan)
+    from_head = repo.head.commit.hexsha
+    files = [(path, change.after) for path, change in zip(paths, plan.changes)]
+    space.require(tree, plan.changes)
+    tree_id, commit = _objects(tree, files, message, from_head)
+    info = {
+        "from_branch": original_branch,
+        "from_head": from_head,
+        "branch": name if new_branch else None,
+        "paths": paths,
+        "message": message,
+        "tree": tree_id,
+        "commit": commit,
+        "v": 2,  # commit built as objects first, the ref moved last (git.committed)
+    }
+    entries = tuple(_tree_entries(target.root, plan.changes))
+
+    def steps() -> str:
+        write_entries(entries)
+        git.publish(repo, info)
+        return commit
+
+    sha = Transaction(tree, "apply", entries, info).run(steps)
+    return GitCommit(name if new_branch else original_branch, sha, original_branch)
+
+
+def _objects(tree: Tree, files: list[tuple[str, bytes | None]], message: str, parent: str) -> tuple[str, str]:
+    """The commit as git objects, before any file is written (a full disk fails here, nothing changed)."""
+    try:
+        return git.build_commit(tree.repo, files, message, parent)
+    except git.git_error() as exc:
+        raise UserError(
+            f"{tree.repo.working_tree_dir}: git could not store the commit's objects "
+            f"({str(getattr(exc, 'stderr', exc)).strip()[-300:]}); free some space or fix the repository and "
+            "run again. Nothing was changed."
+        ) from None
+
+
+# ---------------------------------------------------------------- revert
+
+
+def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
+    """Revert `sets`: files byte-identical to before the apply; on git a revert commit on the current branch."""
+    _writable(target)
+    with _locked(target) as (tree, recovered):
+        repo = tree.repo
+        recorded = _recorded(tree)
+        keep = holders(target, sets, recorded)
+        plan = plan_revert(target, sets, None if repo is not None else tree.state, keep)
+        deleted = _deleted_helpers(repo, target, sets, keep) if repo is not None else []
+        changed = [c.path for c in plan.changes]
+        commit = None
+        unrecord = any(s.name in recorded for s in sets)
+        if plan.changes or deleted or unrecord:
+            if repo is not None:
+                commit = _revert_git(tree, target, sets, plan, deleted, unrecord)
+                changed = sorted([*changed, *deleted])
+            else:
+                entries = _tree_entries(target.root, plan.changes) + manifest.revert_state(
+                    tree.state, plan, recorded
+                )
+                _preflight(target.root, plan.changes)
+                space.require(tree, plan.changes)
+                Transaction(tree, "revert", tuple(entries)).run()
+                manifest.tidy_state(tree.state)
+    return RevertResult(**_fields(plan, recovered, changed, commit), notes=tuple(tree.notes))
+
+
+def _deleted_helpers(repo, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]) -> list[str]:
+    """Files a set adds that the user deleted but the branch still has: the revert commit removes them too."""
+    out = []
+    for _, piece in unique_pieces(sets):
+        if piece.label in keep:
+            continue
+        if isinstance(piece.item, NewFile) and not (target.root / piece.path).exists():
+            rel = git.repo_paths(repo, target.root, [FileChange(piece.path, None, None)])[0]
+            if git.run(repo, "cat-file", "-e", f"HEAD:{rel}").returncode == 0:
+                out.append(piece.path)
+    return out
+
+
+def _revert_git(
+    tree: Tree, target: Target, sets: list[PatchSet], plan: Plan, deleted: list[str], unrecord: bool
+) -> GitCommit | None:
+    repo = tree.repo
+    paths = git.repo_paths(repo, target.root, plan.changes)
+    gone = git.repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
+    if paths:
+        edited = sorted(
+            line[3:]
+            for line in git.run(repo, "status", "--porcelain", "--", *paths).stdout.splitlines()
+            if not line.startswith("??")
+        )
+        if edited:
+            raise UserError(
+                f"{', '.join(edited)}: uncommitted changes in files the revert would commit; commit or stash "
+                "them first (rl-msprobe never mixes your edits into its commit). Nothing was changed."
+            )
+    _preflight(target.root, plan.changes)
+    known = set(repo.git.ls_files("--", *paths).splitlines()) if paths else set()
+    tracked = [p for p in paths if p in known] + gone
+    message = git.message("revert", target, sets, plan)
+    if deleted:
+        message += "".join(f"  {p} (deleted by hand before the revert)\n" for p in deleted)
+    from_head = repo.head.commit.hexsha
+    after = dict(zip(paths, (c.after for c in plan.changes)))
+    files = [(path, after.get(path)) for path in tracked]
+    commit = None
+    space.require(tree, plan.changes)
+    if tracked or unrecord:  # no file tracked but the sets are recorded: an empty commit drops them
+        _, commit = _objects(tree, files, message, from_head)
+    info = {
+        "from_branch": None if repo.head.is_detached else repo.active_branch.name,
+        "from_head": from_head,
+        "branch": None,
+        "paths": tracked,
+        "message": message,
+        "commit": commit,
+        "v": 2,
+    }
+    entries = tuple(_tree_entries(target.root, plan.changes))
+
+    def steps() -> str | None:
+        write_entries(entries)
+        if commit is not None:
+            git.publish(repo, info)
+        return commit
+
+    sha = Transaction(tree, "revert", entries, info).run(steps)
+    if sha is None:
+        return None
+    return GitCommit(info["from_branch"], sha)

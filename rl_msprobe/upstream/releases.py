@@ -1,0 +1,170 @@
+"""Releases fetched from the package index into the user cache (`release:verl==0.9.1`, read-only).
+
+Only the package folder and its version metadata are kept: rl-msprobe reads and patches Python
+sources, never runs them, so nothing is built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from rl_msprobe.errors import UserError
+from rl_msprobe.upstream.projects import packages
+
+RELEASE_PREFIX = "release:"
+
+
+def cache_dir() -> Path:
+    """The user cache for fetched releases (override with RL_MSPROBE_CACHE)."""
+    base = os.environ.get("RL_MSPROBE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rl-msprobe"
+    )
+    return Path(base)
+
+
+def release_dir(project: str, version: str) -> Path:
+    """Where `fetch_release` keeps `project==version` (it may not be there yet)."""
+    return cache_dir() / "releases" / f"{project}-{version}"
+
+
+def parse_release_spec(spec: str) -> tuple[str, str]:
+    body = spec[len(RELEASE_PREFIX) :] if spec.startswith(RELEASE_PREFIX) else spec
+    match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", body.strip())
+    if not match:
+        raise UserError(f"{spec!r}: write a release as release:NAME==VERSION, e.g. release:verl==0.9.1.")
+    name = match.group(1).lower().replace("_", "-")
+    if name not in packages():
+        raise UserError(f"{spec!r}: unknown project {name!r}; known: {', '.join(packages())}.")
+    return name, match.group(2)
+
+
+def _pip_download(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+        env={**os.environ, **env} if env else None,
+    )
+
+
+def _sdist_source_tree(spec: str, package: str, downloads: Path, work: Path) -> tuple[Path | None, str]:
+    """The unpacked source of an sdist whose build cannot run here (vLLM-Ascend needs CANN).
+
+    pip unpacks the sdist into TMPDIR/pip-download-*/ before it prepares the metadata; that
+    step fails without the build toolchain, but with --no-clean the unpacked tree stays. Nothing
+    is built. Returns (folder holding the package, pip's stderr).
+    """
+    proc = _pip_download(
+        ["--no-binary", ":all:", "--no-build-isolation", "--no-clean", "-d", str(downloads), spec],
+        downloads,
+        env={"TMPDIR": str(work)},
+    )
+    for init in sorted(work.glob(f"pip-download-*/*/{package}/__init__.py")):
+        return init.parent.parent, proc.stderr
+    return None, proc.stderr
+
+
+def _extract_wheel(wheel: Path, dest: Path, package: str) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        members = [m for m in zf.namelist() if m.startswith(f"{package}/") or ".dist-info/" in m]
+        zf.extractall(dest, members)
+
+
+def _extract_sdist(archive: Path, dest: Path, package: str) -> None:
+    import tarfile
+
+    with tarfile.open(archive) as tf:
+        top_members = tf.getmembers()
+        prefix = top_members[0].name.split("/")[0]
+        for member in top_members:
+            rel = member.name[len(prefix) + 1 :]
+            if not rel or not (rel.startswith(f"{package}/") or rel == "PKG-INFO"):
+                continue
+            if not (member.isfile() or member.isdir()):
+                continue
+            member.name = rel
+            tf.extract(member, dest, filter="data")
+
+
+# Projects whose wheels are large platform builds (vLLM: hundreds of MB of compiled kernels)
+# while rl-msprobe reads only their Python sources: take the sdist's unpacked tree instead.
+SOURCE_FROM_SDIST = frozenset({"vllm"})
+
+
+def fetch_release(project: str, version: str) -> Path:
+    """Download `project==version` once into the cache and return the folder holding the package.
+
+    Wheels are unpacked; a project that ships only sdists is unpacked from the sdist
+    without building it. The result is cached in `cache_dir()/releases/NAME-VERSION/`.
+    """
+    package = packages()[project]
+    dest = release_dir(project, version)
+    if (dest / package / "__init__.py").is_file():
+        return dest
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    spec = f"{project}=={version}"
+    archive = _find_download(downloads, project, version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=dest.parent))
+    try:
+        source = None
+        if archive is None and project not in SOURCE_FROM_SDIST:
+            _pip_download(
+                ["--only-binary", ":all:", "--python-version", "3.11", "-d", str(downloads), spec], downloads
+            )
+            archive = _find_download(downloads, project, version)
+        if archive is None:
+            source, stderr = _sdist_source_tree(spec, package, downloads, work)
+            archive = _find_download(downloads, project, version)
+            if archive is None and source is None:
+                raise UserError(f"could not fetch {spec} from the package index: {stderr.strip()[-400:]}")
+        _unpack_release(archive, source, dest, package)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def _unpack_release(archive: Path | None, source: Path | None, dest: Path, package: str) -> None:
+    """Put the package folder (and the version metadata) of a download into `dest`, atomically."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        if archive is not None and archive.suffix == ".whl":
+            _extract_wheel(archive, tmp, package)
+        elif archive is not None:
+            _extract_sdist(archive, tmp, package)
+        elif source is not None:
+            shutil.copytree(source / package, tmp / package, symlinks=True)
+            if (source / "PKG-INFO").is_file():
+                shutil.copy2(source / "PKG-INFO", tmp / "PKG-INFO")
+        if not (tmp / package / "__init__.py").is_file():
+            raise UserError(f"{archive.name if archive else source}: holds no {package}/__init__.py.")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _find_download(folder: Path, project: str, version: str) -> Path | None:
+    stem = re.sub(r"[-_.]+", "_", project).lower()
+    for path in sorted(folder.iterdir()):
+        name = path.name.lower().replace("-", "_")
+        if not name.startswith(f"{stem}_{version.lower()}"):
+            continue
+        rest = name[len(stem) + 1 + len(version) :]
+        if rest.startswith(("_", ".tar", ".zip")) and path.suffix in (".whl", ".gz", ".zip"):
+            return path
+    return None

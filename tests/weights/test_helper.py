@@ -1,0 +1,97 @@
+"""The job-side helper's contract: off, it imports and computes nothing; on, a failure costs
+fingerprints, never the sync; the resident side splits fused parameters and drops padding."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from tests.weights.helper import PATH, load
+
+OFF = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("w", {str(PATH)!r})
+w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)
+stream = iter([("a", object())])
+assert w.sent(stream, 3) is stream
+assert w.received(object(), [("a", object())]) is None
+assert w.engine_sync(lambda self: 7)(object()) == 7
+print(sorted(m for m in ("torch", "numpy") if m in sys.modules))
+"""
+
+
+def test_off_means_nothing_imported_or_computed():
+    env = {"PATH": "/usr/bin:/bin"}  # no RL_MSPROBE_WEIGHTS_DIR
+    out = subprocess.run([sys.executable, "-c", OFF], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_failure_costs_fingerprints_not_the_sync(tmp_path, monkeypatch, capsys):
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    weights = [("good", torch.ones(3)), ("bad", "not a tensor"), ("also_good", torch.zeros(2))]
+    assert list(helper.sent(iter(weights), 5)) == weights  # every item still goes through
+    lines = [json.loads(x) for p in tmp_path.glob("sent-*.jsonl") for x in p.read_text().splitlines()]
+    assert [x["name"] for x in lines] == ["good", "also_good"] and lines[0]["step"] == 5
+    assert "the sent fingerprint failed" in capsys.readouterr().err
+
+
+class _Fused(torch.nn.Module):
+    """A fused column-parallel layer as vLLM holds it on one TP rank, and a padded vocab shard."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.arange(24.0).reshape(6, 4), requires_grad=False)
+        self.output_partition_sizes = [2, 1, 3]
+
+
+class _Vocab(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8, 4), requires_grad=False)
+        self.shard_indices = type("Indices", (), {"num_org_elements": 5})()
+
+
+class _Model(torch.nn.Module):
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.Module()
+        self.attn.qkv_proj = _Fused()
+        self.embed = _Vocab()
+
+
+def test_resident_parts_split_fused_and_drop_padding():
+    helper = load()
+    model = _Model()
+    fused = dict(
+        helper._parts(model, "attn.qkv_proj", model.attn.qkv_proj, "weight", model.attn.qkv_proj.weight)
+    )
+    assert list(fused) == ["attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"]
+    assert [t.shape[0] for t in fused.values()] == [2, 1, 3]
+    assert torch.equal(torch.cat(list(fused.values())), model.attn.qkv_proj.weight)
+    ((name, rows),) = helper._parts(model, "embed", model.embed, "weight", model.embed.weight)
+    assert name == "embed.weight" and rows.shape == (5, 4)
+
+
+def test_the_device_path_gives_the_numpy_path_s_numbers():
+    """GPU / NPU tensors are fingerprinted where they live (torch, float64 blocks); run here on the
+    CPU through the same function: the numbers must agree with the numpy path's."""
+    from rl_msprobe.weights.fingerprint import Fingerprint, compare
+
+    helper = load()
+    g = torch.Generator().manual_seed(7)
+    for t in (torch.randn(3000, 7, generator=g), torch.randn(5000, generator=g).to(torch.bfloat16)):
+        bad = t.clone()
+        bad[3] = float("nan")
+        bad[11] = float("-inf")
+        for x in (t, bad):
+            numpy_fp = Fingerprint.from_dict(helper.fingerprint(x))
+            total, sumsq, low, high, nan, inf = helper._device_stats(x)
+            device_fp = Fingerprint(x.numel(), total, sumsq, low, high, nan, inf)
+            assert compare(numpy_fp, device_fp).equal, (numpy_fp, device_fp)
+            assert (device_fp.nan, device_fp.inf) == (numpy_fp.nan, numpy_fp.inf)
