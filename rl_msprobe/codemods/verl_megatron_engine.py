@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
@@ -33,11 +35,13 @@ from rl_msprobe.codemods.verl_fsdp_engine import HOOKS_IMPORT
 FORWARD_CALLS = {"forward_fn", "fused_forward_fn"}
 
 
+FORWARD_ASSIGN = matchers.one_line(
+    m.Assign(value=m.OneOf(*(matchers.calls(name) for name in sorted(FORWARD_CALLS))))
+)
+
+
 def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    assign = stmt.body[0]
-    return isinstance(assign, cst.Assign) and call_name(assign.value) in FORWARD_CALLS
+    return m.matches(stmt, FORWARD_ASSIGN)
 
 
 def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
