@@ -124,10 +124,28 @@ class Codemod:
     # tests/codemods/ runs every registered codemod over its own folder
     fixtures: ClassVar[str] = ""
 
+    # the helper module's import the inserted lines use, put after the file's imports (None: none)
+    helper_import: ClassVar[str | None] = None
+
     # ------------------------------------------------------------------ for subclasses
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        """The LibCST transformer that inserts this codemod's lines (it calls ctx.hit per anchor)."""
         raise NotImplementedError
+
+    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
+        """Hook: anchors that depend on what the visit found (waive the variants the file lacks)."""
+
+    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
+        """Visit, check that every required anchor was found (in declaration order), then import
+        the helper. A codemod overrides `transformer` (or, for something else, this)."""
+        transformer = self.transformer(ctx)
+        updated = module.visit(transformer)
+        self.after_visit(transformer, ctx)
+        ctx.check_all_found()
+        if self.helper_import:
+            updated = insert_after_imports(updated, [ctx.statement(self.helper_import)])
+        return updated
 
     # ------------------------------------------------------------------ public API
 

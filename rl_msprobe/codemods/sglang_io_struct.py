@@ -16,7 +16,6 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     after_docstring,
-    insert_after_imports,
     with_body,
 )
 
@@ -52,7 +51,7 @@ class SGLangIoStruct(Codemod):
     path = "sglang/srt/managers/io_struct.py"
     anchors = {METHOD: "a method _normalize_bootstrap_params in class GenerateReqInput (SGLang 0.5.2+)"}
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -20,13 +20,13 @@ before `return output` (elastic EP, experts capturer, dumper). The logic lives i
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
-    dotted,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -34,36 +34,24 @@ from rl_msprobe.codemods.base import (
 IMPORT = "from sglang.srt.model_executor import rl_msprobe_dump"
 
 
-def _single(stmt: cst.BaseStatement) -> cst.BaseSmallStatement | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        return stmt.body[0]
-    return None
+COUNTER = "self.forward_pass_id"
+COUNTER_INIT = matchers.one_line(
+    m.Assign(targets=[m.AssignTarget(target=matchers.name(COUNTER))], value=m.Integer())
+)
+COUNTER_STEP = matchers.one_line(m.AugAssign(target=matchers.name(COUNTER), operator=m.AddAssign()))
+RETURN_OUTPUT = matchers.one_line(m.Return(value=m.Name("output")))
 
 
 def _is_counter_init(stmt: cst.BaseStatement) -> bool:
-    small = _single(stmt)
-    return (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and dotted(small.targets[0].target) == "self.forward_pass_id"
-        and isinstance(small.value, cst.Integer)
-    )
+    return m.matches(stmt, COUNTER_INIT)
 
 
 def _is_counter_step(stmt: cst.BaseStatement) -> bool:
-    small = _single(stmt)
-    return (
-        isinstance(small, cst.AugAssign)
-        and isinstance(small.operator, cst.AddAssign)
-        and dotted(small.target) == "self.forward_pass_id"
-    )
+    return m.matches(stmt, COUNTER_STEP)
 
 
 def _is_return_output(stmt: cst.BaseStatement) -> bool:
-    small = _single(stmt)
-    return (
-        isinstance(small, cst.Return) and isinstance(small.value, cst.Name) and small.value.value == "output"
-    )
+    return m.matches(stmt, RETURN_OUTPUT)
 
 
 def _count_returns(node: cst.CSTNode) -> int:
@@ -150,7 +138,7 @@ class SGLangModelRunner(Codemod):
         "forward: return output": "exactly one return in ModelRunner.forward: `return output` at the end of its body",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

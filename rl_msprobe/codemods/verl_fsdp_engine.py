@@ -20,7 +20,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     contains_call,
     dotted,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -86,7 +85,7 @@ class VerlFSDPEngine(Codemod):
         "with-block around self.forward_step": "a `with ctx...:` block in the loop that calls self.forward_step(...)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])
+    helper_import = HOOKS_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
@@ -25,7 +27,6 @@ from rl_msprobe.codemods.base import (
     after_docstring,
     call_name,
     contains_call,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -34,11 +35,13 @@ from rl_msprobe.codemods.verl_fsdp_engine import HOOKS_IMPORT
 FORWARD_CALLS = {"forward_fn", "fused_forward_fn"}
 
 
+FORWARD_ASSIGN = matchers.one_line(
+    m.Assign(value=m.OneOf(*(matchers.calls(name) for name in sorted(FORWARD_CALLS))))
+)
+
+
 def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    assign = stmt.body[0]
-    return isinstance(assign, cst.Assign) and call_name(assign.value) in FORWARD_CALLS
+    return m.matches(stmt, FORWARD_ASSIGN)
 
 
 def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
@@ -97,7 +100,7 @@ class VerlMegatronEngine(Codemod):
         "(required where forward_step calls fused_forward_fn, as verl 0.7.1 and later do)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HOOKS_IMPORT)])
+    helper_import = HOOKS_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

@@ -22,7 +22,12 @@ trainer                                    anchor (the line goes before it)     
 (``verl/trainer/main_ppo_sync.py``, the 0.8.0 TransferQueue trainer)
 ``FullyAsyncTrainer._fit_generate``        after the ``with`` block that takes the      0.8.0 →
 (``fully_async_policy/fully_async_trainer.py``) batch from the queue
+``FullyAsyncTrainer.fit`` (same file)      the same ``with`` block, in the fit loop     main 2026-01
 =========================================  ==========================================  ===========
+
+Each row is a `Site` (method + statement matcher + before/after): a codemod lists its sites in
+order of preference and the first whose method holds the statement is patched. A new upstream
+shape is one more `Site` and one fixture pair in fixtures/codemods/<codemod>/.
 
 The second ``bypass_recomputing_logprobs`` line of the separation and v1 trainers (in the
 advantage step) is left alone: matching is scoped by class and method.
@@ -30,107 +35,89 @@ advantage step) is left alone: matching is scoped by class and method.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import libcst as cst
+import libcst.matchers as m
 
-from rl_msprobe.codemods.base import (
-    Codemod,
-    MethodBlockTransformer,
-    ScopedTransformer,
-    TransformContext,
-    call_name,
-    contains_call,
-    insert_after_imports,
-    insert_before,
-)
+from rl_msprobe.codemods import matchers
+from rl_msprobe.codemods.base import Codemod, MethodBlockTransformer, TransformContext, insert_before
 
 CONSISTENCY_IMPORT = "from verl.utils import rl_msprobe_consistency"
 TRIM = "rl_msprobe_consistency.prompts_forward(self, batch)"
 BYPASS = "bypass_recomputing_logprobs"
 
-
-def _assigns(stmt: cst.BaseStatement, target: str) -> cst.BaseExpression | None:
-    """The value of `target = value` / `target: T = value` when `stmt` is that one statement."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
-    if (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Name)
-        and small.targets[0].target.value == target
-    ):
-        return small.value
-    if (
-        isinstance(small, cst.AnnAssign)
-        and isinstance(small.target, cst.Name)
-        and small.target.value == target
-    ):
-        return small.value
-    return None
+# the statements the line is placed by
+BYPASS_LINE = matchers.assigns(BYPASS)
+OLD_LOG_PROB_RECOMPUTE = matchers.assigns(
+    "old_log_prob", matchers.calls("self.actor_rollout_wg.compute_log_prob")
+)
+TAKES_FROM_QUEUE = m.With() & matchers.containing(matchers.calls("self._get_samples_from_queue"))
 
 
-def _is_bypass_line(stmt: cst.BaseStatement) -> bool:
-    return _assigns(stmt, BYPASS) is not None
+@dataclass(frozen=True)
+class Site:
+    """One upstream shape: the line goes before (or after) the first statement of `method` that
+    `statement` matches. A codemod lists its sites in order of preference; the first whose method
+    holds such a statement is patched (the code found decides, never the version)."""
+
+    method: str  # Class.method
+    statement: matchers.Matcher
+    after: bool = False
+    seen_in: str = ""  # where this shape was found upstream (information)
 
 
-def _is_old_log_prob_recompute(stmt: cst.BaseStatement) -> bool:
-    value = _assigns(stmt, "old_log_prob")
-    return value is not None and call_name(value) == "self.actor_rollout_wg.compute_log_prob"
+def choose_site(module: cst.Module, sites: tuple[Site, ...]) -> Site:
+    """The first site whose method holds its statement; else the first whose method exists (its
+    missing statement is then the anchor error), else the first."""
+    found = [(site, matchers.method(module, site.method)) for site in sites]
+    for site, func in found:
+        if func is not None and m.findall(func, site.statement):
+            return site
+    return next((site for site, func in found if func is not None), sites[0])
 
 
-class _BeforeAnchor(MethodBlockTransformer):
-    """Insert the trim line before the first statement of `method` that `matches`."""
+class _AtSite(MethodBlockTransformer):
+    """Insert the trim line by the first statement of the site's method that matches."""
 
-    def __init__(self, ctx: TransformContext, method: str, anchor: str, matchers: Sequence) -> None:
-        super().__init__(ctx, method)
-        self.anchor, self.matchers = anchor, matchers
+    def __init__(self, ctx: TransformContext, site: Site, anchor: str) -> None:
+        super().__init__(ctx, site.method)
+        self.site, self.anchor = site, anchor
         self.done = False
 
-    def rewrite(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def rewrite(self, body) -> list[cst.BaseStatement]:
         statements: list[cst.BaseStatement] = []
         for stmt in body:
-            if not self.done and any(match(stmt) for match in self.matchers):
-                self.done = True
-                self.ctx.hit(self.anchor)
-                statements.extend(insert_before(stmt, [self.ctx.statement(TRIM)]))
-            else:
+            if self.done or not m.matches(stmt, self.site.statement):
                 statements.append(stmt)
+                continue
+            self.done = True
+            self.ctx.hit(self.anchor)
+            line = self.ctx.statement(TRIM)
+            statements.extend([stmt, line] if self.site.after else insert_before(stmt, [line]))
         return statements
 
 
 class ConsistencyCodemod(Codemod):
-    """A verl file whose inserted lines call the consistency helper: run the transformer, check
-    every anchor, import the helper after the file's imports."""
+    """A verl file whose inserted lines call the consistency helper (imported after its imports)."""
 
     project = "verl"
-
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        raise NotImplementedError
-
-    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
-        """Hook: anchors that depend on the version or on what the visit found."""
-
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        transformer = self.transformer(ctx)
-        updated = module.visit(transformer)
-        self.after_visit(transformer, ctx)
-        ctx.check_all_found()  # in declaration order: the method before the line inside it
-        return insert_after_imports(updated, [ctx.statement(CONSISTENCY_IMPORT)])
+    helper_import = CONSISTENCY_IMPORT
 
 
 class _TrainerCodemod(ConsistencyCodemod):
-    """A trainer file: the trim line before the anchor in one method."""
+    """A trainer file: the trim line at the first of its sites that the file has."""
 
-    method: str
-    anchor_name: str = "bypass_recomputing_logprobs line"
-
-    def matchers(self, ctx: TransformContext) -> Sequence:
-        return (_is_bypass_line,)
+    sites: ClassVar[tuple[Site, ...]]
+    anchor_name: ClassVar[str] = "bypass_recomputing_logprobs line"
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _BeforeAnchor(ctx, self.method, self.anchor_name, self.matchers(ctx))
+        site = choose_site(ctx.module, self.sites)
+        for other in self.sites:
+            if other.method != site.method:
+                ctx.waive(other.method)  # another shape's method: not required in this file
+        return _AtSite(ctx, site, self.anchor_name)
 
 
 _BYPASS_EXPECTED = (
@@ -141,84 +128,61 @@ _BYPASS_EXPECTED = (
 class VerlRayTrainer(_TrainerCodemod):
     name = "verl-ray-trainer"
     path = "verl/trainer/ppo/ray_trainer.py"
-    method = "RayPPOTrainer.fit"
     anchor_name = "old-log-prob recompute"
     anchors = {
         "RayPPOTrainer.fit": "a method fit in class RayPPOTrainer",
         "old-log-prob recompute": f"{_BYPASS_EXPECTED} (0.6.1+) or "
         "`old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)` (0.6.0) in RayPPOTrainer.fit",
     }
-
-    def matchers(self, ctx: TransformContext) -> Sequence:
-        # 0.6.1+: the bypass switch precedes the recompute; 0.6.0 has only the recompute.
-        source = ctx.module.code
-        if BYPASS in source:
-            return (_is_bypass_line,)
-        return (_is_old_log_prob_recompute,)
+    sites = (
+        Site("RayPPOTrainer.fit", BYPASS_LINE, seen_in="0.6.1 …: the bypass switch precedes the recompute"),
+        Site("RayPPOTrainer.fit", OLD_LOG_PROB_RECOMPUTE, seen_in="0.6.0: the recompute alone"),
+    )
 
 
 class VerlSeparateTrainer(_TrainerCodemod):
     name = "verl-separate-trainer"
     path = "verl/experimental/separation/ray_trainer.py"
-    method = "SeparateRayPPOTrainer._fit_compute_log_prob"
     anchors = {
         "SeparateRayPPOTrainer._fit_compute_log_prob": "a method _fit_compute_log_prob in class SeparateRayPPOTrainer",
         "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in SeparateRayPPOTrainer._fit_compute_log_prob",
     }
+    sites = (Site("SeparateRayPPOTrainer._fit_compute_log_prob", BYPASS_LINE, seen_in="0.7.1 …"),)
 
 
 class VerlV1Trainer(_TrainerCodemod):
     name = "verl-v1-trainer"
     path = "verl/trainer/ppo/v1/trainer_base.py"
-    method = "PPOTrainer._compute_old_log_prob"
     anchors = {
         "PPOTrainer._compute_old_log_prob": "a method _compute_old_log_prob in class PPOTrainer",
         "bypass_recomputing_logprobs line": f"{_BYPASS_EXPECTED} in PPOTrainer._compute_old_log_prob",
     }
+    sites = (Site("PPOTrainer._compute_old_log_prob", BYPASS_LINE, seen_in="0.9.0 …"),)
 
 
 class VerlSyncTrainer(_TrainerCodemod):
     name = "verl-sync-trainer"
     path = "verl/trainer/main_ppo_sync.py"
-    method = "PPOTrainer._compute_old_log_prob"
     anchors = VerlV1Trainer.anchors
+    sites = (Site("PPOTrainer._compute_old_log_prob", BYPASS_LINE, seen_in="0.8.0"),)
 
 
-def _takes_from_queue(stmt: cst.BaseStatement) -> bool:
-    return isinstance(stmt, cst.With) and contains_call(stmt, "self._get_samples_from_queue")
-
-
-class _AfterQueue(ScopedTransformer):
-    def __init__(self, ctx: TransformContext, method: str) -> None:
-        super().__init__(ctx)
-        self.method = method
-        self.done = False
-
-    def leave_function(
-        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
-        if qualname != self.method:
-            return updated
-        self.ctx.hit(self.method)
-        statements: list[cst.BaseStatement] = []
-        for stmt in updated.body.body:
-            statements.append(stmt)
-            if not self.done and _takes_from_queue(stmt):
-                self.done = True
-                self.ctx.hit("batch taken from the queue")
-                statements.append(self.ctx.statement(TRIM))
-        return updated.with_changes(body=updated.body.with_changes(body=statements))
-
-
-class VerlFullyAsyncTrainer(ConsistencyCodemod):
+class VerlFullyAsyncTrainer(_TrainerCodemod):
     name = "verl-fully-async-trainer"
     path = "verl/experimental/fully_async_policy/fully_async_trainer.py"
-    method = "FullyAsyncTrainer._fit_generate"
+    anchor_name = "batch taken from the queue"
     anchors = {
         "FullyAsyncTrainer._fit_generate": "a method _fit_generate in class FullyAsyncTrainer",
+        "FullyAsyncTrainer.fit": "a method fit in class FullyAsyncTrainer",
         "batch taken from the queue": "a `with ...:` block calling self._get_samples_from_queue() "
-        "directly in FullyAsyncTrainer._fit_generate",
+        "in FullyAsyncTrainer._fit_generate (or, before it existed, FullyAsyncTrainer.fit)",
     }
-
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _AfterQueue(ctx, self.method)
+    sites = (
+        Site("FullyAsyncTrainer._fit_generate", TAKES_FROM_QUEUE, after=True, seen_in="0.8.0 …"),
+        Site(
+            "FullyAsyncTrainer.fit",
+            TAKES_FROM_QUEUE,
+            after=True,
+            seen_in="verl main 2026-01-06 … 2026-02-05 (#4795 … #5184): the fit loop takes the batch itself",
+        ),
+    )

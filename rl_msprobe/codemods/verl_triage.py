@@ -100,10 +100,8 @@ class _TriageCodemod(Codemod):
     project = "verl"
     anchors = {ANCHOR: _EXPECTED}
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_AfterMetrics(ctx))
-        ctx.check_all_found()
-        return updated
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _AfterMetrics(ctx)
 
 
 class VerlTriageRayTrainer(_TriageCodemod):

@@ -26,7 +26,6 @@ from rl_msprobe.codemods.base import (
     TransformContext,
     after_docstring,
     call_name,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -106,10 +105,10 @@ class VerlWeightsSent(Codemod):
         ),
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_SentTransformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _SentTransformer(ctx)
 
 
 class _ReceivedTransformer(ScopedTransformer):
@@ -150,7 +149,7 @@ class VerlWeightsReceived(Codemod):
         f"{EXTENSION}._update_weights": f"a method _update_weights(self, weights, ...) in class {EXTENSION}",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_ReceivedTransformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _ReceivedTransformer(ctx)

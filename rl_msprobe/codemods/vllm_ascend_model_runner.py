@@ -24,14 +24,14 @@ The logic lives in `vllm_ascend/worker/dispatch_logger.py`, added by the same pa
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
     call_name,
-    dotted,
-    insert_after_imports,
     insert_before,
 )
 
@@ -61,16 +61,13 @@ def _is_finish(stmt: cst.BaseStatement) -> bool:
     return call is not None and call_name(call) in FINISH_CALLS and not call.args
 
 
+DEBUGGER_CREATION = matchers.one_line(
+    m.Assign(targets=[m.AssignTarget(target=matchers.name("self.debugger"))], value=m.Call())
+)
+
+
 def _is_debugger_creation(stmt: cst.BaseStatement) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    assign = stmt.body[0]
-    return (
-        isinstance(assign, cst.Assign)
-        and len(assign.targets) == 1
-        and dotted(assign.targets[0].target) == "self.debugger"
-        and isinstance(assign.value, cst.Call)
-    )
+    return m.matches(stmt, DEBUGGER_CREATION)
 
 
 def _binds(func: cst.FunctionDef, name: str) -> bool:
@@ -155,7 +152,7 @@ class VllmAscendModelRunner(Codemod):
         "sample_tokens: scheduler_output": f"scheduler_output unpacked from the execute state in {CLASS}.sample_tokens",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(IMPORT)])
+    helper_import = IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

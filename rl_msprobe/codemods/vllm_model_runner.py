@@ -33,7 +33,6 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     contains_call,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -121,7 +120,7 @@ class VllmModelRunner(Codemod):
         "model forward in execute_model": f"a statement in {CLASS}.execute_model calling {FORWARD_CALL}(...)",
     }
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)

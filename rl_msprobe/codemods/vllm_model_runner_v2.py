@@ -23,7 +23,6 @@ from rl_msprobe.codemods.base import (
     StatusReport,
     TransformContext,
     after_docstring,
-    insert_after_imports,
     insert_before,
     with_body,
 )
@@ -55,10 +54,10 @@ class VllmModelRunnerV2(Codemod):
     path = "vllm/v1/worker/gpu/model_runner.py"
     anchors = {"GPUModelRunner.__init__": "a method __init__ in class GPUModelRunner (the V2 runner)"}
 
-    def transform(self, module: cst.Module, ctx: TransformContext) -> cst.Module:
-        updated = module.visit(_Transformer(ctx))
-        ctx.check_all_found()
-        return insert_after_imports(updated, [ctx.statement(HELPER_IMPORT)])
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Transformer(ctx)
 
     def status(self, source: str, version: str | None = None) -> StatusReport:
         """`patch status` says the requirement on this file's line, whatever its state."""

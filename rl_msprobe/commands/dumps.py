@@ -191,6 +191,7 @@ def _warm_report_imports() -> None:
 )
 @click.option("--timeout", type=click.FloatRange(1), default=None, help="Seconds per pair (default: none).")
 @click.option("--per-process", is_flag=True, hidden=True, help="One msprobe process per pair (benchmarks).")
+@click.option("--force", is_flag=True, help="Replace report files in --out that rl-msprobe did not write.")
 @json_option
 @handles_user_errors
 def compare(
@@ -205,6 +206,7 @@ def compare(
     min_coverage: float | None,
     timeout: float | None,
     per_process: bool,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Run msprobe's consistency compare for every pair and write report.md / report.html.
@@ -226,10 +228,13 @@ def compare(
     )
     from rl_msprobe.dumps.correlate import correlate as run_correlate
     from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
-    from rl_msprobe.dumps.report import dtype_line, pair_lines, write_report
+    from rl_msprobe.dumps.report import REPORT_FILES, dtype_line, pair_lines, write_report
     from rl_msprobe.errors import UserError
+    from rl_msprobe.report_folder import ReportFolder
 
     out = check_out_dir(out)
+    with ReportFolder(out, force) as folder:  # a user's report.md in the way: refused before msprobe runs
+        folder.claim(REPORT_FILES)
     has_logs = (
         rollout.is_dir()
         and train.is_dir()
@@ -291,7 +296,7 @@ def compare(
                 bar.update(1, r)
 
             run.results = compare_pairs(pairs, out, backend, jobs, on_done=done, **options)
-    paths = write_report(run)
+    paths = write_report(run, force)
     if as_json:
         emit_json(run.to_json())
     else:

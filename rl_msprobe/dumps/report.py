@@ -491,17 +491,23 @@ def _error_tail(error: str | None, lines: int = 4) -> str:
     return text[0] + "".join(f"\n      {x}" for x in text[-lines:])
 
 
-def write_report(run: CompareRun) -> dict[str, Path]:
-    """Write report.md, report.png, report.html (PNG embedded) and summary.json into run.out; a
-    missing matplotlib costs the plot only (said in both reports and in `no_plot`)."""
-    run.out.mkdir(parents=True, exist_ok=True)
+REPORT_FILES = ("report.md", "report.html", "summary.json", "report.png")
+
+
+def write_report(run: CompareRun, force: bool = False) -> dict[str, Path]:
+    """Write report.md, report.png, report.html (PNG embedded) and summary.json into run.out, only
+    through files it creates there (`ReportFolder`: a user's file in the way is refused unless
+    `force`, a link is replaced, never written through); a missing matplotlib costs the plot only
+    (said in both reports and in `no_plot`)."""
+    from rl_msprobe.report_folder import ReportFolder
+
     png, no_plot = plot_png(run)
     run.no_plot = no_plot
-    paths = {"md": run.out / "report.md", "html": run.out / "report.html", "json": run.out / "summary.json"}
-    if png:
-        paths["png"] = run.out / "report.png"
-        paths["png"].write_bytes(png)
-    paths["md"].write_text(render_markdown(run, "report.png" if png else None, no_plot), encoding="utf-8")
-    paths["html"].write_text(render_html(run, png, no_plot), encoding="utf-8")
-    paths["json"].write_text(json.dumps(run.to_json(), indent=2, default=str), encoding="utf-8")
-    return paths
+    with ReportFolder(run.out, force) as folder:
+        paths = {}
+        if png:
+            paths["png"] = folder.write("report.png", png)
+        paths["md"] = folder.write("report.md", render_markdown(run, "report.png" if png else None, no_plot))
+        paths["html"] = folder.write("report.html", render_html(run, png, no_plot))
+        paths["json"] = folder.write("summary.json", json.dumps(run.to_json(), indent=2, default=str))
+    return {k: paths[k] for k in ("md", "html", "json", "png") if k in paths}

@@ -3,8 +3,14 @@ applied sets kept in rl-msprobe's commit subjects (GitPython is imported only wh
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +27,24 @@ def open_repo(root: Path) -> Any | None:
     import git
 
     try:
-        return git.Repo(root, search_parent_directories=True)
+        repo = git.Repo(root, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         return None
+    _check_ownership(repo)
+    return repo
+
+
+def _check_ownership(repo: Any) -> None:
+    """git refuses a repository another user owns ("dubious ownership"): say so, never "no commits"."""
+    if repo.working_tree_dir is None:
+        return
+    proc = run(repo, "rev-parse", "--git-dir")
+    if proc.returncode != 0 and "dubious ownership" in proc.stderr:
+        raise UserError(
+            f'{repo.working_tree_dir}: git refuses this repository, it belongs to another user ("dubious '
+            'ownership"). Patch it as its owner, or if you trust it: '
+            f"git config --global --add safe.directory {repo.working_tree_dir} — then run again. Nothing was changed."
+        )
 
 
 def git_error() -> type[Exception]:
@@ -58,10 +79,50 @@ def index_lock(repo: Any) -> Path:
     return Path(repo.git_dir) / "index.lock"
 
 
+def live_git_processes(repo: Any) -> list[str]:
+    """Running git processes that may work in this repository ("PID" each; "PID?" where this user may
+    not look at its folder, so it cannot be ruled out): from /proc, their command and working folder."""
+    places = [os.path.realpath(p) for p in (repo.working_tree_dir, repo.git_dir) if p]
+    found = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return ["?"]  # no /proc to look in: in doubt
+    for pid in pids:
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv0 = handle.read(4096).split(b"\0", 1)[0]
+        except OSError:
+            continue  # ended meanwhile
+        if not os.path.basename(argv0).startswith(b"git") or _parent(pid) == os.getpid():
+            continue  # not git, or this process's own (GitPython's `cat-file --batch` helpers)
+        try:
+            cwd = os.path.realpath(os.readlink(f"/proc/{pid}/cwd"))
+        except FileNotFoundError:
+            continue
+        except OSError:
+            found.append(f"{pid}?")
+            continue
+        if any(cwd == p or cwd.startswith(p + os.sep) for p in places):
+            found.append(pid)
+    return found
+
+
+def _parent(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read(1024).rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def clear_index_lock(repo: Any, started: float) -> str | None:
     """A git command killed together with the interrupted run leaves git's `index.lock`, and every
-    later git command refuses to run. One made after that run's journal was written (`started`) is
-    its own: removed (the journal's lock is held, so no other rl-msprobe runs here)."""
+    later git command refuses to run. One made after that run's journal was written (`started`) may be
+    its own, but newer is no proof: it is removed only when no git process runs in this repository;
+    with one running (a user's `git add` of a big file), refused, naming it."""
     lock = index_lock(repo)
     try:
         made = lock.stat().st_mtime
@@ -69,6 +130,13 @@ def clear_index_lock(repo: Any, started: float) -> str | None:
         return None
     if made < started - 1.0:
         return None  # older than the run: not its own (refused, named, by `check_index_lock`)
+    live = live_git_processes(repo)
+    if live:
+        raise UserError(
+            f"{lock}: git's index lock is there and git is running in {repo.working_tree_dir} (pid "
+            f"{', '.join(live)}; '?': could not be ruled out), so it may be that command's; rl-msprobe leaves "
+            "it alone. Wait for that git command to end and run again. Nothing was changed."
+        )
     lock.unlink()
     return str(lock)
 
@@ -86,14 +154,190 @@ def check_index_lock(repo: Any) -> None:
 # ---------------------------------------------------------------- branches and commits
 
 
+ZERO = "0" * 40
+
+
+def _git(repo: Any, *args: str, data: bytes | None = None, env: dict[str, str] | None = None) -> str:
+    """git ARGS in the work tree; its stdout (stripped); GitCommandError (git's stderr) when it fails."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo.working_tree_dir), *args],
+        input=data,
+        capture_output=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    if proc.returncode != 0:
+        import git
+
+        raise git.GitCommandError(["git", *args], proc.returncode, proc.stderr.decode(errors="replace"))
+    return proc.stdout.decode(errors="replace").strip()
+
+
+def _identity(repo: Any) -> dict[str, str]:
+    env = {}
+    reader = repo.config_reader()
+    if not reader.has_option("user", "name"):
+        env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")
+    if not reader.has_option("user", "email"):
+        env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
+    return env
+
+
+def build_commit(
+    repo: Any, files: list[tuple[str, bytes | None]], message: str, parent: str
+) -> tuple[str, str]:
+    """The commit of `files` (repo path -> bytes, None: removed) on top of `parent`, made as git objects
+    only: a temporary index (GIT_INDEX_FILE) read from the parent's tree, `write-tree`, `commit-tree`.
+    The user's index, HEAD and branches are not touched, so a `git commit` of the user's meanwhile
+    can never take rl-msprobe's files. Returns (tree, commit)."""
+    with tempfile.TemporaryDirectory(prefix="rl-msprobe-index-", dir=repo.git_dir) as folder:
+        env = {"GIT_INDEX_FILE": os.path.join(folder, "index")}
+        _git(repo, "read-tree", parent, env=env)
+        modes = {}
+        listed = _git(repo, "ls-tree", "-z", parent, "--", *[p for p, _ in files]) if files else ""
+        for record in filter(None, listed.split("\0")):
+            mode, _, rest = record.partition(" ")
+            modes[rest.split("\t", 1)[1]] = mode
+        lines = []
+        for path, data in files:
+            if data is None:
+                lines.append(f"0 {ZERO}\t{path}")
+            else:  # --path: the repository's attributes (filters, eol) apply as `git add` would apply them
+                blob_id = _git(repo, "hash-object", "-w", f"--path={path}", "--stdin", data=data)
+                lines.append(f"{modes.get(path, '100644')} {blob_id}\t{path}")
+        if lines:
+            _git(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
+        tree = _git(repo, "write-tree", env=env)
+    commit = _git(
+        repo, "commit-tree", tree, "-p", parent, "-F", "-", data=message.encode(), env=_identity(repo)
+    )
+    return tree, commit
+
+
+def _ref(info: dict[str, Any]) -> str:
+    """The ref the journal's commit goes to: its new branch, the branch it started on, or a detached HEAD."""
+    if info.get("branch"):
+        return f"refs/heads/{info['branch']}"
+    return f"refs/heads/{info['from_branch']}" if info.get("from_branch") else "HEAD"
+
+
+def _head(repo: Any) -> tuple[str | None, str | None]:
+    """(the branch HEAD is on, or None when detached; the commit it points at)."""
+    symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
+    commit = run(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}").stdout.strip()
+    return (symbolic.removeprefix("refs/heads/") or None), commit or None
+
+
+@contextmanager
+def _holding_index(repo: Any, wait: float = 5.0) -> Iterator[int]:
+    """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
+    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
+    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
+    lock = index_lock(repo)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+            break
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"{lock}: another git command holds the index of {repo.working_tree_dir}; rl-msprobe waited "
+                    "for it. Run again when it has ended."
+                ) from None
+            time.sleep(0.05)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+        if lock.exists():  # not renamed into place: nothing of it is used
+            lock.unlink()
+
+
+def _index_for(repo: Any, info: dict[str, Any]) -> bytes:
+    """The user's index with the committed paths' entries taken from the commit (nothing else of it changes)."""
+    with tempfile.TemporaryDirectory(prefix="rl-msprobe-index-", dir=repo.git_dir) as folder:
+        temp = os.path.join(folder, "index")
+        current = Path(repo.git_dir) / "index"
+        if current.exists():
+            shutil.copyfile(current, temp)
+        env = {"GIT_INDEX_FILE": temp}
+        paths = info["paths"]
+        if not current.exists():
+            _git(repo, "read-tree", info["commit"], env=env)
+        elif paths:
+            listed = _git(repo, "ls-tree", "-z", info["commit"], "--", *paths)
+            entries = {}
+            for record in filter(None, listed.split("\0")):
+                meta, path = record.split("\t", 1)
+                mode, _, blob_id = meta.split(" ")
+                entries[path] = f"{mode} {blob_id}\t{path}"
+            lines = [entries.get(p, f"0 {ZERO}\t{p}") for p in paths]
+            _git(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
+        # the new entries' stat data from the files on disk (else git sees them "not uptodate")
+        subprocess.run(
+            ["git", "-C", str(repo.working_tree_dir), "update-index", "-q", "--refresh"],
+            capture_output=True,
+            check=False,
+            env={**os.environ, **env},
+        )
+        return Path(temp).read_bytes()
+
+
+def publish(repo: Any, info: dict[str, Any]) -> None:
+    """Make the journal's commit part of the repository, holding git's index lock throughout: the ref
+    (an atomic update that fails if it moved meanwhile; a new branch must not exist yet), HEAD onto a
+    new branch, and the user's index entries of the committed paths. Also finishes one a kill cut short."""
+    with _holding_index(repo) as fd:
+        journal.checkpoint("index-lock")
+        branch, at = _head(repo)
+        done = committed(repo, info)
+        started_here = branch == info["from_branch"] and at == info["from_head"]
+        if not done and not started_here:
+            raise UserError(
+                f"{repo.working_tree_dir}: HEAD moved while rl-msprobe worked (a commit or checkout of yours); "
+                "it leaves your history as it is."
+            )
+        switch = bool(info.get("branch")) and started_here
+        if done and not switch and at != info["commit"]:
+            return  # finished before, and the user has moved on since: nothing of theirs is touched
+        os.write(fd, _index_for(repo, info))
+        os.fsync(fd)
+        if not done:
+            old = ZERO if info.get("branch") else info["from_head"]
+            _git(repo, "update-ref", "--no-deref", "-m", "rl-msprobe", _ref(info), info["commit"], old)
+            journal.checkpoint("ref")
+        if switch:
+            _git(repo, "symbolic-ref", "-m", "rl-msprobe", "HEAD", _ref(info))
+            journal.checkpoint("head")
+        os.replace(index_lock(repo), Path(repo.git_dir) / "index")
+    journal.checkpoint("published")
+
+
 def committed(repo: Any, info: dict[str, Any]) -> bool:
-    """Was the journal's commit (`info`: its git record) made?"""
+    """Was the journal's commit made? Decided from the commit object the journal names (its tree is
+    exactly the planned one): the ref holds it, or a later commit on top of it. Never from the message,
+    which a hook may have edited."""
+    if info.get("v") != 2:  # a journal of an older rl-msprobe (`git commit`): its message and parent
+        return _committed_by_message(repo, info)
+    commit = info.get("commit")
+    if not commit:
+        return False
+    tip = run(repo, "rev-parse", "-q", "--verify", f"{_ref(info)}^{{commit}}").stdout.strip()
+    if not tip:
+        return False
+    if tip == commit:
+        return True
+    return run(repo, "merge-base", "--is-ancestor", commit, tip).returncode == 0
+
+
+def _committed_by_message(repo: Any, info: dict[str, Any]) -> bool:
     ref = f"refs/heads/{info['branch']}" if info.get("branch") else "HEAD"
     try:
-        commit = repo.commit(ref)
+        found = repo.commit(ref)
     except Exception:  # noqa: BLE001 - no such ref: nothing was committed
         return False
-    return [p.hexsha for p in commit.parents] == [info["from_head"]] and str(commit.message).strip() == str(
+    return [p.hexsha for p in found.parents] == [info["from_head"]] and str(found.message).strip() == str(
         info["message"]
     ).strip()
 
@@ -120,23 +364,6 @@ def repo_paths(repo: Any, root: Path, changes: list[FileChange]) -> list[str]:
                 "changed."
             ) from None
     return out
-
-
-def commit(repo: Any, paths: list[str], message: str) -> str:
-    """Commit `paths` (none: an empty commit that only records the sets, the user's index left alone)."""
-    if paths:
-        repo.git.add("-A", "--", *paths)
-    journal.checkpoint("staged")
-    env = {}
-    reader = repo.config_reader()
-    if not reader.has_option("user", "name"):
-        env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")
-    if not reader.has_option("user", "email"):
-        env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
-    with repo.git.custom_environment(**env):
-        repo.git.commit("-q", "-m", message, *(["--", *paths] if paths else ["--only", "--allow-empty"]))
-    journal.checkpoint("committed")
-    return repo.head.commit.hexsha
 
 
 def default_branch(sets: list[PatchSet]) -> str:

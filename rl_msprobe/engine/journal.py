@@ -44,7 +44,7 @@ def checkpoint(step: str) -> None:
     """A named step of apply/revert; tests make the tool stop here (never set in normal use).
 
     RL_MSPROBE_STEPS_LOG=FILE appends each step's name; RL_MSPROBE_FAULT_AT=STEP with
-    RL_MSPROBE_FAULT=kill (default: SIGKILL itself), pause (wait to be killed) or enospc
+    RL_MSPROBE_FAULT=kill (default: SIGKILL itself), int (SIGINT itself, as Ctrl-C), pause (wait to be killed) or enospc
     (raise "no space left on device" there, and at every later step too).
     """
     log = os.environ.get("RL_MSPROBE_STEPS_LOG")
@@ -61,6 +61,11 @@ def checkpoint(step: str) -> None:
     if action == "enospc":
         _faulting = True
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), step)
+    if action == "int":  # one Ctrl-C at this step: KeyboardInterrupt wherever Python is when it lands
+        os.environ["RL_MSPROBE_FAULT_AT"] = ""
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+        return
     if action == "pause":
         print(f"rl-msprobe paused at {step}", flush=True)
         while True:
@@ -95,7 +100,11 @@ def write_file(path: Path, data: bytes | None, durable: bool = False, step: str 
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -106,9 +115,11 @@ def write_file(path: Path, data: bytes | None, durable: bool = False, step: str 
         if step:
             checkpoint(step)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and (exc.filename is None or exc.filename == tmp):
+            exc.filename = str(path)  # a full disk names the file the user knows, not the temporary one
         raise
     if durable:
         fsync_dir(path.parent)
@@ -167,9 +178,34 @@ def _lock_wait() -> float:
 
 def _holder(path: Path) -> str:
     try:
-        return path.read_text().strip() or "?"
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC)
     except OSError:
         return "?"
+    with os.fdopen(fd, "rb") as handle:
+        text = handle.read(32).decode(errors="replace").strip()
+    return text if text.isdigit() else "?"
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def check_state_dir(state: Path) -> None:
+    """The state folder must be a real folder of this user that nobody else may write into: the lock,
+    the journal and the originals in it are trusted by the next command."""
+    info = os.lstat(state)
+    problem = None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problem = "is a symlink or not a folder"
+    elif info.st_uid != os.geteuid() and os.geteuid() != 0:
+        problem = f"belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        problem = "can be written by every user (o+w)"
+    if problem:
+        raise UserError(
+            f"{state}: rl-msprobe's state folder {problem}, so its lock and journal cannot be trusted; remove it "
+            "(or fix its owner and mode: chmod o-w) and run again. Nothing was changed."
+        )
 
 
 def _try_lock(state: Path) -> int | None:
@@ -178,7 +214,11 @@ def _try_lock(state: Path) -> int | None:
     for attempt in range(100):
         try:
             state.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            check_state_dir(state)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
         except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
             if attempt < 99:
                 continue
@@ -186,6 +226,12 @@ def _try_lock(state: Path) -> int | None:
                 f"{state}: could not be created; check the tree's folder and run again."
             ) from None
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EINVAL):  # O_NOFOLLOW: the lock is a link (or not a file)
+                raise UserError(
+                    f"{path}: rl-msprobe's lock file is a symlink or not a regular file; rl-msprobe never opens "
+                    "it through a link (that would overwrite the link's target). Remove it and run again. "
+                    "Nothing was changed."
+                ) from None
             raise UserError(
                 f"{state}: cannot hold rl-msprobe's lock and journal ({exc.strerror}); make it writable "
                 "(or free some space) and run again. Nothing was changed."
@@ -252,7 +298,10 @@ def holder(state: Path) -> str | None:
     """The pid holding the tree's lock now, or None when it is free (status reports it)."""
     if not (state / LOCK).exists():
         return None
-    fd = os.open(state / LOCK, os.O_RDONLY)
+    try:
+        fd = os.open(state / LOCK, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -275,8 +324,21 @@ class Entry:
     label: str  # how the user knows it (tree-relative path, or the state file's name)
 
 
-def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> None:
-    """Record the operation durably before anything of it happens; refuses (exit 2) when it cannot."""
+def _relative(path: Path, state: Path, root: Path) -> tuple[str, str]:
+    """Where an entry's file lives, as the journal records it: ("state" | "tree", relative posix path)."""
+    for base, folder in (("state", state), ("tree", root)):
+        try:
+            return base, Path(os.path.abspath(path)).relative_to(os.path.abspath(folder)).as_posix()
+        except ValueError:
+            continue
+    raise ValueError(f"{path}: neither in the tree {root} nor in its state folder {state}")
+
+
+def begin(state: Path, root: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> None:
+    """Record the operation durably before anything of it happens; refuses (exit 2) when it cannot.
+
+    Paths are recorded relative to the tree (or the state folder), never absolute: a journal is
+    read back as untrusted input (`resolve`)."""
     global _faulting
     _faulting = False
     folder = state / JOURNAL
@@ -290,9 +352,11 @@ def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> 
                 digest = sha(data)
                 if digest is not None and not (blobs / digest).exists():
                     write_file(blobs / digest, data, durable=True)
+            base, rel = _relative(entry.path, state, root)
             files.append(
                 {
-                    "path": str(entry.path),
+                    "base": base,
+                    "path": rel,
                     "label": entry.label,
                     "before": sha(entry.before),
                     "after": sha(entry.after),
@@ -311,17 +375,31 @@ def begin(state: Path, op: str, entries: list[Entry], extra: dict[str, Any]) -> 
         ) from exc
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def load(state: Path) -> dict[str, Any] | None:
+    """The unfinished journal of the state folder (None: none), its shape checked: it is read back as
+    untrusted input (a tree from a tarball or a shared folder may carry one)."""
+    from rl_msprobe import bounded
+
     path = state / JOURNAL / "journal.json"
     if not path.is_file():
         if path.parent.exists():  # killed while recording or dropping: nothing was written yet, or all was
             _drop(path.parent)
         return None
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(bounded.read_bytes(path, "rl-msprobe journal", bounded.CONFIG))
         if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
             raise ValueError("not a journal")
-    except (OSError, ValueError) as exc:
+        for item in doc["files"]:
+            ok = isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("path", "label"))
+            digests = [item.get("before"), item.get("after")] if ok else []
+            if not ok or not all(d is None or (isinstance(d, str) and _DIGEST.fullmatch(d)) for d in digests):
+                raise ValueError(f"entry {item!r:.80} is not one rl-msprobe writes")
+        doc.setdefault("op", "operation")
+        doc.setdefault("pid", "?")
+    except (OSError, ValueError, RecursionError, UserError) as exc:
         raise UserError(
             f"{path}: unreadable rl-msprobe journal ({exc}); check the tree by hand, then remove {path.parent}."
         ) from exc
@@ -344,29 +422,68 @@ def _drop(folder: Path) -> None:
 
 
 def blob(state: Path, digest: str | None) -> bytes | None:
+    """A journal blob, verified against its sha256 (a blob cut short or swapped is never restored)."""
     if digest is None:
         return None
-    return (state / JOURNAL / "blobs" / digest).read_bytes()
+    path = state / JOURNAL / "blobs" / digest
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read() if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else None
+    except OSError:
+        data = None
+    if data is None or sha(data) != digest:
+        raise UserError(
+            f"{path}: the saved copy is missing or does not match its sha256 (cut short or changed), so the file "
+            f"it holds cannot be restored from it. Nothing was written; check the tree by hand, then remove "
+            f"{state / JOURNAL}."
+        )
+    return data
 
 
-def roll_back_files(state: Path, doc: dict[str, Any]) -> list[str]:
-    """Every file of the journal back to its bytes before; refuses to undo a file someone changed since."""
+def resolve(state: Path, root: Path, item: dict[str, Any]) -> Path:
+    """The file a journal entry names, confined to the tree (or the state folder): an absolute path,
+    `..` or a link out of it is refused, so a planted journal cannot make rl-msprobe write elsewhere."""
+    base = state if item.get("base") == "state" else root
+    rel = item["path"]
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts or "base" not in item:
+        raise UserError(
+            f"{state / JOURNAL / 'journal.json'}: names {rel!r}, which is not a path inside {base}; rl-msprobe "
+            f"never writes outside the tree it patches. Nothing was written; remove {state / JOURNAL}."
+        )
+    path = base / rel
+    real, top = os.path.realpath(path), os.path.realpath(base)
+    if os.path.commonpath([real, top]) != top:
+        raise UserError(
+            f"{state / JOURNAL / 'journal.json'}: {rel!r} leads out of {base} (to {real}) through a link; "
+            f"rl-msprobe never writes outside the tree it patches. Nothing was written; remove {state / JOURNAL}."
+        )
+    return path
+
+
+def roll_back_files(state: Path, root: Path, doc: dict[str, Any]) -> list[str]:
+    """Every file of the journal back to its bytes before; refuses to undo a file someone changed since.
+    Every path and blob is checked before the first byte is written."""
     checkpoint("rollback")
     changed = []
-    for item in doc["files"]:
-        path = Path(item["path"])
+    paths = [resolve(state, root, item) for item in doc["files"]]
+    restore = []
+    for item, path in zip(doc["files"], paths):
         current = sha(read(path))
         if current not in (item["before"], item["after"]):
             raise UserError(
                 f"{item['label']} ({path}) changed after an interrupted rl-msprobe {doc['op']} (pid {doc['pid']}); "
                 f"rl-msprobe will not overwrite it. Put it right by hand, then remove {state / JOURNAL}."
             )
-    for item in reversed(doc["files"]):
-        path = Path(item["path"])
+        if current != item["before"]:
+            restore.append((item, path, blob(state, item["before"])))
+    for item, path, data in reversed(restore):
         _remove_temporaries(path)
-        if sha(read(path)) != item["before"]:
-            write_file(path, blob(state, item["before"]))
-            changed.append(item["label"])
+        write_file(path, data)
+        changed.append(item["label"])
+    for path in paths:
+        _remove_temporaries(path)
     return changed
 
 

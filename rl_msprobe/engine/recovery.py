@@ -21,6 +21,8 @@ def recover(tree: Tree) -> Recovered | None:
     info = doc.get("git")
     cleared = git.clear_index_lock(tree.repo, float(doc.get("started", 0))) if tree.repo is not None else None
     if info and tree.repo is not None and git.committed(tree.repo, info):
+        if info.get("v") == 2:
+            git.publish(tree.repo, info)
         outcome = JournalOutcome.COMPLETED
     else:
         try:
@@ -37,27 +39,39 @@ def recover(tree: Tree) -> Recovered | None:
 
 def roll_back(tree: Tree, doc: dict[str, Any]) -> None:
     """Files, index and branch back to how the journal found them."""
-    journal.roll_back_files(tree.state, doc)
+    journal.roll_back_files(tree.state, tree.root, doc)
     info = doc.get("git")
     repo = tree.repo
-    if not info or repo is None:
-        return
+    if not info or repo is None or info.get("v") == 2:
+        return  # the commit is made as objects and the ref moved last: nothing of git to take back
+    # a journal of an older rl-msprobe: it staged in the index and checked out its branch first
     if info["paths"]:
         repo.git.reset("-q", "--", *info["paths"])
     name = info.get("branch")
-    if not name:
+    if not name or name not in [h.name for h in repo.heads]:
         return
+    if repo.commit(name).hexsha != info["from_head"]:
+        raise UserError(  # commits on it since (the user's): checking out the old branch would hide them
+            f"branch {name} has commits since the interrupted rl-msprobe {doc['op']}; rl-msprobe leaves it as "
+            f"it is. Check it by hand (git log {name}), then remove {tree.state / journal.JOURNAL}."
+        )
     if not repo.head.is_detached and repo.active_branch.name == name:
         git.leave_branch(repo, info)
-    if name in [h.name for h in repo.heads] and repo.commit(name).hexsha == info["from_head"]:
-        repo.git.branch("-D", name)
+    repo.git.branch("-D", name)
 
 
-def undo(tree: Tree, exc: BaseException) -> None:
-    """The operation failed part-way: put everything back now, or leave the journal for the next run."""
+def undo(tree: Tree, exc: BaseException) -> bool:
+    """The operation failed part-way (an error, or Ctrl-C): put everything back now, or leave the journal
+    for the next run. True when its commit had been made after all: then it is finished, not undone
+    (the caller ends as done)."""
     doc = journal.load(tree.state)
     try:
         if doc is not None:
+            info = doc.get("git")
+            if info and tree.repo is not None and info.get("v") == 2 and git.committed(tree.repo, info):
+                git.publish(tree.repo, info)
+                journal.finish(tree.state)
+                return True
             roll_back(tree, doc)
             journal.finish(tree.state)
     except (OSError, UserError, git.git_error()) as err:
@@ -67,6 +81,7 @@ def undo(tree: Tree, exc: BaseException) -> None:
         ) from exc
     if isinstance(exc, (OSError, git.git_error())):
         raise UserError(f"{why(exc)}; every file was restored, nothing was changed.") from exc
+    return False
 
 
 def why(exc: BaseException) -> str:

@@ -19,7 +19,11 @@ from rl_msprobe.engine.tree import Tree
 def write_entries(entries: tuple[journal.Entry, ...] | list[journal.Entry]) -> None:
     """Replace every file by its bytes after, durably, one checkpoint per file."""
     for entry in entries:
-        journal.write_file(entry.path, entry.after, durable=True, step=f"replace:{entry.label}")
+        try:
+            journal.write_file(entry.path, entry.after, durable=True, step=f"replace:{entry.label}")
+        except OSError as exc:
+            exc.filename = exc.filename or str(entry.path)  # a full disk's write() names no file: this one
+            raise
         journal.checkpoint(f"write:{entry.label}")
 
 
@@ -36,14 +40,16 @@ class Transaction:
     def run(self, steps: Callable[[], Any] | None = None) -> Any:
         """Journal first, then `steps` (default: write the files); any failure puts everything back
         (or leaves it to the next run). Returns what `steps` returns (on git: the commit made)."""
-        journal.begin(self.tree.state, self.op, list(self.entries), {"git": self.git})
+        journal.begin(self.tree.state, self.tree.root, self.op, list(self.entries), {"git": self.git})
         try:
             journal.checkpoint("journal")
             out = steps() if steps is not None else write_entries(self.entries)
         except BaseException as exc:
-            undo(self.tree, exc)
-            raise
-        journal.finish(self.tree.state)
+            if not undo(self.tree, exc):
+                raise
+            out = self.git["commit"] if self.git else None  # interrupted after its commit: done, not undone
+        else:
+            journal.finish(self.tree.state)
         finished = FINISHED.get()
         if finished is not None:
             finished.append(Finished(self, out if self.git else None))

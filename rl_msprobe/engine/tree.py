@@ -18,6 +18,7 @@ class Tree:
 
     repo: Any | None
     state: Path
+    root: Path  # the folder holding the package: journal paths are relative to it
     notes: list[str] = field(default_factory=list)
 
 
@@ -36,7 +37,7 @@ def open_tree(target: Target, writing: bool) -> Tree:
             "upstream files. Commit them first (git add -A && git commit -m upstream) and run again."
         )
     state = journal.state_dir(target.root, Path(repo.git_dir) if repo is not None else None)
-    return Tree(repo, state, notes)
+    return Tree(repo, state, target.root, notes)
 
 
 def where(tree: Tree) -> str:

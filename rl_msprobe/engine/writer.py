@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rl_msprobe.engine import git, journal, manifest
+from rl_msprobe.engine import git, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
 from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
@@ -30,6 +30,14 @@ def _preflight(root: Path, changes: list[FileChange]) -> None:
     """Refuse before writing anything when any file could not be written."""
     for change in changes:
         path = root / change.path
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            raise UserError(
+                f"{path}: on a read-only file system (mounted read-only), so no mode change helps; remount it "
+                "read-write, or patch a writable copy of the tree (--tree COPY). Nothing was changed."
+            )
         if path.exists():
             mode = path.stat().st_mode
             if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
@@ -132,6 +140,7 @@ def apply(
                 commit = _apply_git(tree, target, sets, plan, branch, make_branch, allow_dirty)
             else:
                 _preflight(target.root, plan.changes)
+                space.require(tree, plan.changes)
                 entries = _tree_entries(target.root, plan.changes) + manifest.apply_state(
                     tree.state, plan, recorded
                 )
@@ -161,24 +170,41 @@ def _apply_git(
     if new_branch:
         git.check_branch_name(repo, name)
     message = git.message("apply", target, sets, plan)
+    from_head = repo.head.commit.hexsha
+    files = [(path, change.after) for path, change in zip(paths, plan.changes)]
+    space.require(tree, plan.changes)
+    tree_id, commit = _objects(tree, files, message, from_head)
     info = {
         "from_branch": original_branch,
-        "from_head": repo.head.commit.hexsha,
+        "from_head": from_head,
         "branch": name if new_branch else None,
         "paths": paths,
         "message": message,
+        "tree": tree_id,
+        "commit": commit,
+        "v": 2,  # commit built as objects first, the ref moved last (git.committed)
     }
     entries = tuple(_tree_entries(target.root, plan.changes))
 
     def steps() -> str:
-        if new_branch:
-            repo.git.checkout("-q", "-b", name)
-            journal.checkpoint("branch")
         write_entries(entries)
-        return git.commit(repo, paths, message)
+        git.publish(repo, info)
+        return commit
 
     sha = Transaction(tree, "apply", entries, info).run(steps)
-    return GitCommit(repo.active_branch.name, sha, original_branch)
+    return GitCommit(name if new_branch else original_branch, sha, original_branch)
+
+
+def _objects(tree: Tree, files: list[tuple[str, bytes | None]], message: str, parent: str) -> tuple[str, str]:
+    """The commit as git objects, before any file is written (a full disk fails here, nothing changed)."""
+    try:
+        return git.build_commit(tree.repo, files, message, parent)
+    except git.git_error() as exc:
+        raise UserError(
+            f"{tree.repo.working_tree_dir}: git could not store the commit's objects "
+            f"({str(getattr(exc, 'stderr', exc)).strip()[-300:]}); free some space or fix the repository and "
+            "run again. Nothing was changed."
+        ) from None
 
 
 # ---------------------------------------------------------------- revert
@@ -205,6 +231,7 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
                     tree.state, plan, recorded
                 )
                 _preflight(target.root, plan.changes)
+                space.require(tree, plan.changes)
                 Transaction(tree, "revert", tuple(entries)).run()
                 manifest.tidy_state(tree.state)
     return RevertResult(**_fields(plan, recovered, changed, commit), notes=tuple(tree.notes))
@@ -246,19 +273,29 @@ def _revert_git(
     message = git.message("revert", target, sets, plan)
     if deleted:
         message += "".join(f"  {p} (deleted by hand before the revert)\n" for p in deleted)
+    from_head = repo.head.commit.hexsha
+    after = dict(zip(paths, (c.after for c in plan.changes)))
+    files = [(path, after.get(path)) for path in tracked]
+    commit = None
+    space.require(tree, plan.changes)
+    if tracked or unrecord:  # no file tracked but the sets are recorded: an empty commit drops them
+        _, commit = _objects(tree, files, message, from_head)
     info = {
         "from_branch": None if repo.head.is_detached else repo.active_branch.name,
-        "from_head": repo.head.commit.hexsha,
+        "from_head": from_head,
         "branch": None,
         "paths": tracked,
         "message": message,
+        "commit": commit,
+        "v": 2,
     }
     entries = tuple(_tree_entries(target.root, plan.changes))
 
     def steps() -> str | None:
         write_entries(entries)
-        # no file tracked but the sets are recorded: an empty commit drops them from the record
-        return git.commit(repo, tracked, message) if tracked or unrecord else None
+        if commit is not None:
+            git.publish(repo, info)
+        return commit
 
     sha = Transaction(tree, "revert", entries, info).run(steps)
     if sha is None:

@@ -25,7 +25,7 @@ from rl_msprobe.launch.overrides import Overrides, format_value, render_override
 from rl_msprobe.launch.script import LaunchScript
 
 RAY_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars."
-_MISSING = object()
+MISSING = object()  # stands for a value the script sets only at run time (not known here)
 _VERSION_RE = re.compile(VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 
 # verl's defaults (0.8.0 - 0.9.1, verified against the real configs in the tests) for the keys
@@ -188,7 +188,7 @@ class Context:
         if found is not None:
             return found.value, "script"
         if self.overrides.runtime_key(key) is not None:
-            return _MISSING, "runtime"
+            return MISSING, "runtime"
         if key in self.detection.config_values:
             return self.detection.config_values[key], "config"
         if key in FOLLOWS:
@@ -201,7 +201,7 @@ class Context:
 
     def int_value(self, key: str) -> int | None:
         value, _ = self.value(key)
-        if isinstance(value, bool) or value is _MISSING:
+        if isinstance(value, bool) or value is MISSING:
             return None
         if isinstance(value, int):
             return value

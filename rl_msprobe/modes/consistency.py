@@ -34,7 +34,7 @@ from typing import Any
 from packaging.version import Version
 
 from rl_msprobe.modes.base import (
-    _MISSING,
+    MISSING,
     ConfigSpec,
     Context,
     EnvVar,
@@ -345,7 +345,7 @@ def requirements(ctx: Context) -> Requirements:
 
 def _no_lora_ref_note(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
     value, origin = ctx.value("actor_rollout_ref.model.lora_rank")
-    if origin == "script" and value not in (None, 0, "0") and value is not _MISSING:
+    if origin == "script" and value not in (None, 0, "0") and value is not MISSING:
         return [], [
             "LoRA: the ref runs on the actor engine, so ref log-prob dumps come from the actor's engine"
         ]

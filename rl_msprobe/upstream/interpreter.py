@@ -45,7 +45,12 @@ def locate_with_python(python: str, packages: list[str]) -> dict[str, str | None
     argv = python_argv(python)
     try:
         proc = subprocess.run(
-            [*argv, "-c", _FIND_SPEC, *packages], capture_output=True, text=True, timeout=120, check=False
+            [*argv, "-c", _FIND_SPEC, *packages],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=120,
+            check=False,
         )
     except FileNotFoundError as exc:
         raise UserError(
@@ -60,6 +65,12 @@ def locate_with_python(python: str, packages: list[str]) -> dict[str, str | None
     if proc.returncode != 0:
         raise UserError(f"--python {python} failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError) as exc:
-        raise UserError(f"--python {python}: unexpected output {proc.stdout[-200:]!r}.") from exc
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError, RecursionError):
+        found = None
+    if not isinstance(found, dict) or not all(isinstance(v, (str, type(None))) for v in found.values()):
+        raise UserError(
+            f"--python {python}: unexpected output {proc.stdout[-200:]!r} (not the JSON rl-msprobe's probe prints); "
+            "pass the Python interpreter itself."
+        )
+    return found

@@ -72,7 +72,13 @@ def detect_version(root: Path, project: str) -> str | None:
     candidates = [package / "version" / "version"]  # verl
     for candidate in candidates:
         if candidate.is_file():
-            text = candidate.read_text().strip()
+            try:
+                text = candidate.read_text(encoding="utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise UserError(
+                    f"{candidate}: not UTF-8 text (byte {exc.start}); verl writes its version there as plain "
+                    "text. Restore that file from the release (or remove it) and run again."
+                ) from None
             if text:
                 return text
     for name in ("version.py", "_version.py"):

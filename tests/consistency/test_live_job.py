@@ -23,10 +23,12 @@ so outputs are scaled, not ``.weight``), each step compared on its own (``--trai
 - ``tensor``: 1 rank (TP=1), Qwen2, fp32, ``prepare --task tensor --level L0`` on FSDP2: step 1
   clean with matched rows; step 2 layer 1 ``post_attention_layernorm``.
 
-Wall times (2 cores shared with 4 other sessions, 2026-12-01): the tp2 job 347 s alone
-(measured while building this test), the whole fixture ~20 min of which the three jobs are ~15
-and each compare ~20 s; against the two TP=1 jobs this module ran before (~8 min each under
-load), the net cost in cold CI is one job, ~5 min. The tests on its results take < 1 s each.
+Wall times (2 cores shared with 4 other sessions, 2026-12-01): run 1 jobs tp2 345 s, qwen3 265 s,
+tensor 256 s, compares 61 + 12 + 31 s, fixture 1809 s (~13 min of it waiting for the machine-wide
+live-job lock); run 2 (all 8 passed) jobs 268 + 280 + 189 s, compares 63 + 19 + 27 s, user venv
+10 s, fixture 1161 s (~3 min waiting). The module ran two TP=1 jobs before (~410-520 s each under
+load), so the net cost in cold CI is about one TP=1 job, ~4-5 min. The tests on its results take
+< 1 s each.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ class Refusal:
 
 
 # Short on purpose: only code that truly lacks a capability (or holds a trainer no codemod knows).
+# verl main 7ac7839 … 0e583d1 (#4795 … #5184), where FullyAsyncTrainer.fit took the batch from the
+# queue itself, was refused here until verl-fully-async-trainer got that shape as a second Site.
 REFUSALS = {
     "verl": (
         Refusal(
@@ -50,15 +52,6 @@ REFUSALS = {
             ("verl-engine", "verl-prompts-only", "verl-request-id"),
             "no engine ActorRolloutRefWorker yet: the actor always runs the legacy workers, so the engine hook "
             "would never dump it",
-        ),
-        Refusal(
-            "7ac7839",  # 2026-01-06 "[recipe] feat: migrate `recipe` to ... verl-recipe (#4795)"
-            "0e583d1",  # 2026-02-06 "[recipe] refactor: refactor ray trainer for separate recipe use (#5184)"
-            ("fully_async_trainer.py", "FullyAsyncTrainer._fit_generate"),
-            ("verl-engine", "verl-request-id"),
-            "the fully-async trainer moved in from recipe/ recomputes old log-probs in "
-            "FullyAsyncRayPPOTrainer._process_batch_common, a trainer no codemod knows; from #5184 it "
-            "inherits the patched SeparateRayPPOTrainer",
         ),
     ),
 }

@@ -156,7 +156,7 @@ def test_full_disk_mid_apply_and_in_its_rollback(kind: str, request, monkeypatch
 def test_full_disk_mid_apply_rolled_back_at_once(repo: Path, monkeypatch) -> None:
     before = tree_state(repo)
     monkeypatch.setenv("RL_MSPROBE_FAULT", "enospc")
-    monkeypatch.setenv("RL_MSPROBE_FAULT_AT", "staged")
+    monkeypatch.setenv("RL_MSPROBE_FAULT_AT", f"write:{MEGATRON}")
     monkeypatch.setattr("rl_msprobe.engine.journal.checkpoint", _fault_once)
     code, _, err = apply(repo)
     assert code == 2 and "every file was restored" in err

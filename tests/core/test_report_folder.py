@@ -134,3 +134,28 @@ def test_the_record_is_ours_alone(tmp_path):
     with ReportFolder(out) as folder:
         folder.write("a.txt", "x")
     assert not (tmp_path / "elsewhere").exists()  # a linked record is left alone, never followed
+
+
+def test_dumps_compare_refuses_a_users_report_before_msprobe_runs(tmp_path):
+    write_dump(tmp_path / "a" / "step0" / "rank0")
+    write_dump(tmp_path / "b" / "step0" / "rank0")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "report.md").write_text("my notes\n")
+    code, _, err = run_cli("dumps", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out))
+    assert code == 2 and str(out / "report.md") in err and "--force" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"]  # nothing compared, nothing written
+
+
+def test_the_compare_report_replaces_a_planted_link_never_writing_through(tmp_path):
+    from rl_msprobe.dumps.compare import CompareRun
+    from rl_msprobe.dumps.report import write_report
+
+    out, victim = tmp_path / "o", tmp_path / "victim"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / "summary.json").symlink_to(victim)
+    with pytest.raises(UserError, match="summary.json"):
+        write_report(CompareRun(out=out, backend="fsdp"))
+    paths = write_report(CompareRun(out=out, backend="fsdp"), force=True)
+    assert victim.read_text() == "precious\n" and json.loads(paths["json"].read_text())
