@@ -16,13 +16,20 @@ repacking (`RL_MSPROBE_WEIGHTS_DIR` set; the JSON lines are written to a tempora
 Reported: median seconds of each, the median of the pair ratios (target <= 1.2), with the CRC-32
 checksum (the default) and without (RL_MSPROBE_WEIGHTS_HASH=0).
 
-Measured 2026-12-01 on the shared 2-core machine (load average ~10 from other sessions' jobs, so
-single pairs range 1.3x-5x): 379 MB fp32, 27 tensors, `--repeat 9`: without 2.85 s, with 6.49 s,
-median pair ratio 1.97x with the CRC-32 (1.96x statistics only); `--repeat 7`: 2.21x / 1.56x;
-`--repeat 3`: 1.60x / 1.14x. The 1.2x target is NOT met on this CPU: one fingerprint costs ~0.4
-of a memcpy of the tensor (128 MB: 127 ms against 312 ms for a fresh copy; CRC-32 75 ms), three
-stages are fingerprinted, and this CPU "sync" is only copies (the real one adds the transport,
-FSDP's gathers and vLLM's weight loaders).
+Measured 2026-12-01 on the shared 2-core machine (load average 3-10 from other sessions' jobs;
+single pairs range 0.9x-2.7x), 379 MB fp32, 27 tensors; median pair ratio, with CRC-32 / statistics
+only, min-max of the pairs in brackets:
+- one cache-blocked pass per tensor (256K-element blocks: sum, square-sum, min, max and the CRC-32
+  while the block is in cache), two `--repeat 5` runs: 1.62x [1.46-2.12] / 1.42x [0.95-2.57] and
+  1.79x [1.29-2.67] / 1.49x [1.22-1.80]; `--repeat 9`: 1.86x [1.52-2.60] / 1.78x [1.45-1.97];
+- before (four whole-tensor numpy passes + a separate CRC pass), the same runs interleaved with the
+  above: 2.20x [1.98-3.66] / 1.87x [1.72-2.71] and 2.22x [1.98-2.51] / 1.96x [1.60-2.39].
+The fingerprint alone on this model, 7 interleaved rounds: statistics 0.10-0.12 s (before
+0.35-0.38 s), with CRC-32 0.25-0.28 s (before 0.55-0.57 s), a memcpy of the model 0.31-0.34 s.
+The 1.2x target is NOT met on this CPU: three stages are fingerprinted, zlib's CRC-32 runs at
+~2.6 GB/s on one core (two of the five passes, over half of what is left), the fingerprint runs
+on one thread while torch's copies here use two, and this CPU "sync" is only copies (the real one
+adds the transport, FSDP's gathers and vLLM's weight loaders).
 
 Run: python benchmarks/bench_weights.py [--mb 400] [--repeat 5]
 """

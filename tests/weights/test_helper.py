@@ -4,9 +4,12 @@ fingerprints, never the sync; the resident side splits fused parameters and drop
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+import zlib
 
+import numpy as np
 import torch
 
 from tests.weights.helper import PATH, load
@@ -95,3 +98,26 @@ def test_the_device_path_gives_the_numpy_path_s_numbers():
             device_fp = Fingerprint(x.numel(), total, sumsq, low, high, nan, inf)
             assert compare(numpy_fp, device_fp).equal, (numpy_fp, device_fp)
             assert (device_fp.nan, device_fp.inf) == (numpy_fp.nan, numpy_fp.inf)
+
+
+def test_one_pass_is_the_whole_tensor_definition(monkeypatch):
+    """Statistics and CRC-32 from one pass over cache-sized blocks are what the definitions give over
+    the whole tensor (CRC-32 of its contiguous bytes, float64 sums, exact min / max, NaN / Inf counts),
+    for views that are not contiguous and dtypes numpy lacks, with blocks small enough to split each."""
+    helper = load()
+    monkeypatch.setattr(helper, "BLOCK", 1000)
+    base = torch.randn(300, 70, generator=torch.Generator().manual_seed(3))
+    base[17, 3], base[250, 9], base[299, 69] = math.nan, math.inf, -math.inf
+    for t in (base, base.t(), base[:, 5:60], base.bfloat16(), base.half().t(), base.double()[::2]):
+        fp, crc = helper._measure(t, True)
+        flat = t.contiguous().reshape(-1)
+        header = zlib.crc32(f"{t.dtype}|{tuple(t.shape)}|".encode())
+        assert (
+            crc == f"{zlib.crc32(flat.view(torch.uint8).numpy().tobytes(), header):08x}" == helper.digest(t)
+        )
+        x = flat.double().numpy()
+        finite = x[np.isfinite(x)]
+        assert (fp["count"], fp["nan"], fp["inf"]) == (x.size, np.isnan(x).sum(), np.isinf(x).sum())
+        assert (fp["min"], fp["max"]) == (finite.min(), finite.max())
+        assert math.isclose(fp["sum"], math.fsum(finite), rel_tol=1e-12, abs_tol=1e-9)
+        assert math.isclose(fp["sumsq"], math.fsum(finite * finite), rel_tol=1e-12)

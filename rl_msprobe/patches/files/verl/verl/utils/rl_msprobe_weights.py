@@ -73,43 +73,71 @@ def _never_breaks_the_sync(what: str):
 # ------------------------------------------------------------------------------ fingerprints
 
 
-CHUNK = 1 << 22  # elements per block converted at a time (bfloat16 and other dtypes numpy lacks)
+# Elements per block: a float32 block (1 MB) and its float64 scratch (2 MB) stay in cache while every
+# reduction runs on them. Statistics of 379 MB fp32 on the 2-core dev machine: 64K 0.17 s, 256K 0.10 s,
+# 1M 0.11 s, 4M 0.29 s (one whole-tensor pass per reduction, as before: 0.35 s; a memcpy: 0.31 s).
+BLOCK = 1 << 18
+
+
+def _pieces(tensor):
+    """A CPU TENSOR's elements in row-major order as 1-D contiguous torch tensors of about BLOCK
+    elements: views of its memory where it is contiguous, small copies of a few rows where not."""
+    t = tensor.detach()
+    if t.is_contiguous() or t.dim() < 2:
+        yield from t.contiguous().reshape(-1).split(BLOCK)
+        return
+    rows = max(1, BLOCK // max(1, t[0].numel()))
+    for piece in t.split(rows):
+        yield piece.contiguous().reshape(-1)
 
 
 def _blocks(tensor):
-    """A CPU TENSOR flattened into numpy arrays numpy can sum in float64: the tensor's own memory
-    for float16/32/64, float32 copies of CHUNK elements otherwise (bfloat16, fp8)."""
+    """(values, raw) per piece of a CPU TENSOR: VALUES a numpy array numpy sums in float64 (the
+    tensor's own memory for float16/32/64, a float32 copy otherwise: bfloat16, fp8), RAW its bytes."""
     import torch
 
-    flat = tensor.detach().reshape(-1)
-    if flat.device.type == "cpu" and flat.dtype in (torch.float16, torch.float32, torch.float64):
-        yield flat.contiguous().numpy()
-        return
-    for block in flat.split(CHUNK):
-        yield block.to(torch.float32).numpy()
+    native = tensor.dtype in (torch.float16, torch.float32, torch.float64)
+    for piece in _pieces(tensor):
+        raw = piece.view(torch.uint8).numpy()
+        yield (piece.numpy() if native else piece.to(torch.float32).numpy()), raw
 
 
-def _stats(blocks) -> tuple[float, float, float | None, float | None, int, int]:
+def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, int, int, int | None]:
+    """One pass over BLOCKS ((values, raw) pairs): every reduction, and the CRC-32 of the raw bytes
+    when CRC is a starting value, runs on a block while it is in cache, so memory is read once."""
+    import zlib
+
     import numpy as np
 
     total = sumsq = 0.0
     low = high = None
     nan = inf = 0
-    for a in blocks:
-        s = float(np.sum(a, dtype=np.float64))
-        q = float(np.einsum("i,i->", a, a, dtype=np.float64))
+    scratch = np.empty(0, dtype=np.float64)
+    for a, raw in blocks:
+        if crc is not None:
+            crc = zlib.crc32(raw, crc)
+        if scratch.size < a.size:
+            scratch = np.empty(max(a.size, BLOCK), dtype=np.float64)
+        wide = scratch[: a.size]
+        np.copyto(wide, a)
+        s = float(np.add.reduce(wide))
+        q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         if not (math.isfinite(s) and math.isfinite(q)):
             bad_nan, bad_inf = np.isnan(a), np.isinf(a)
             nan, inf = nan + int(bad_nan.sum()), inf + int(bad_inf.sum())
             a = a[~(bad_nan | bad_inf)]
-            s = float(np.sum(a, dtype=np.float64))
-            q = float(np.einsum("i,i->", a, a, dtype=np.float64))
+            wide = a.astype(np.float64)
+            s = float(np.add.reduce(wide))
+            q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         total, sumsq = total + s, sumsq + q
         if a.size:
-            lo, hi = float(a.min()), float(a.max())
+            lo, hi = float(np.minimum.reduce(a)), float(np.maximum.reduce(a))
             low = lo if low is None else min(low, lo)
             high = hi if high is None else max(high, hi)
-    return total, sumsq, low, high, nan, inf
+    return total, sumsq, low, high, nan, inf, crc
+
+
+CHUNK = 1 << 22  # elements per float64 block on a device
 
 
 def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int, int]:
@@ -137,22 +165,36 @@ def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int
     return total, sumsq, low, high, nan, inf
 
 
+def _measure(tensor, hashed: bool) -> tuple[dict, str | None]:
+    """TENSOR's fingerprint: order- and layout-invariant statistics in float64 (exact min / max),
+    and if HASHED its CRC-32 (`digest`), from one pass over the tensor's memory on the CPU."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return fingerprint(tensor), (digest(tensor) if hashed else None)
+    crc = _header_crc(tensor) if hashed else None
+    *stats, crc = _stats(_blocks(tensor), crc)
+    return _fp(tensor.numel(), stats), (None if crc is None else f"{crc:08x}")
+
+
+def _fp(count: int, stats) -> dict:
+    total, sumsq, low, high, nan, inf = stats
+    return {"count": count, "sum": total, "sumsq": sumsq, "min": low, "max": high, "nan": nan, "inf": inf}
+
+
 def fingerprint(tensor) -> dict:
     """Order- and layout-invariant statistics of TENSOR in float64 (exact min / max), summed by
-    numpy in float64 straight from the tensor's memory where it can (no float64 copy is made)."""
+    numpy in float64 from cache-sized blocks of the tensor's memory (no float64 copy of it is made);
+    on a GPU / NPU, where the tensor lives."""
     if tensor.numel() == 0:
         return {"count": 0, "sum": 0.0, "sumsq": 0.0, "min": None, "max": None, "nan": 0, "inf": 0}
-    on_device = tensor.device.type != "cpu"
-    total, sumsq, low, high, nan, inf = _device_stats(tensor) if on_device else _stats(_blocks(tensor))
-    return {
-        "count": tensor.numel(),
-        "sum": total,
-        "sumsq": sumsq,
-        "min": low,
-        "max": high,
-        "nan": nan,
-        "inf": inf,
-    }
+    if tensor.device.type == "cpu":
+        return _measure(tensor, hashed=False)[0]
+    return _fp(tensor.numel(), _device_stats(tensor))
+
+
+def _header_crc(tensor) -> int:
+    import zlib
+
+    return zlib.crc32(f"{tensor.dtype}|{tuple(tensor.shape)}|".encode())
 
 
 def digest(tensor) -> str:
@@ -162,14 +204,17 @@ def digest(tensor) -> str:
 
     import torch
 
-    t = tensor.detach().contiguous().cpu()
-    crc = zlib.crc32(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    t = tensor.detach().cpu()
+    crc = _header_crc(t)
     if t.numel():
-        crc = zlib.crc32(memoryview(t.reshape(-1).view(torch.uint8).numpy()), crc)
+        for piece in _pieces(t):
+            crc = zlib.crc32(piece.view(torch.uint8).numpy(), crc)
     return f"{crc:08x}"
 
 
-def _record(stage: str, sync: int, rank: int, name: str, tensor, index: int, **extra) -> dict:
+def _record(stage: str, sync: int, rank: int, name: str, tensor, index: int, hashed=None, **extra) -> dict:
+    """One JSON line; HASHED True / False adds "hash" (the CRC-32, or null when switched off)."""
+    fp, crc = _measure(tensor, bool(hashed))
     record = {
         "stage": stage,
         "sync": sync,
@@ -178,8 +223,10 @@ def _record(stage: str, sync: int, rank: int, name: str, tensor, index: int, **e
         "name": name,
         "dtype": str(tensor.dtype).removeprefix("torch."),
         "shape": list(tensor.shape),
-        "fp": fingerprint(tensor),
+        "fp": fp,
     }
+    if hashed is not None:
+        record["hash"] = crc
     record.update(extra)
     return record
 
@@ -221,8 +268,7 @@ def _sent(stream, sync: int, step):
     try:
         for index, (name, tensor) in enumerate(stream):
             with _never_breaks_the_sync("the sent fingerprint"):
-                extra = {"step": step, "hash": digest(tensor) if hashed else None}
-                records.append(_record("sent", sync, rank, name, tensor, index, **extra))
+                records.append(_record("sent", sync, rank, name, tensor, index, hashed, step=step))
             yield name, tensor
     finally:
         with _never_breaks_the_sync("writing the sent fingerprints"):
@@ -265,9 +311,9 @@ def _received(worker, weights) -> None:
     state = getattr(worker, "_rl_msprobe_weights", None) or _begin(worker)
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
-        extra = {"hash": digest(tensor) if hashed else None, "tp_size": state["tp_size"]}
+        index, tp_size = state["index"], state["tp_size"]
         records.append(
-            _record("received", state["sync"], state["rank"], name, tensor, state["index"], **extra)
+            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, tp_size=tp_size)
         )
         state["index"] += 1
     _write("received", records)
