@@ -19,6 +19,9 @@ STAGES = ("sent", "received", "resident")
 META = "resident-meta"
 WHAT = "weights fingerprint file"
 LINE_LIMIT = 1 << 20  # one tensor's line is ~400 bytes
+SYNC_LIMIT = 10_000_000  # one sync per training step
+RANK_LIMIT = 1_000_000
+INDEX_LIMIT = 1 << 31  # a tensor's place in the model's order
 FIX = "the files are written by the verl-weights patch set; rerun the job rather than editing them"
 
 
@@ -60,15 +63,29 @@ def _bad(path: Path, line: int, what: str) -> UserError:
     return UserError(f"{path}:{line}: {what}; {FIX}.")
 
 
+def _whole(doc: dict, key: str, path: Path, line: int, limit: int, default: int | None = None) -> int:
+    """DOC[KEY] as a whole number within 0..LIMIT (DEFAULT where it is absent), else UserError naming it."""
+    if key not in doc and default is not None:
+        return default
+    value = doc.get(key)
+    if value is None:
+        raise _bad(path, line, f"key {key!r} missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(path, line, f"{key} is {json.dumps(value)[:40]}, not a whole number")
+    if value == default:  # the helpers write it too (index -1: not in the model's order)
+        return value
+    return bounded.bounded_int(value, limit, f"{path}:{line}", key)
+
+
 def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
     try:
         return Entry(
             stage=doc["stage"],
-            sync=int(doc["sync"]),
-            rank=int(doc["rank"]),
+            sync=_whole(doc, "sync", path, line, SYNC_LIMIT),
+            rank=_whole(doc, "rank", path, line, RANK_LIMIT),
             process=process,
             name=str(doc["name"]),
-            index=int(doc.get("index", -1)),
+            index=_whole(doc, "index", path, line, INDEX_LIMIT, default=-1),
             dtype=str(doc.get("dtype", "")),
             fp=Fingerprint.from_dict(doc["fp"]),
             hash=doc.get("hash"),
@@ -79,8 +96,8 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
         )
     except KeyError as exc:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None
-    except (TypeError, ValueError) as exc:
-        raise _bad(path, line, f"a value of the wrong type ({exc})") from None
+    except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
 
 
 def read_run(folder: Path) -> Run:
@@ -105,11 +122,13 @@ def read_run(folder: Path) -> Run:
                 try:
                     doc = json.loads(raw)
                 except ValueError as exc:
-                    raise _bad(path, number, f"not JSON ({getattr(exc, 'msg', exc)})") from None
+                    raise _bad(path, number, f"not JSON ({str(getattr(exc, 'msg', exc))[:80]})") from None
+                except RecursionError:
+                    raise _bad(path, number, "JSON nested too deeply") from None
                 if not isinstance(doc, dict):
                     raise _bad(path, number, "not a JSON object")
                 if doc.get("stage") == META:
-                    run.meta[int(doc.get("sync", 0))][process] = doc
+                    run.meta[_whole(doc, "sync", path, number, SYNC_LIMIT, default=0)][process] = doc
                     continue
                 if doc.get("stage") not in STAGES:
                     raise _bad(path, number, f"stage {doc.get('stage')!r} is not one of {', '.join(STAGES)}")

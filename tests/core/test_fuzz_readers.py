@@ -177,3 +177,30 @@ def test_dumps_check_never_tracebacks(tmp_path_factory, edits, whole, step, rank
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "dump.json").write_bytes(whole if whole is not None else _line(DUMP, edits))
     _run("dumps", "check", str(root), "--jobs", jobs, "--json")
+
+
+WEIGHTS = {
+    "stage": "sent",
+    "sync": 1,
+    "rank": 0,
+    "index": 0,
+    "name": "model.norm.weight",
+    "dtype": "float32",
+    "shape": [2],
+    "fp": {"count": 2, "sum": 1.0, "sumsq": 1.0, "min": 0.0, "max": 1.0, "nan": 0, "inf": 0},
+}
+WEIGHTS_META = {"stage": "resident-meta", "sync": 1, "rank": 0, "tp_size": 1}
+
+
+@EXAMPLES
+@given(
+    sent=_lines(WEIGHTS, list(WEIGHTS)),
+    meta=_lines(WEIGHTS_META, list(WEIGHTS_META)),
+)
+def test_weights_compare_never_tracebacks(tmp_path_factory, sent, meta):
+    folder = tmp_path_factory.mktemp("weights")
+    (folder / "sent-1.jsonl").write_bytes(b"\n".join([_line(WEIGHTS, {}), *sent]) + b"\n")
+    (folder / "received-2.jsonl").write_bytes(
+        b"\n".join([*meta, _line({**WEIGHTS, "stage": "received"}, {})]) + b"\n"
+    )
+    _run("weights", "compare", str(folder), "--out", str(folder / "report"), "--json")
