@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 found something (msprobe missing, mode unknown, violations, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from rl_msprobe.commands.common import emit_json, handles_user_errors, json_opti
 from rl_msprobe.errors import UserError
 
 if TYPE_CHECKING:
-    from rl_msprobe import outputs
+    from rl_msprobe.planner import outputs
 
 
 def _read_script(path: str) -> tuple[str, str]:
@@ -147,7 +148,7 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
     Exit 0 when `from msprobe.pytorch import PrecisionDebugger` works, 1 otherwise (with the
     two manual commands). Do not go on to prepare or patch until this passes.
     """
-    from rl_msprobe import env as env_mod
+    from rl_msprobe.planner import env as env_mod
 
     report = env_mod.ensure(python, no_install=no_install)
     if as_json:
@@ -299,13 +300,14 @@ def prepare(
     Exit 0 when written and the derived script passes `check`, 1 when refused or rules
     remain unmet, 2 on bad input.
     """
-    from rl_msprobe import msprobe_config, planner
+    from rl_msprobe import planner
+    from rl_msprobe.planner import msprobe_config
 
     text, path = _read_script(script)
     notes: list[str] = []
     no_msprobe = mode in ("triage", "weights")  # these modes never import msprobe
     if python and not no_env_check and not no_msprobe:
-        from rl_msprobe import env as env_mod
+        from rl_msprobe.planner import env as env_mod
 
         report = env_mod.probe(python)
         if not report.ok:
@@ -327,31 +329,33 @@ def prepare(
     versions, where, tree_notes = _versions(trees, python, roots)
     stage_list = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     result = planner.plan(
-        text,
-        path,
-        mode=mode,
-        hint=hint,
-        out_dir=out_dir,
-        dump_dir=dump_dir,
-        level=level,
-        steps=_int_list(steps, "--steps"),
-        ranks=_int_list(ranks, "--ranks"),
-        stages=stage_list,
-        backend=backend,
-        pd=pd,
-        versions=versions,
-        patch_target=where,
-        regenerate=_regenerate_command(path, mode, sys.argv[1:]),
-        train_backend=train_backend,
-        command=command,
-        verl_root=roots.get("verl"),
-        python=python,
-        task=task,
-        with_weights=with_weights,
+        planner.PlanRequest(
+            text,
+            path,
+            mode=mode,
+            hint=hint,
+            out_dir=out_dir,
+            dump_dir=dump_dir,
+            level=level,
+            steps=_int_list(steps, "--steps"),
+            ranks=_int_list(ranks, "--ranks"),
+            stages=stage_list,
+            backend=backend,
+            pd=pd,
+            versions=versions,
+            patch_target=where,
+            regenerate=_regenerate_command(path, mode, sys.argv[1:]),
+            train_backend=train_backend,
+            command=command,
+            verl_root=roots.get("verl"),
+            python=python,
+            task=task,
+            with_weights=with_weights,
+        )
     )
-    result.notes = [*tree_notes, *notes, *result.notes]
+    result = dataclasses.replace(result, notes=[*tree_notes, *notes, *result.notes])
     if not result.refused:
-        from rl_msprobe import outputs
+        from rl_msprobe.planner import outputs
 
         files = [outputs.Output(result.derived_path, result.derived_text, executable=True)]
         files += [outputs.Output(cfg, msprobe_config.dumps(doc)) for cfg, doc in result.configs.values()]
@@ -402,7 +406,7 @@ def _python_record(python: str, config_paths: list[str]) -> outputs.Output:
     from rl_msprobe.dumps.compare import PYTHON_RECORD
 
     record = os.path.join(os.path.dirname(config_paths[0]), PYTHON_RECORD)
-    from rl_msprobe import outputs
+    from rl_msprobe.planner import outputs
 
     return outputs.Output(record, json.dumps({"python": python}) + "\n")
 
