@@ -21,14 +21,20 @@ so outputs are scaled, not ``.weight``), each step compared on its own (``--trai
 - ``qwen3``: 2 ranks TP=2, tiny Qwen3 (q_norm/k_norm, 3 layers), bf16 on both sides, identical
   weights: CONSISTENT, the bf16 noise floor in the header (and the largest clean error printed).
 - ``tensor``: 1 rank (TP=1), Qwen2, fp32, ``prepare --task tensor --level L0`` on FSDP2: step 1
-  clean with matched rows; step 2 layer 1 ``post_attention_layernorm``.
+  clean with matched rows; step 2 layer 1 ``post_attention_layernorm``. It also carries
+  ``--weights`` (issue 22 on TP=1, no job of its own): the verl-weights set is applied with the
+  consistency sets, and ``weights compare <dump-dir>/weights`` must be EQUAL at every sync with
+  every parameter accounted for (the plants scale outputs only, so the weights stay identical).
 
 Wall times (2 cores shared with 4 other sessions, 2026-12-01): run 1 jobs tp2 345 s, qwen3 265 s,
 tensor 256 s, compares 61 + 12 + 31 s, fixture 1809 s (~13 min of it waiting for the machine-wide
 live-job lock); run 2 (all 8 passed) jobs 268 + 280 + 189 s, compares 63 + 19 + 27 s, user venv
-10 s, fixture 1161 s (~3 min waiting). The module ran two TP=1 jobs before (~410-520 s each under
-load), so the net cost in cold CI is about one TP=1 job, ~4-5 min. The tests on its results take
-< 1 s each.
+10 s, fixture 1161 s (~3 min waiting); run 3 (9 passed, tensor job with ``--weights``: 3 syncs
+EQUAL, 27 sent = 27 model tensors each) jobs 212 + 175 + 178 s, compares 40 + 12 + 23 s, weights
+compare < 1 s, fixture 724 s (lock free). The fingerprints added no measurable time to the
+tensor job (178 s against 189-256 s before, within the load's noise). The module ran two TP=1
+jobs before (~410-520 s each under load), so the net cost in cold CI is about one TP=1 job,
+~4-5 min. The tests on its results take < 1 s each.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ CONFIGS = (
         "float32",
         2,
         (Plant(2, "model.layers.1.post_attention_layernorm"),),
-        ("--task", "tensor", "--level", "L0"),
+        ("--task", "tensor", "--level", "L0", "--weights"),  # weight fingerprints ride along (issue 22, TP=1)
     ),
 )
 
@@ -142,6 +148,8 @@ class Run:
         default_factory=dict
     )  # train step -> compare
     plant_log: list[dict] = field(default_factory=list)
+    # `weights compare --json` of <dump-dir>/weights, for a configuration prepared with --weights
+    weights: tuple[subprocess.CompletedProcess, dict] | None = None
 
     def compare(self, step: int) -> tuple[subprocess.CompletedProcess, dict]:
         return self.steps[step]
@@ -209,8 +217,8 @@ def flow(tmp_path_factory) -> Flow:
         )
         prepared[c.name] = {"script": str(job.root / "run_consistency_tiny_grpo.sh"), "out": text}
         assert Path(prepared[c.name]["script"]).is_file(), text
-        assert not sets or _sets_from(text) == sets  # the same sets for every configuration
-        sets = _sets_from(text)
+        # the same consistency sets for every configuration; --weights adds its set on top
+        sets += [s for s in _sets_from(text) if s not in sets]
     applied = ok(cli("patch", "apply", *sets, "--python", str(python)))
     assert applied
     plant_dir = root / "plant"
@@ -242,6 +250,11 @@ def flow(tmp_path_factory) -> Flow:
             t0 = time.monotonic()
             _compare_steps(run, python, root / f"compare-{c.name}")
             seconds[f"{c.name}_compare"] = time.monotonic() - t0
+            if "--weights" in c.prepare:
+                t0 = time.monotonic()
+                proc = cli("weights", "compare", str(dump / "weights"), "--json")
+                run.weights = (proc, as_json(proc))
+                seconds[f"{c.name}_weights_compare"] = time.monotonic() - t0
             runs[c.name] = run
     finally:
         reverts = [cli("patch", "revert", *sets, "--python", str(python))]
@@ -354,6 +367,28 @@ def test_tensor_mode_on_fsdp2_matches_rows(flow: Flow) -> None:
     for pair in doc["pairs"]:
         assert pair["summary"]["mode"] == "tensor" and pair["summary"]["matched_rows"] > 0
         assert any("data_name" in n for n in pair["inputs"]), pair["inputs"]
+
+
+def test_weights_with_consistency_are_equal_at_every_sync_on_tp1(flow: Flow) -> None:
+    """`prepare --mode consistency --weights`: the verl-weights set applied with the consistency
+    sets, fingerprints under <dump-dir>/weights; output-only plants leave the weights identical."""
+    run = flow.runs["tensor"]
+    _ran(run)
+    assert "verl-weights" in _sets_from(run.prepared["out"])
+    assert run.weights is not None
+    proc, doc = run.weights
+    assert proc.returncode == 0 and doc.get("verdict") == "EQUAL", doc.get("verdict", doc)
+    syncs = {s["sync"]: s for s in doc["steps"]}
+    assert set(range(1, run.config.steps + 1)) <= set(syncs), sorted(syncs)  # a sync per training step
+    for sync, step in syncs.items():
+        assert step["verdict"] == "EQUAL" and step["tp_size"] == 1, step
+        assert step["sent_tensors"] == step["model_tensors"] > 0, step  # every parameter accounted for
+        rows = [r for r in doc["tensors"] if r["sync"] == sync]
+        assert len(rows) == step["model_tensors"], (len(rows), step)
+        statuses = {r[stage]["status"] for r in rows for stage in ("received", "resident")}
+        assert statuses <= {"equal", "tied"}, statuses
+    counts = [(s, x["sent_tensors"], x["model_tensors"]) for s, x in sorted(syncs.items())]
+    print(f"tensor TP=1 weights (sync, sent, model tensors): {counts}")
 
 
 def test_qwen3_bf16_on_tp2_is_consistent_with_the_noise_floor_in_the_header(flow: Flow) -> None:
