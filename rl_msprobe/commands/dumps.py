@@ -222,46 +222,21 @@ def compare(
         check_out_dir,
         compare_pairs,
         default_jobs,
-        plain_pairs,
         recorded_python,
         verdict,
     )
-    from rl_msprobe.dumps.correlate import correlate as run_correlate
-    from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, walk_files
+    from rl_msprobe.dumps.pairs import select_pairs
     from rl_msprobe.dumps.report import REPORT_FILES, dtype_line, pair_lines, write_report
-    from rl_msprobe.errors import UserError
     from rl_msprobe.report_folder import ReportFolder
 
     out = check_out_dir(out)
     with ReportFolder(out, force) as folder:  # a user's report.md in the way: refused before msprobe runs
         folder.claim(REPORT_FILES)
-    has_logs = (
-        rollout.is_dir()
-        and train.is_dir()
-        and next(walk_files(rollout, {DISPATCH_LOG}, max_depth=2), None) is not None
-        and next(walk_files(train, {TRAIN_LOG}, max_depth=2), None) is not None
-    )
-    run = CompareRun(out=out, backend=backend)
-    if has_logs:
-        run.correlation = run_correlate(rollout, train)
-        pairs = run.correlation.pairs
-        if not pairs:
-            raise UserError(
-                f"{rollout} / {train}: the logs give no comparable pair "
-                "(see `rl-msprobe dumps correlate` for why each request was skipped)."
-            )
-    else:
-        pairs = plain_pairs(rollout, train)
-    if train_steps:
-        pairs = [p for p in pairs if p.train.step in train_steps]
-        if not pairs:
-            raise UserError(
-                f"--train-step {', '.join(map(str, train_steps))}: no pair of those training steps."
-            )
-    if limit and len(pairs) > limit:
-        if not as_json:
-            click.echo(f"comparing the first {limit} of {len(pairs)} pairs (--limit)", err=True)
-        pairs = pairs[:limit]
+    selection = select_pairs(rollout, train, train_steps, limit)
+    pairs = selection.pairs
+    if len(pairs) < selection.total and not as_json:
+        click.echo(f"comparing the first {limit} of {selection.total} pairs (--limit)", err=True)
+    run = CompareRun(out=out, backend=backend, correlation=selection.correlation)
     jobs = jobs or default_jobs()
     if python is None:
         python, record = recorded_python([rollout, train])

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
 from rl_msprobe.errors import UserError
-
-if TYPE_CHECKING:
-    from rl_msprobe import outputs
 
 
 def _read_script(path: str) -> tuple[str, str]:
@@ -37,44 +32,6 @@ def _int_list(text: str | None, option: str) -> list[int] | None:
     if any(v < 0 for v in values):
         raise UserError(f"{option} {text}: numbers must not be negative.")
     return values
-
-
-def _versions(
-    trees: tuple[str, ...], python: str | None, roots: dict[str, Path] | None = None
-) -> tuple[dict[str, str | None], dict[str, str], list[str]]:
-    """Upstream versions (and how to name each tree in a patch command) from --tree / --python.
-
-    `roots` (filled in when given): each project's folder, for reading its config."""
-    from rl_msprobe.upstream import interpreter, projects
-    from rl_msprobe.upstream.trees import detect_version, resolve_tree
-
-    roots = {} if roots is None else roots
-    versions: dict[str, str | None] = {}
-    where: dict[str, str] = {}
-    notes: list[str] = []
-    for spec in trees:
-        target = resolve_tree(spec)
-        versions[target.project] = target.version
-        roots.setdefault(target.project, Path(target.root))
-        if not target.readonly:
-            where[target.project] = f"--tree {target.root}"
-        notes.append(f"{target.describe()} (from --tree {spec})")
-    if python:
-        packages = projects.packages()
-        found = interpreter.locate_with_python(python, list(packages.values()))
-        for project, package in packages.items():
-            location = found.get(package)
-            if project in versions or not location:
-                continue
-            root = Path(location).parent
-            versions[project] = detect_version(root, project) if root.is_dir() else None
-            if root.is_dir():
-                roots.setdefault(project, root)
-            where[project] = f"--python {python!r}" if " " in python else f"--python {python}"
-            notes.append(
-                f"{project} {versions[project] or '(version unknown)'} at {root} (from --python {python})"
-            )
-    return versions, where, notes
 
 
 def _echo_list(title: str, items: list[str]) -> None:
@@ -147,7 +104,7 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
     Exit 0 when `from msprobe.pytorch import PrecisionDebugger` works, 1 otherwise (with the
     two manual commands). Do not go on to prepare or patch until this passes.
     """
-    from rl_msprobe import env as env_mod
+    from rl_msprobe.planner import env as env_mod
 
     report = env_mod.ensure(python, no_install=no_install)
     if as_json:
@@ -200,11 +157,11 @@ def detect(
     Exit 0 when the mode is decided, 1 when it is not (then choose --mode yourself).
     """
     from rl_msprobe import planner
+    from rl_msprobe.planner.upstreams import resolve
 
     text, path = _read_script(script)
-    roots: dict[str, Path] = {}
-    _versions(trees, python, roots)
-    _, detection = planner.detect_text(text, path, hint, command, roots.get("verl"))
+    found = resolve(trees, python)
+    _, detection = planner.detect_text(text, path, hint, command, found.roots.get("verl"))
     if as_json:
         emit_json(detection.to_json())
     else:
@@ -299,34 +256,12 @@ def prepare(
     Exit 0 when written and the derived script passes `check`, 1 when refused or rules
     remain unmet, 2 on bad input.
     """
-    from rl_msprobe import msprobe_config, planner
+    from rl_msprobe.planner import PlanRequest
+    from rl_msprobe.planner.prepare import MsprobeMissing
+    from rl_msprobe.planner.prepare import prepare as prepare_plan
 
     text, path = _read_script(script)
-    notes: list[str] = []
-    no_msprobe = mode in ("triage", "weights")  # these modes never import msprobe
-    if python and not no_env_check and not no_msprobe:
-        from rl_msprobe import env as env_mod
-
-        report = env_mod.probe(python)
-        if not report.ok:
-            message = (
-                f"msprobe is not importable in {python} ({report.error}). Run `rl-msprobe env --python {python}` "
-                "first, or pass --no-env-check to prepare anyway."
-            )
-            if as_json:
-                emit_json({"written": False, "error": message, "env": report.to_json()})
-            else:
-                click.echo(message, err=True)
-            sys.exit(1)
-        notes.append(f"msprobe {report.version} imports in {python}.")
-    elif not python and not no_msprobe:
-        notes.append(
-            "msprobe not checked: run `rl-msprobe env --python PY` with the interpreter that runs verl."
-        )
-    roots: dict[str, Path] = {}
-    versions, where, tree_notes = _versions(trees, python, roots)
-    stage_list = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
-    result = planner.plan(
+    request = PlanRequest(
         text,
         path,
         mode=mode,
@@ -336,35 +271,22 @@ def prepare(
         level=level,
         steps=_int_list(steps, "--steps"),
         ranks=_int_list(ranks, "--ranks"),
-        stages=stage_list,
+        stages=[s.strip() for s in stages.split(",") if s.strip()] if stages else None,
         backend=backend,
         pd=pd,
-        versions=versions,
-        patch_target=where,
-        regenerate=_regenerate_command(path, mode, sys.argv[1:]),
         train_backend=train_backend,
         command=command,
-        verl_root=roots.get("verl"),
         python=python,
         task=task,
         with_weights=with_weights,
     )
-    result.notes = [*tree_notes, *notes, *result.notes]
-    if not result.refused:
-        from rl_msprobe import outputs
-
-        files = [outputs.Output(result.derived_path, result.derived_text, executable=True)]
-        files += [outputs.Output(cfg, msprobe_config.dumps(doc)) for cfg, doc in result.configs.values()]
-        record_dir = (
-            os.path.dirname(files[-1].path) if len(files) > 1 else os.path.dirname(result.derived_path)
-        )
-        if python and result.configs:
-            record = _python_record(python, [c for c, _ in result.configs.values()])
-            files.append(record)
-            result.notes.append(
-                f"recorded --python in {record.path}: `rl-msprobe dumps compare` runs msprobe there."
-            )
-        outputs.write(files, record_dir, path, text.encode("utf-8"), force)
+    result = prepare_plan(request, trees, env_check=not no_env_check, force=force, argv=sys.argv[1:])
+    if isinstance(result, MsprobeMissing):
+        if as_json:
+            emit_json(result.to_json())
+        else:
+            click.echo(result.message, err=True)
+        sys.exit(1)
     doc = result.to_json()
     if as_json:
         emit_json(doc)
@@ -394,30 +316,6 @@ def prepare(
     sys.exit(1 if result.refused or result.violations else 0)
 
 
-def _python_record(python: str, config_paths: list[str]) -> outputs.Output:
-    """The training interpreter, left beside the configs; the default dump folders lie below
-    them, where `dumps compare` looks it up (rl_msprobe.dumps.compare.recorded_python)."""
-    import json
-
-    from rl_msprobe.dumps.compare import PYTHON_RECORD
-
-    record = os.path.join(os.path.dirname(config_paths[0]), PYTHON_RECORD)
-    from rl_msprobe import outputs
-
-    return outputs.Output(record, json.dumps({"python": python}) + "\n")
-
-
-def _regenerate_command(path: str, mode: str | None, argv: list[str]) -> str | None:
-    """The prepare command line as given (minus --json), with the script as an absolute path."""
-    import shlex
-
-    if "prepare" not in argv:
-        return None
-    args = [a for a in argv[argv.index("prepare") + 1 :] if a != "--json"]
-    args = [path if a and os.path.abspath(a) == path else a for a in args]
-    return shlex.join(["rl-msprobe", "prepare", *args])
-
-
 @click.command()
 @click.argument("script", type=click.Path(dir_okay=False))
 @mode_option
@@ -445,22 +343,22 @@ def check(
     Exit 0 when every rule holds, 1 on violations, 2 on bad input.
     """
     from rl_msprobe import planner
+    from rl_msprobe.planner.upstreams import resolve
 
     text, path = _read_script(script)
-    roots: dict[str, Path] = {}
-    versions, _, tree_notes = _versions(trees, python, roots)
+    found = resolve(trees, python)
     report = planner.check(
         text,
         path,
         mode=mode,
         backend=backend,
         hint=hint,
-        versions=versions,
+        versions=found.versions,
         train_backend=train_backend,
         command=command,
-        verl_root=roots.get("verl"),
+        verl_root=found.roots.get("verl"),
     )
-    report.notes = [*tree_notes, *report.notes]
+    report.notes = [*found.notes, *report.notes]
     doc = report.to_json()
     if as_json:
         emit_json(doc)

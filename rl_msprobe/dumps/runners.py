@@ -31,7 +31,7 @@ def interpreter(python: str | None) -> list[str]:
     """argv of the Python that runs msprobe: --python PY; else this one when it has msprobe; else
     the interpreter of an `msprobe` script on PATH (its #! line)."""
     if python:
-        from rl_msprobe.env import python_argv
+        from rl_msprobe.upstream.interpreter import python_argv
 
         argv = python_argv(python)
         if shutil.which(argv[0]) is None:  # bad input (exit 2), not a pair that failed (exit 1)

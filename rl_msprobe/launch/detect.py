@@ -168,43 +168,74 @@ def detect(
     config: dict[str, object] | None = None,
     config_source: str | None = None,
 ) -> Detection:
-    """`config`: values read from the composed config (launch.config), used where the script is silent."""
+    """`config`: values read from the composed config (launch.config), used where the script is silent.
+
+    Each decision is its own step and adds its own reasons, in this order: the entry point, the
+    mode, then (when the verl command's overrides are known) the rollout engine, the training
+    backend, the device and PD disaggregation."""
     det = Detection()
     det.config_values = dict(config or {})
     det.config_source = config_source
     if overrides is None and script.command is not None:
         overrides = Overrides(script.command.args)
+    _decide_entry(det, script)
+    _decide_mode(det, script, overrides, hint)
+    if overrides is None:
+        return det
+    det.config_name = overrides.config_name
+    _decide_rollout(det, overrides, hint)
+    _decide_train_backend(det, script, overrides)
+    code = _code_text(script.text)
+    _decide_device(det, overrides, code)
+    _decide_pd(det, overrides, code, hint)
+    return det
+
+
+def _decide_entry(det: Detection, script: LaunchScript) -> None:
+    """The verl entry point: fully async or not, and what kind of job it is."""
     if script.command is None:
         det.reasons.append(
             "no verl command found (python3 -m verl.trainer.main_ppo, the fully-async main, or a main_*.py script)"
         )
-    else:
-        det.fully_async = script.command.fully_async
-        det.entry_kind = script.command.kind
-        det.reasons.append(f"verl entry point: {script.command.entry} (line {script.command.statement.line})")
-        if det.entry_kind != "ppo":
-            det.reasons.append(_ENTRY_NOTES[det.entry_kind])
-        if script.choice_note:
-            det.reasons.append(script.choice_note)
+        return
+    det.fully_async = script.command.fully_async
+    det.entry_kind = script.command.kind
+    det.reasons.append(f"verl entry point: {script.command.entry} (line {script.command.statement.line})")
+    if det.entry_kind != "ppo":
+        det.reasons.append(_ENTRY_NOTES[det.entry_kind])
+    if script.choice_note:
+        det.reasons.append(script.choice_note)
 
-    # ---- mode
-    found_modes, mode_reasons = script_mode(script, overrides)
-    from_script: str | None = None
+
+def _mode_from_script(found_modes: set[str], mode_reasons: list[str]) -> str | None:
+    """The one mode the script's signals name (consistency wins: it carries the others' signals)."""
     if "consistency" in found_modes:
-        from_script = "consistency"
-    elif len(found_modes) == 1:
-        from_script = next(iter(found_modes))
-    elif len(found_modes) > 1:
+        return "consistency"
+    if len(found_modes) == 1:
+        return next(iter(found_modes))
+    if len(found_modes) > 1:
         mode_reasons.append(
             "the script carries signals of more than one mode: " + ", ".join(sorted(found_modes))
         )
-    from_hint: str | None = None
+    return None
+
+
+def _mode_from_hint(det: Detection, hint: str | None) -> str | None:
+    """The mode the hint's words name (the highest-priority one when it names several)."""
     hint_found = hint_modes(hint) if hint else []
-    if hint_found:
-        best = min(hint_found, key=lambda m: _PRIORITY[m[0]])
-        from_hint = best[0]
-        labels = ", ".join(f"{label!r}" for _, label in hint_found)
-        det.reasons.append(f"the hint mentions {labels} -> {from_hint}")
+    if not hint_found:
+        return None
+    best = min(hint_found, key=lambda m: _PRIORITY[m[0]])
+    labels = ", ".join(f"{label!r}" for _, label in hint_found)
+    det.reasons.append(f"the hint mentions {labels} -> {best[0]}")
+    return best[0]
+
+
+def _decide_mode(det: Detection, script: LaunchScript, overrides: Overrides | None, hint: str | None) -> None:
+    """The collection mode: the hint wins over the script; a generation-only job is inference."""
+    found_modes, mode_reasons = script_mode(script, overrides)
+    from_script = _mode_from_script(found_modes, mode_reasons)
+    from_hint = _mode_from_hint(det, hint)
     det.reasons.extend(mode_reasons)
     if from_hint and from_script and from_hint != from_script:
         det.reasons.append(
@@ -223,11 +254,9 @@ def detect(
             "mode undecidable: no hint and no mode signal in the script — choose training, inference or consistency"
         )
 
-    if overrides is None:
-        return det
-    det.config_name = overrides.config_name
 
-    # ---- rollout engine
+def _decide_rollout(det: Detection, overrides: Overrides, hint: str | None) -> None:
+    """The rollout engine: the command's override, else the composed config, else the hint."""
     name = overrides.get("actor_rollout_ref.rollout.name")
     runtime = overrides.runtime_key("actor_rollout_ref.rollout.name")
     if name is not None and isinstance(name.value, str):
@@ -252,17 +281,24 @@ def detect(
         else:
             det.reasons.append(f"rollout engine {value!r} has no msprobe collection path ({where})")
     else:
-        hinted = {b for b in ("vllm", "sglang") if hint and re.search(rf"\b{b}\b", hint, re.I)}
-        if len(hinted) == 1:
-            det.rollout = hinted.pop()
-            det.reasons.append(f"rollout engine {det.rollout} from the hint (the script does not name one)")
-        else:
-            det.reasons.append(
-                "the script does not set actor_rollout_ref.rollout.name: verl has no default rollout engine "
-                "(the key is mandatory in 0.6-0.9), so the run would not start without it"
-            )
+        _rollout_from_hint(det, hint)
 
-    # ---- training backend
+
+def _rollout_from_hint(det: Detection, hint: str | None) -> None:
+    hinted = {b for b in ("vllm", "sglang") if hint and re.search(rf"\b{b}\b", hint, re.I)}
+    if len(hinted) == 1:
+        det.rollout = hinted.pop()
+        det.reasons.append(f"rollout engine {det.rollout} from the hint (the script does not name one)")
+    else:
+        det.reasons.append(
+            "the script does not set actor_rollout_ref.rollout.name: verl has no default rollout engine "
+            "(the key is mandatory in 0.6-0.9), so the run would not start without it"
+        )
+
+
+def _decide_train_backend(det: Detection, script: LaunchScript, overrides: Overrides) -> None:
+    """The training backend: model_engine, a Megatron config name, the actor strategy, the
+    composed config, else verl's default (FSDP) for verl's own configs."""
     engine = overrides.get("model_engine")
     strategy = overrides.get("actor_rollout_ref.actor.strategy")
     config_name = overrides.config_name or ""
@@ -301,8 +337,9 @@ def detect(
             "training backend fsdp: verl's default (no model_engine=megatron, no Megatron config)"
         )
 
-    # ---- device and PD disaggregation
-    code = _code_text(script.text)
+
+def _decide_device(det: Detection, overrides: Overrides, code: str) -> None:
+    """The device: trainer.device, else Ascend or CUDA settings the script mentions."""
     device = overrides.get("trainer.device")
     if device is not None and isinstance(device.value, str):
         det.device = {"npu": "npu", "cpu": "cpu"}.get(device.value.lower(), "gpu")
@@ -317,6 +354,10 @@ def detect(
     elif re.search(r"CUDA_VISIBLE_DEVICES|\bNCCL_\w+|nvidia-smi", code):
         det.device = "gpu"
         det.reasons.append("device gpu: the script mentions CUDA/NCCL settings")
+
+
+def _decide_pd(det: Detection, overrides: Overrides, code: str, hint: str | None) -> None:
+    """SGLang prefill/decode disaggregation: the switch, the script's words, or the hint's."""
     pd_switch = overrides.get("actor_rollout_ref.rollout.disaggregation.enabled")
     if (
         (pd_switch is not None and str(pd_switch.value).lower() == "true")
@@ -328,4 +369,3 @@ def detect(
     ):
         det.pd_disaggregation = True
         det.reasons.append("SGLang prefill/decode disaggregation (PD) is in use")
-    return det

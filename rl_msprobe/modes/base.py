@@ -383,7 +383,7 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
 
 def _config_file_checks(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str], list[str]]:
     """Validate the msprobe configs the script points at (when this machine can read them)."""
-    from rl_msprobe import msprobe_config
+    from rl_msprobe.planner import msprobe_config
 
     violations: list[Violation] = []
     unverifiable: list[str] = []

@@ -98,7 +98,9 @@ def test_derived_overrides_compose(version: str, name: str, mode: str) -> None:
     root = release_root(version)
     text = (CORPUS / name).read_text()
     path = os.path.join(tempfile.gettempdir(), name)
-    plan = planner.plan(text, path, mode=mode, out_dir=tempfile.gettempdir(), versions={"verl": version})
+    plan = planner.plan(
+        planner.PlanRequest(text, path, mode=mode, out_dir=tempfile.gettempdir(), versions={"verl": version})
+    )
     if plan.refused:  # only a version rule may refuse here (Megatron training dumps need 0.9)
         assert {v.rule for v in plan.violations} == {"training.megatron_version"}, plan.violations
         return

@@ -22,6 +22,7 @@ from rl_msprobe.cli import main
 from rl_msprobe.launch import config as launch_config
 from rl_msprobe.launch.overrides import OverrideError, Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
+from rl_msprobe.modes.base import Options
 from tests.support.bash_argv import BASH, record
 
 from .test_compose import release_root
@@ -41,7 +42,7 @@ def cli(*args: str) -> tuple[int, dict]:
 def mode_keys(text: str, path: str, mode: str, root: Path) -> set[str]:
     """The keys a mode may set or remove (its settings, its Ray env keys, its removals)."""
     script, detection = planner.detect_text(text, path, None, None, root)
-    ctx = planner.build_context(script, detection, {"verl": VERL}, planner.Options(), "/x", "/x/dump")
+    ctx = planner.build_context(script, detection, {"verl": VERL}, Options(), "/x", "/x/dump")
     req = planner.requirements(ctx, mode)
     return {s.key for s in req.settings} | {e.ray_key for e in req.env} | {k for k, _ in req.removals}
 

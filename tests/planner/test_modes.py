@@ -22,7 +22,8 @@ from .conftest import CORPUS
 
 def plan(name: str, mode: str, tmp_path: Path, **kw: object) -> planner.Plan:
     text = (CORPUS / name).read_text()
-    return planner.plan(text, str(tmp_path / name), mode=mode, out_dir=str(tmp_path), **kw)  # type: ignore[arg-type]
+    request = planner.PlanRequest(text, str(tmp_path / name), mode=mode, out_dir=str(tmp_path), **kw)  # type: ignore[arg-type]
+    return planner.plan(request)
 
 
 def derived_overrides(p: planner.Plan) -> Overrides:
@@ -158,7 +159,9 @@ def test_upstream_vllm_gets_no_dump_config_path_it_would_ignore(tmp_path: Path, 
     text = (
         (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text().replace(" $@", f" trainer.device={device} $@")
     )
-    p = planner.plan(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    )
     assert p.patch_sets == ["vllm-dump"] and not p.violations
     assert f"export MSPROBE_ROLLOUT_CONFIG={p.configs['generate'][0]}" in p.derived_text
     assert "additional_config" not in "\n".join(
@@ -304,7 +307,9 @@ def test_sweep_values_are_violations(tmp_path: Path) -> None:
 
 def test_training_save_path_must_suit_msprobe(tmp_path: Path) -> None:
     text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm global_profiler.save_path='/data/my dumps'\n"
-    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    )
     assert not p.violations and value(p, "global_profiler.save_path") == str(
         tmp_path / "msprobe_x" / "dump" / "training"
     )
@@ -313,9 +318,11 @@ def test_training_save_path_must_suit_msprobe(tmp_path: Path) -> None:
 def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
     text = "python3 -m verl.trainer.main_ppo --config-name my_lab_cfg actor_rollout_ref.rollout.name=vllm\n"
     path = str(tmp_path / "run_x.sh")
-    p = planner.plan(text, path, mode="consistency", out_dir=str(tmp_path))
+    p = planner.plan(planner.PlanRequest(text, path, mode="consistency", out_dir=str(tmp_path)))
     assert p.refused and p.violations[0].rule == "consistency.train_backend"
-    p = planner.plan(text, path, mode="consistency", out_dir=str(tmp_path), train_backend="megatron")
+    p = planner.plan(
+        planner.PlanRequest(text, path, mode="consistency", out_dir=str(tmp_path), train_backend="megatron")
+    )
     assert not p.refused and not p.violations
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1  # the actor's default TP
 
@@ -339,17 +346,23 @@ def test_training_steps_must_be_reached_and_stages_must_fire(tmp_path: Path) -> 
 
 def test_default_steps_stay_inside_total_training_steps(tmp_path: Path) -> None:
     text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.total_training_steps=1\n"
-    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    )
     assert not p.violations and value(p, "global_profiler.steps") == [1]
     assert any("total_training_steps=1" in n for n in p.notes)
     longer = text.replace("=1\n", "=5\n")
-    p = planner.plan(longer, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(longer, str(tmp_path / "run_x.sh"), mode="training", out_dir=str(tmp_path))
+    )
     assert value(p, "global_profiler.steps") == [1, 2]
 
 
 def test_consistency_turns_bypass_mode_off(tmp_path: Path) -> None:
     text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm algorithm.rollout_correction.bypass_mode=True\n"
-    p = planner.plan(text, str(tmp_path / "run_x.sh"), mode="consistency", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run_x.sh"), mode="consistency", out_dir=str(tmp_path))
+    )
     assert not p.violations and value(p, "algorithm.rollout_correction.bypass_mode") is False
 
 
@@ -368,7 +381,9 @@ def test_variables_the_script_exports_are_set_in_place_not_exported_again(tmp_pa
         "set -x\n", "set -x\nexport TORCHDYNAMO_DISABLE=1\nexport VLLM_USE_V2_MODEL_RUNNER=1\nFOO=1\n"
     )
     text = text.replace(" $@", " trainer.device=cuda $@")
-    p = planner.plan(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run.sh"), mode="inference", out_dir=str(tmp_path))
+    )
     lines = p.derived_text.splitlines()
     assert [x for x in lines if x.startswith("export TORCHDYNAMO_DISABLE")] == [
         "export TORCHDYNAMO_DISABLE=1"
@@ -397,17 +412,21 @@ def test_ref_stage_only_where_a_reference_model_runs(tmp_path: Path, kl: str, re
     text = text.replace("actor_rollout_ref.actor.use_kl_loss=True", kl).replace(
         "algorithm.use_kl_in_reward=False", ""
     )
-    p = planner.plan(text, str(tmp_path / "run.sh"), mode="training", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(text, str(tmp_path / "run.sh"), mode="training", out_dir=str(tmp_path))
+    )
     stages = value(p, "global_profiler.global_tool_config.precision_debugger.stages")
     assert ("ref_compute_log_prob" in stages) is (ref_runs is not False)
     assert (value(p, "actor_rollout_ref.ref.profiler.enable") is True) is (ref_runs is not False)
     assert any("No reference model runs" in n for n in p.notes) is (ref_runs is False)
     asked = planner.plan(
-        text,
-        str(tmp_path / "run.sh"),
-        mode="training",
-        out_dir=str(tmp_path),
-        stages=["ref_compute_log_prob"],
+        planner.PlanRequest(
+            text,
+            str(tmp_path / "run.sh"),
+            mode="training",
+            out_dir=str(tmp_path),
+            stages=["ref_compute_log_prob"],
+        )
     )
     missing = [n for n in asked.notes if "its dumps will be missing" in n]
     assert bool(missing) is (ref_runs is False)
@@ -422,14 +441,18 @@ def test_consistency_actor_computes_in_the_rollout_dtype(tmp_path: Path) -> None
     )
     key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
     fp32 = planner.plan(
-        base + "actor_rollout_ref.rollout.dtype=float32\n",
-        str(tmp_path / "a.sh"),
-        mode="consistency",
-        out_dir=str(tmp_path),
+        planner.PlanRequest(
+            base + "actor_rollout_ref.rollout.dtype=float32\n",
+            str(tmp_path / "a.sh"),
+            mode="consistency",
+            out_dir=str(tmp_path),
+        )
     )
     assert value(fp32, key) == "fp32" and f"++{key}=fp32" in fp32.derived_text
     assert planner.check(fp32.derived_text, str(tmp_path / "a_msprobe.sh"), mode="consistency").result.ok
-    bf16 = planner.plan(base + "\n", str(tmp_path / "b.sh"), mode="consistency", out_dir=str(tmp_path))
+    bf16 = planner.plan(
+        planner.PlanRequest(base + "\n", str(tmp_path / "b.sh"), mode="consistency", out_dir=str(tmp_path))
+    )
     assert value(bf16, key) == "bf16"  # rollout bf16 (verl's default): written out explicitly
     assert planner.check(base + "\n", str(tmp_path / "b0.sh"), mode="consistency").result.ok is False
     assert key not in {
@@ -466,7 +489,9 @@ def test_consistency_actor_computes_in_the_rollout_dtype(tmp_path: Path) -> None
 def test_modes_apply_to_rl_entry_points_only(entry: str, applies: tuple[str, ...], tmp_path: Path) -> None:
     text = f"python3 -m {entry} actor_rollout_ref.rollout.name=vllm\n"
     for mode in ("training", "inference", "consistency"):
-        p = planner.plan(text, str(tmp_path / "run_x.sh"), mode=mode, out_dir=str(tmp_path))
+        p = planner.plan(
+            planner.PlanRequest(text, str(tmp_path / "run_x.sh"), mode=mode, out_dir=str(tmp_path))
+        )
         wrong = [v for v in p.violations if v.rule == "entry_point"]
         assert bool(wrong) is (mode not in applies), (mode, p.violations)
         assert p.refused is bool(wrong) or not wrong
@@ -474,7 +499,7 @@ def test_modes_apply_to_rl_entry_points_only(entry: str, applies: tuple[str, ...
             assert entry in wrong[0].found and wrong[0].fix
     if not applies:
         with pytest.raises(UserError, match="no collection mode applies"):
-            planner.plan(text, str(tmp_path / "run_x.sh"), out_dir=str(tmp_path))
+            planner.plan(planner.PlanRequest(text, str(tmp_path / "run_x.sh"), out_dir=str(tmp_path)))
 
 
 def test_generation_server_is_offered_inference() -> None:
@@ -495,7 +520,11 @@ def test_several_commands_take_the_training_job_and_command_n_chooses(tmp_path: 
     assert script.command is not None and script.command.entry == "verl.trainer.main_eval"
     with pytest.raises(UserError, match="--command 3"):
         planner.detect_text(text, "/tmp/run_two.sh", command=3)
-    p = planner.plan(text, str(tmp_path / "run_two.sh"), mode="training", out_dir=str(tmp_path), command=2)
+    p = planner.plan(
+        planner.PlanRequest(
+            text, str(tmp_path / "run_two.sh"), mode="training", out_dir=str(tmp_path), command=2
+        )
+    )
     assert p.refused and p.violations[0].rule == "entry_point"
 
 
@@ -509,7 +538,9 @@ def test_a_last_line_ending_in_a_backslash_gets_no_stray_token(ending: str, tmp_
         'ARGS=(actor_rollout_ref.rollout.name=vllm)\npython3 -m verl.trainer.main_ppo \\\n    "${ARGS[@]}" \\'
         + ending
     )
-    p = planner.plan(original.read_text(), str(original), mode="training", out_dir=str(tmp_path))
+    p = planner.plan(
+        planner.PlanRequest(original.read_text(), str(original), mode="training", out_dir=str(tmp_path))
+    )
     assert not p.violations
     derived = tmp_path / "run_profiler_x.sh"
     derived.write_text(p.derived_text)

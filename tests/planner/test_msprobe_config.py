@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_msprobe.msprobe_config import build_config, validate
+from rl_msprobe.planner.msprobe_config import build_config, validate
 
 
 @pytest.mark.parametrize("role", ["training", "generate", "actor"])

@@ -131,7 +131,7 @@ def test_generated_scripts(text: str, mode: str, hint: str | None) -> None:
         report = planner.check(text, str(original), mode=mode, hint=hint)
         assert report.result.ok is (not report.result.violations)
         try:
-            plan = planner.plan(text, str(original), mode=mode, hint=hint, out_dir=tmp)
+            plan = planner.plan(planner.PlanRequest(text, str(original), mode=mode, hint=hint, out_dir=tmp))
         except UserError as exc:  # only bad user input may stop prepare
             pytest.fail(f"prepare raised {exc}")
         assert original.read_bytes() == before

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_msprobe import __version__, msprobe_config
+from rl_msprobe import __version__
 from rl_msprobe.errors import UserError
 from rl_msprobe.launch import config as launch_config
 from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
@@ -34,6 +34,7 @@ from rl_msprobe.modes.base import (
     check_requirements,
     env_in_script,
 )
+from rl_msprobe.planner import msprobe_config
 from rl_msprobe.upstream.projects import project
 from rl_msprobe.upstream.releases import release_dir
 
@@ -342,21 +343,23 @@ def _found_text(value: Any, origin: str) -> str:
     return f"not set (verl's default: {format_value(value)})" if origin == "default" else format_value(value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """What `prepare` writes (or why it refuses), with the checks of the derived script."""
+
     mode: str
     original: str
     derived_path: str
-    derived_text: str
     configs: dict[str, tuple[str, dict[str, Any]]]  # role -> (path, document)
     patch_sets: list[str]
     patch_commands: list[str]
-    violations: list[Violation]
-    unverifiable: list[str]
-    warnings: list[str]
     notes: list[str]
     detection: Detection
     versions: dict[str, str | None]
+    violations: list[Violation] = field(default_factory=list)
+    derived_text: str = ""
+    unverifiable: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     refused: bool = False
     diff: str = ""
     env: list[tuple[str, str, str]] = field(default_factory=list)
@@ -393,38 +396,53 @@ def _dump_dir_ok(path: str) -> bool:
     return bool(msprobe_config.DUMP_PATH_RE.match(path))
 
 
-def plan(
-    text: str,
-    path: str,
-    *,
-    mode: str | None = None,
-    hint: str | None = None,
-    out_dir: str | None = None,
-    dump_dir: str | None = None,
-    level: str = "mix",
-    steps: list[int] | None = None,
-    ranks: list[int] | None = None,
-    stages: list[str] | None = None,
-    backend: str | None = None,
-    pd: bool | None = None,
-    versions: dict[str, str | None] | None = None,
-    patch_target: dict[str, str] | None = None,
-    regenerate: str | None = None,
-    train_backend: str | None = None,
-    command: int | None = None,
-    verl_root: Path | None = None,
-    python: str | None = None,
-    task: str = "statistics",
-    with_weights: bool = False,
-) -> Plan:
-    """Everything `prepare` writes, in memory. `path` must be absolute. TASK: msprobe's dump task
-    (statistics, or tensor: whole tensors, for cosine and element-wise errors). WITH_WEIGHTS: the
-    weight fingerprints of --mode weights on top of the chosen mode (`prepare --weights`)."""
-    versions = dict(versions or {})
-    script, detection = detect_text(text, path, hint, command, verl_root, versions.get("verl"))
-    chosen = _mode(detection, mode, path)
-    if level not in msprobe_config.LEVELS:
-        raise UserError(f"--level {level}: use mix (the default), L0 or L1.")
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `prepare` asks the planner for: the script and every choice the user made.
+
+    `path` must be absolute. `task`: msprobe's dump task (statistics, or tensor: whole tensors, for
+    cosine and element-wise errors). `with_weights`: the weight fingerprints of --mode weights on
+    top of the chosen mode (`prepare --weights`). `patch_target`: how a patch command names each
+    project's tree. `regenerate`: the command line that wrote the derived script."""
+
+    text: str
+    path: str
+    mode: str | None = None
+    hint: str | None = None
+    out_dir: str | None = None
+    dump_dir: str | None = None
+    level: str = "mix"
+    steps: list[int] | None = None
+    ranks: list[int] | None = None
+    stages: list[str] | None = None
+    backend: str | None = None
+    pd: bool | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    patch_target: dict[str, str] = field(default_factory=dict)
+    regenerate: str | None = None
+    train_backend: str | None = None
+    command: int | None = None
+    verl_root: Path | None = None
+    python: str | None = None
+    task: str = "statistics"
+    with_weights: bool = False
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a plan puts its files: the derived script, the configs' folder, the dump root."""
+
+    out_dir: str
+    derived_path: str
+    config_dir: str
+    dump_root: str
+
+
+def _check_choices(request: PlanRequest, chosen: str) -> None:
+    """--level and --stages: a UserError naming the values to use."""
+    if request.level not in msprobe_config.LEVELS:
+        raise UserError(f"--level {request.level}: use mix (the default), L0 or L1.")
+    stages = request.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
@@ -433,89 +451,80 @@ def plan(
             )
         if chosen != "training":
             raise UserError("--stages applies to training mode only (the stages of verl's global_profiler).")
-    out_dir = os.path.abspath(out_dir or os.path.dirname(path))
+
+
+def _layout(request: PlanRequest, chosen: str) -> _Layout:
+    """The derived script beside the original (or in --out), its msprobe folder and dump root."""
+    path = request.path
+    out_dir = os.path.abspath(request.out_dir or os.path.dirname(path))
     name = derived_name(path, chosen)
     stem = name[len(DERIVED_PREFIX[chosen]) : -len(".sh")]
     config_dir = os.path.join(out_dir, f"msprobe_{stem}")
-    dump_root = os.path.abspath(dump_dir) if dump_dir else os.path.join(config_dir, "dump")
+    dump_root = os.path.abspath(request.dump_dir) if request.dump_dir else os.path.join(config_dir, "dump")
     if not _dump_dir_ok(dump_root):  # training: verl hands save_path/step_N/STAGE to msprobe
         raise UserError(
             f"dump folder {dump_root!r} has characters msprobe refuses in dump_path (allowed: letters, digits, "
             "_ . : / -). Pass --dump-dir with a plain absolute folder."
         )
-    options = Options(
-        out_dir,
-        dump_root,
-        level,
-        steps,
-        ranks,
-        stages,
-        backend,
-        pd,
-        dump_dir_given=bool(dump_dir),
-        train_backend=train_backend,
-        python=python,
-    )
-    ctx = build_context(script, detection, versions, options, config_dir, dump_root)
-    req = requirements(ctx, chosen)
-    if with_weights and chosen != "weights" and not req.violations:
-        weights.add(ctx, req)
-    derived_path = os.path.join(out_dir, name)
-    if os.path.abspath(derived_path) == os.path.abspath(path):
-        raise UserError(
-            f"{path}: the derived script would overwrite the original. Pass --out with another folder."
-        )
+    return _Layout(out_dir, os.path.join(out_dir, name), config_dir, dump_root)
 
-    configs: dict[str, tuple[str, dict[str, Any]]] = {}
-    msprobe_steps = None if chosen == "training" else steps
+
+def _options(request: PlanRequest, layout: _Layout) -> Options:
+    return Options(
+        layout.out_dir,
+        layout.dump_root,
+        request.level,
+        request.steps,
+        request.ranks,
+        request.stages,
+        request.backend,
+        request.pd,
+        dump_dir_given=bool(request.dump_dir),
+        train_backend=request.train_backend,
+        python=request.python,
+    )
+
+
+def _mode_requirements(ctx: Context, mode: str, with_weights: bool) -> Requirements:
+    """The mode's requirements, with the weight fingerprints on top when asked (and not refused)."""
+    req = requirements(ctx, mode)
+    if with_weights and mode != "weights" and not req.violations:
+        weights.add(ctx, req)
+    return req
+
+
+def _configs(
+    request: PlanRequest, chosen: str, req: Requirements, config_dir: str
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """role -> (path, msprobe config document) for every config the mode needs."""
+    msprobe_steps = None if chosen == "training" else request.steps
     if msprobe_steps is None and chosen == "inference":
         msprobe_steps = [0]
     # consistency: every step. One msprobe step is one dumped forward, and the two sides count
     # differently (the actor: one per training step's prompt; the rollout: every prefill and
     # decode forward), so no single list selects the same training steps on both sides.
+    configs: dict[str, tuple[str, dict[str, Any]]] = {}
     for spec in req.configs:
         doc = msprobe_config.build_config(
-            spec.role, spec.dump_path, level=level, steps=msprobe_steps, ranks=ranks, task=task
+            spec.role,
+            spec.dump_path,
+            level=request.level,
+            steps=msprobe_steps,
+            ranks=request.ranks,
+            task=request.task,
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
+    return configs
 
-    commands = patch_commands(req.patch_sets, patch_target or {})
-    notes = [*script.notes, *req.notes]
-    if script.command is not None and script.command.extra_args:
-        notes.append(
-            'The settings come after "$@" in the derived script: arguments given at run time cannot undo them.'
-        )
-    base = Plan(
-        chosen,
-        path,
-        derived_path,
-        "",
-        configs,
-        list(req.patch_sets),
-        commands,
-        [],
-        [],
-        [],
-        notes,
-        detection,
-        versions,
-    )
-    if req.violations:
-        base.violations = list(req.violations)
-        base.refused = True
-        return base
 
-    changes = changes_made(ctx, req)  # before render: it reads the original's overrides
-    env = [(e.name, e.value, e.why) for e in req.env]
-    tokens = [Token(s.key, s.value, s.prefix) for s in req.settings]
-    # every environment variable also goes to the Ray workers through ray.init's runtime_env
-    # (verl merges ray_kwargs.ray_init.runtime_env into ray.init); values must be strings
-    tokens += [Token(e.ray_key, e.value, "++") for e in req.env if e.workers]
+def _header(request: PlanRequest, chosen: str, env: list[tuple[str, str, str]]) -> list[str]:
+    """The comment lines at the top of the derived script."""
+    path = request.path
     header = [
         comment(
             f"Derived by rl-msprobe {__version__} from {path} for {chosen} collection; the original is unchanged."
         ),
-        comment(f"Regenerate with: {_regenerate(regenerate, path, chosen)}"),
+        comment(f"Regenerate with: {_regenerate(request.regenerate, path, chosen)}"),
     ]
     if env:
         header.append(
@@ -528,30 +537,47 @@ def plan(
         header.append(
             comment("VLLM_USE_V2_MODEL_RUNNER=0: the vllm-dump patch covers vLLM's V1 GPU model runner only.")
         )
-    derived = render(script, ctx.overrides, tokens, env, header, removals=[key for key, _ in req.removals])
-    base.derived_text = derived
-    base.env = env
-    base.diff = "".join(
-        difflib.unified_diff(
-            text.splitlines(keepends=True), derived.splitlines(keepends=True), path, derived_path
-        )
+    return header
+
+
+def _derive(
+    request: PlanRequest, chosen: str, ctx: Context, req: Requirements
+) -> tuple[str, list[tuple[str, str, str]]]:
+    """The derived script's text and the environment it exports."""
+    env = [(e.name, e.value, e.why) for e in req.env]
+    tokens = [Token(s.key, s.value, s.prefix) for s in req.settings]
+    # every environment variable also goes to the Ray workers through ray.init's runtime_env
+    # (verl merges ray_kwargs.ray_init.runtime_env into ray.init); values must be strings
+    tokens += [Token(e.ray_key, e.value, "++") for e in req.env if e.workers]
+    header = _header(request, chosen, env)
+    derived = render(
+        ctx.script, ctx.overrides, tokens, env, header, removals=[key for key, _ in req.removals]
     )
-    # the derived script must pass the mode's own check
-    derived_script = read(derived, derived_path, command)
+    return derived, env
+
+
+def _check_derived(
+    request: PlanRequest,
+    chosen: str,
+    ctx: Context,
+    derived: str,
+    derived_path: str,
+    configs: dict[str, tuple[str, dict[str, Any]]],
+) -> CheckResult:
+    """The derived script against the mode's own rules, and the configs (not on disk yet)."""
+    detection = ctx.detection
+    derived_script = read(derived, derived_path, request.command)
     dctx = build_context(
         derived_script,
-        detect(derived_script, hint, None, detection.config_values, detection.config_source),
-        versions,
-        options,
-        config_dir,
-        dump_root,
+        detect(derived_script, request.hint, None, detection.config_values, detection.config_source),
+        ctx.versions,
+        ctx.options,
+        ctx.config_dir,
+        ctx.dump_dir,
     )
     dctx.detection.mode = chosen
-    dreq = requirements(dctx, chosen)
-    if with_weights and chosen != "weights" and not dreq.violations:
-        weights.add(dctx, dreq)
+    dreq = _mode_requirements(dctx, chosen, request.with_weights)
     result = check_requirements(dctx, dreq)
-    # the configs are not on disk yet: check them here
     for spec in dreq.configs:
         if spec.role in configs:
             for problem in msprobe_config.validate(configs[spec.role][1], spec.role):
@@ -559,14 +585,69 @@ def plan(
                     result.violations.append(
                         Violation(f"msprobe_config.{spec.role}", problem.key, "", "", problem.message)
                     )
-    broken = compose_violation(derived_script, detection, script)
+    broken = compose_violation(derived_script, detection, ctx.script)
     if broken is not None:
         result.violations.append(broken)
-    base.violations = result.violations
-    base.changes = changes
-    base.unverifiable = [u for u in result.unverifiable if "does not exist (yet)" not in u]
-    base.warnings = result.warnings
-    return base
+    return result
+
+
+def plan(request: PlanRequest) -> Plan:
+    """Everything `prepare` writes, in memory: the derived script, its configs, the checks of both."""
+    path, versions = request.path, dict(request.versions)
+    script, detection = detect_text(
+        request.text, path, request.hint, request.command, request.verl_root, versions.get("verl")
+    )
+    chosen = _mode(detection, request.mode, path)
+    _check_choices(request, chosen)
+    layout = _layout(request, chosen)
+    ctx = build_context(
+        script, detection, versions, _options(request, layout), layout.config_dir, layout.dump_root
+    )
+    req = _mode_requirements(ctx, chosen, request.with_weights)
+    if os.path.abspath(layout.derived_path) == os.path.abspath(path):
+        raise UserError(
+            f"{path}: the derived script would overwrite the original. Pass --out with another folder."
+        )
+    configs = _configs(request, chosen, req, layout.config_dir)
+    notes = [*script.notes, *req.notes]
+    if script.command is not None and script.command.extra_args:
+        notes.append(
+            'The settings come after "$@" in the derived script: arguments given at run time cannot undo them.'
+        )
+    common = dict(
+        mode=chosen,
+        original=path,
+        derived_path=layout.derived_path,
+        configs=configs,
+        patch_sets=list(req.patch_sets),
+        patch_commands=patch_commands(req.patch_sets, request.patch_target),
+        notes=notes,
+        detection=detection,
+        versions=versions,
+    )
+    if req.violations:
+        return Plan(**common, violations=list(req.violations), refused=True)
+    changes = changes_made(ctx, req)  # before render: it reads the original's overrides
+    derived, env = _derive(request, chosen, ctx, req)
+    diff = "".join(
+        difflib.unified_diff(
+            request.text.splitlines(keepends=True),
+            derived.splitlines(keepends=True),
+            path,
+            layout.derived_path,
+        )
+    )
+    result = _check_derived(request, chosen, ctx, derived, layout.derived_path, configs)
+    return Plan(
+        **common,
+        derived_text=derived,
+        violations=result.violations,
+        unverifiable=[u for u in result.unverifiable if "does not exist (yet)" not in u],
+        warnings=result.warnings,
+        diff=diff,
+        env=env,
+        changes=changes,
+    )
 
 
 def _regenerate(command: str | None, path: str, mode: str) -> str:
