@@ -5,7 +5,8 @@
 - `msprobe_config`: msprobe's config.json, built and validated
 - `env`: msprobe in the training interpreter (probe, install)
 - `outputs`: the derived files, written all or nothing
-The mode rules live in `rl_msprobe.modes`; reading the launch script in `rl_msprobe.launch`.
+- `modes`: the rules of each collection mode (training, inference, consistency, triage, weights)
+Reading the launch script is `rl_msprobe.launch`'s.
 """
 
 from __future__ import annotations

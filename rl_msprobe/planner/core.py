@@ -24,8 +24,9 @@ from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
 from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
-from rl_msprobe.modes import consistency, inference, training, triage, weights
-from rl_msprobe.modes.base import (
+from rl_msprobe.planner import msprobe_config
+from rl_msprobe.planner.modes import consistency, inference, training, triage, weights
+from rl_msprobe.planner.modes.base import (
     CheckResult,
     Context,
     Options,
@@ -34,7 +35,6 @@ from rl_msprobe.modes.base import (
     check_requirements,
     env_in_script,
 )
-from rl_msprobe.planner import msprobe_config
 from rl_msprobe.upstream.projects import project
 from rl_msprobe.upstream.releases import release_dir
 

@@ -17,7 +17,7 @@ import pytest
 from rl_msprobe import planner
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import parse_script
-from rl_msprobe.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS
+from rl_msprobe.planner.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS
 
 from .conftest import CORPUS, EXPECTED
 

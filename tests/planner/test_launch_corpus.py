@@ -22,7 +22,7 @@ from rl_msprobe.cli import main
 from rl_msprobe.launch import config as launch_config
 from rl_msprobe.launch.overrides import OverrideError, Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
-from rl_msprobe.modes.base import Options
+from rl_msprobe.planner.modes.base import Options
 from tests.support.bash_argv import BASH, record
 
 from .test_compose import release_root

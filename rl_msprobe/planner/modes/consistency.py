@@ -33,7 +33,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from rl_msprobe.modes.base import (
+from rl_msprobe.planner.modes.base import (
     MISSING,
     ConfigSpec,
     Context,
@@ -43,7 +43,7 @@ from rl_msprobe.modes.base import (
     Violation,
     too_old,
 )
-from rl_msprobe.modes.inference import rollout_requirements
+from rl_msprobe.planner.modes.inference import rollout_requirements
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from rl_msprobe.modes.base import Context, EnvVar, Requirements, Setting, is_abs_path
+from rl_msprobe.planner.modes.base import Context, EnvVar, Requirements, Setting, is_abs_path
 
 R = "actor_rollout_ref.rollout."
 TRIAGE_ENV = "RL_MSPROBE_TRIAGE"

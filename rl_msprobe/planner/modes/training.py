@@ -19,7 +19,15 @@ from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
 from rl_msprobe.launch.overrides import format_value
-from rl_msprobe.modes.base import ConfigSpec, Context, Requirements, Setting, Violation, is_abs_path, too_old
+from rl_msprobe.planner.modes.base import (
+    ConfigSpec,
+    Context,
+    Requirements,
+    Setting,
+    Violation,
+    is_abs_path,
+    too_old,
+)
 from rl_msprobe.planner.msprobe_config import DUMP_PATH_RE
 
 TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."

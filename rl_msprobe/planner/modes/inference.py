@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from rl_msprobe.modes.base import (
+from rl_msprobe.planner.modes.base import (
     ConfigSpec,
     Context,
     EnvVar,

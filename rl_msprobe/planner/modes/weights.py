@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from rl_msprobe.modes.base import Context, EnvVar, Requirements, Violation, is_abs_path
+from rl_msprobe.planner.modes.base import Context, EnvVar, Requirements, Violation, is_abs_path
 
 WEIGHTS_ENV = "RL_MSPROBE_WEIGHTS_DIR"
 SET = "verl-weights"
