@@ -247,7 +247,9 @@ def generate_req_input(monkeypatch):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.rl_msprobe_bootstrap_room", room)
     sys.modules["sglang.srt.managers"].rl_msprobe_bootstrap_room = room
-    source = SGLangIoStruct().apply((FIXTURES / "sglang_io_struct" / "normalize_v052.before.py").read_text())
+    source = SGLangIoStruct().apply(
+        (FIXTURES / SGLangIoStruct().fixture_folder / "normalize_v052.before.py").read_text()
+    )
     module = types.ModuleType("io_struct_under_test")
     monkeypatch.setitem(sys.modules, "io_struct_under_test", module)
     exec(compile(source, "io_struct.py", "exec"), module.__dict__)
