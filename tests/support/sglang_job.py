@@ -33,6 +33,10 @@ SGLANG = "actor_rollout_ref.rollout.engine_kwargs.sglang."
 REPLACE = {
     "actor_rollout_ref.rollout.name": "actor_rollout_ref.rollout.name=sglang",
     "actor_rollout_ref.rollout.enable_sleep_mode": f"+{SGLANG}device=cpu",
+    # HYBRID sleep / wake: verl releases the server's weights and KV cache after each rollout
+    # and resumes them around the weight sync (without the memory saver nothing is freed on CPU,
+    # but SGLang's release / resume path runs: the static-state stash and restore of the weights)
+    "actor_rollout_ref.rollout.free_cache_engine": "actor_rollout_ref.rollout.free_cache_engine=True",
 }
 ENGINE_KWARGS = (
     f"+{SGLANG}attention_backend=torch_native",

@@ -46,6 +46,16 @@ def _debugger(runner):
     return getattr(runner, "msprobe_debugger", None) or getattr(runner, PATCH_DEBUGGER, None)
 
 
+def next_step(service) -> int:
+    """The step the debugger's coming start() dumps as. msprobe moves `current_iter` to
+    `loop + init_step` only inside start() (step() counts `loop`), so before start()
+    `current_iter` still names the previous forward pass."""
+    loop, init = getattr(service, "loop", None), getattr(service, "init_step", 0)
+    if isinstance(loop, int) and isinstance(init, int):
+        return loop + init
+    return int(getattr(service, "current_iter", 0) or 0)
+
+
 def _dumping(service, step: int, rank: int) -> bool:
     """Does msprobe dump this step on this rank (its config's `step` / `rank` lists)?"""
     if getattr(service, "should_stop_service", False):
@@ -123,7 +133,7 @@ def log_forward(runner, forward_batch) -> None:
     if debugger is None:
         return
     service = getattr(debugger, "service", None)
-    step = int(getattr(service, "current_iter", 0) or 0)
+    step = next_step(service)
     rank = _rank(runner)
     if not _dumping(service, step, rank):
         return
