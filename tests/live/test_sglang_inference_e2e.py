@@ -25,8 +25,9 @@ One engine per shape (module-scoped), its dumps reused by every check. Measured 
 shared with four other sessions, load 10-18, 2026-12-01): the whole module 426 s warm (`-m e2e`,
 9 passed): the patch shape (DP=2) 217-224 s (CLI steps, engine start, 4 dumped forwards per
 replica, revert), the native shape 165-227 s, the refusal check 7-9 s; cold, add the venv builds
-(tests/support/sglang_venv.py: 204 s and 801 s under that load). The weight syncs add WEIGHTS_WALL
-to the native engine (three syncs of the tiny model and a compare).
+(tests/support/sglang_venv.py: 204 s and 801 s under that load). The weight syncs ride on the
+native engine (no engine of their own): its five tests took 122 s with them (2026-12-02, the
+weight phase = loading the actor's tensors, three 3-bucket syncs, one `weights compare`).
 """
 
 from __future__ import annotations
