@@ -33,6 +33,7 @@ class Status(str, enum.Enum):
     CONFLICT = "conflict"
     NOT_APPLICABLE = "not-applicable"  # the piece does not exist for this version / tree
     NATIVE = "native"  # the upstream version supports this natively: no patch needed
+    NOT_COVERED = "not-covered"  # the code is in the tree, in a shape no site knows: only a guard line
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,10 @@ def _parsed(source: str) -> ast.Module | None:
         return None
 
 
+def _defines(node: ast.stmt, name: str) -> bool:
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+
+
 def top_level_classes(source: str) -> dict[str, ast.ClassDef]:
     """The classes a module defines at top level (ast: a cheap look, no edit is made from it)."""
     module = _parsed(source)
@@ -126,6 +131,9 @@ class Codemod:
 
     # the helper module's import the inserted lines use, put after the file's imports (None: none)
     helper_import: ClassVar[str | None] = None
+    # environment switches that turn this codemod's lines on; where its code has no site, a guard
+    # line makes that code fail when it runs with one of them set (needs the helper's not_covered)
+    switches: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -212,6 +220,53 @@ class Codemod:
 
     def marked_lines(self, source: str) -> list[str]:
         return [line.strip() for line in source.splitlines() if self._is_marked_line(line)]
+
+    def guard(self, source: str, error: AnchorError) -> str | None:
+        """`source` plus a marked guard where this codemod's code has no site (`error`): after the class
+        the anchors name, `<helper>.not_covered(Class, "method", name, reason, switches)` makes that
+        method (or the class's __init__) raise when it runs with a switch set. None without a helper,
+        switches, or a class of the anchors in the file."""
+        if not self.helper_import or not self.switches:
+            return None
+        classes = top_level_classes(source)
+        named = [a.split(".", 1) for a in (error.anchor, *self.anchors) if "." in a and " " not in a]
+        named = [(cls, method) for cls, method in named if cls in classes]
+        named += [(cls, "__init__") for cls in self.subject if cls in classes]
+        defined = [(c, m) for c, m in named if any(_defines(n, m) for n in classes[c].body)]
+        if not defined and not named:
+            return None
+        cls, method = defined[0] if defined else (named[0][0], "__init__")
+        alias = self.helper_import.split()[-1]
+        reason = f"anchor '{error.anchor}' not found (detected version {error.version or 'unknown'})"
+        module = cst.parse_module(source)
+        ctx = TransformContext(self, module, error.version)
+        call = ctx.statement(
+            f"{alias}.not_covered({cls}, {method!r}, {self.name!r}, {reason!r}, {tuple(self.switches)!r})"
+        )
+        body = list(module.body)
+        index = next(
+            i for i, stmt in enumerate(body) if isinstance(stmt, cst.ClassDef) and stmt.name.value == cls
+        )
+        module = module.with_changes(body=[*body[: index + 1], call, *body[index + 1 :]])
+        result = insert_after_imports(module, [ctx.statement(self.helper_import)]).code
+        if self.revert(result) != source:
+            raise RuntimeError(f"codemod {self.name} changed unmarked text in {self.path}")
+        return result
+
+    def guarded(self, source: str, version: str | None) -> tuple[str, AnchorError] | None:
+        """(the file with its guard, the anchor error) when SOURCE (applied or not) holds this codemod's
+        code in a shape it has no site for and nothing else of it; None when it has a site or other marks."""
+        clean = self.revert(source)
+        try:
+            self._apply_clean(clean, version)
+        except AnchorError as exc:
+            text = self.guard(clean, exc) or clean
+            if all(
+                ".not_covered(" in mark or mark.startswith(("from ", "import "))
+                for mark in self.marked_lines(source)
+            ):
+                return text, exc
+        return None
 
     # ------------------------------------------------------------------ internals
 

@@ -104,6 +104,7 @@ class ConsistencyCodemod(Codemod):
 
     project = "verl"
     helper_import = CONSISTENCY_IMPORT
+    switches = ("DUMP_ON", "PROMPTS_ONLY", "RL_MSPROBE_REQUEST_ID")  # the request-id lines' switches
 
 
 class _TrainerCodemod(ConsistencyCodemod):
@@ -111,6 +112,7 @@ class _TrainerCodemod(ConsistencyCodemod):
 
     sites: ClassVar[tuple[Site, ...]]
     anchor_name: ClassVar[str] = "bypass_recomputing_logprobs line"
+    switches = ("PROMPTS_ONLY",)
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         site = choose_site(ctx.module, self.sites)

@@ -167,6 +167,7 @@ def diff(
                 },
                 "summary": summary,
                 "skipped": [r.to_json() for r in plan.skipped],
+                "not_covered": [m.to_json() for m in plan.not_covered if m.in_tree],
                 "diff": text,
             }
         )
@@ -178,6 +179,9 @@ def diff(
     if not as_json:
         for r in plan.skipped:
             click.echo(f"# {r.piece}: not applicable here: {r.detail}", err=True)
+        for gap in plan.not_covered:
+            if gap.in_tree:
+                click.echo(f"# NOT COVERED for {gap.entry_point}: {gap.piece}: {gap.reason}", err=True)
         _warn(plan.warnings)
         click.echo(
             f"# {target.describe()}: {_plural(len(summary['files']), 'file')}, "
@@ -196,6 +200,13 @@ def diff(
 @click.option(
     "--allow-dirty", is_flag=True, help="Apply in a git checkout with uncommitted changes (left untouched)."
 )
+@click.option(
+    "--for",
+    "entry_point",
+    metavar="ENTRY",
+    help="The entry point the job runs (main_ppo, main_ppo_sync, one_step_off, fully_async; `prepare` prints "
+    "it): refuse only when a capability it needs has no site.",
+)
 @json_option
 @handles_user_errors
 def apply(
@@ -205,9 +216,14 @@ def apply(
     branch: str | None,
     no_branch: bool,
     allow_dirty: bool,
+    entry_point: str | None,
     as_json: bool,
 ) -> None:
     """Apply SET... to the tree: every file or none. Applying an applied set changes nothing.
+
+    A trainer or rollout path whose code has no site rl-msprobe knows is not covered: the rest is
+    patched, it gets a guard line (it fails when it runs with collection switched on), and it is
+    listed. With --for ENTRY, a capability ENTRY needs without a site refuses the apply.
 
     With --python, sets of several projects (`verl-consistency vllm-dump`) go to the trees that
     interpreter imports, each tree all or nothing, and the command too: when a later tree fails, the
@@ -219,12 +235,35 @@ def apply(
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
     groups = _groups(set_names, tree, python)
-    results = engine.apply_many(groups, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty)
+    if entry_point:
+        _check_entry_point(entry_point, [target.project for target, _ in groups])
+    results = engine.apply_many(
+        groups, branch=branch, make_branch=not no_branch, allow_dirty=allow_dirty, entry_point=entry_point
+    )
     if as_json:
         emit_json(engine.combined_json(results))
         return
     for (target, _), result in zip(groups, results, strict=True):
         _echo_applied(target, result)
+
+
+def _check_entry_point(name: str, projects: list[str]) -> None:
+    """--for names an entry point of a project patched here (else a UserError listing them)."""
+    from rl_msprobe.patches import entry_points, get_entry_point
+
+    having = [p for p in projects if entry_points(p)]
+    get_entry_point(having[0] if having else projects[0], name)
+
+
+def _echo_not_covered(missing, by_entry: dict[str, bool], indent: str = "") -> None:
+    """Every piece left without a site, and which entry points are covered: never silent."""
+    for gap in missing:
+        click.echo(
+            f"{indent}NOT COVERED for {gap.entry_point}: {gap.set}: capability '{gap.capability}': {gap.reason}"
+        )
+    if by_entry:
+        shown = ", ".join(f"{name} ({'covered' if ok else 'NOT covered'})" for name, ok in by_entry.items())
+        click.echo(f"{indent}entry points: {shown}")
 
 
 def _echo_applied(target, result: ApplyResult) -> None:
@@ -243,6 +282,12 @@ def _echo_applied(target, result: ApplyResult) -> None:
             click.echo(f"originals kept in {result.manifest}")
     for skipped in result.skipped:
         click.echo(f"  not applicable: {skipped.piece} ({skipped.detail})")
+    _echo_not_covered(result.not_covered, result.entry_points, "  ")
+    if result.not_covered:
+        names = ", ".join(dict.fromkeys(gap.entry_point for gap in result.not_covered))
+        _warn(
+            [f"not covered: {names} (a guard line fails their runs with collection switched on; see above)"]
+        )
     _warn(list(result.warnings))
     for note in dict.fromkeys(result.notes):
         click.echo(f"note: {note}")
@@ -328,6 +373,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
                     click.echo(f"  {f.status.value:<15} {f.path}  [{f.piece}] {f.detail}")
                 for cap in entry.capabilities:
                     click.echo(f"  capability found: {cap.name} ({', '.join(cap.sites)})")
+                _echo_not_covered(entry.not_covered, entry.entry_points, "  ")
                 for note in entry.notes:
                     click.echo(f"  note: {note}")
     sys.exit(0 if all(found.all_applied for found in statuses) else 1)

@@ -357,6 +357,7 @@ def check(
         train_backend=train_backend,
         command=command,
         verl_root=found.roots.get("verl"),
+        patch_target=found.where,
     )
     report.notes = [*found.notes, *report.notes]
     doc = report.to_json()
@@ -366,6 +367,7 @@ def check(
         status = "ok" if report.result.ok else f"{len(report.result.violations)} violation(s)"
         click.echo(f"{path}: {report.mode} rules: {status}")
         _echo_violations(doc["violations"])
+        _echo_list("patches this job needs", report.patch_commands)
         _echo_list("unverifiable", report.result.unverifiable)
         _echo_list("warnings", report.result.warnings)
         _echo_list("notes", report.notes)

@@ -19,12 +19,18 @@ def diff(plan: Plan) -> str:
 
 
 def apply_many(
-    groups: Groups, branch: str | None = None, make_branch: bool = True, allow_dirty: bool = False
+    groups: Groups,
+    branch: str | None = None,
+    make_branch: bool = True,
+    allow_dirty: bool = False,
+    entry_point: str | None = None,
 ) -> list[ApplyResult]:
     """`apply` on each (tree, sets): every tree or none (trees done before a failure are taken back)."""
     return each(
         groups,
-        lambda target, sets: apply(target, sets, branch, make_branch=make_branch, allow_dirty=allow_dirty),
+        lambda target, sets: apply(
+            target, sets, branch, make_branch=make_branch, allow_dirty=allow_dirty, entry_point=entry_point
+        ),
     )
 
 

@@ -4,6 +4,7 @@ applied sets still use a piece, so a revert keeps it)."""
 from __future__ import annotations
 
 from rl_msprobe.codemods.base import Status
+from rl_msprobe.engine import coverage
 from rl_msprobe.engine.model import PieceReport
 from rl_msprobe.engine.plan import applicability, set_capabilities, unique_pieces
 from rl_msprobe.engine.recovery import recovery_for_status
@@ -41,12 +42,17 @@ def piece_status(
             Status.CONFLICT,
             "file differs from the one this rl-msprobe adds",
         )
-    report = item.status(decode(data or b"", piece.path), target.version)
+    text = decode(data or b"", piece.path)
+    report = item.status(text, target.version)
+    if report.status is Status.CONFLICT:  # a guard line, or code no site knows: not covered
+        uncovered = coverage.uncovered_status(piece, text, target.version)
+        if uncovered is not None:
+            return PieceReport(patch_set.name, piece.path, piece.label, uncovered.status, uncovered.detail)
     return PieceReport(patch_set.name, piece.path, piece.label, report.status, report.detail)
 
 
 def set_status(reports: list[PieceReport]) -> Status:
-    statuses = {r.status for r in reports if r.status is not Status.NOT_APPLICABLE}
+    statuses = {r.status for r in reports if r.status not in (Status.NOT_APPLICABLE, Status.NOT_COVERED)}
     if not statuses:
         return Status.NOT_APPLICABLE
     if statuses == {Status.NATIVE}:
@@ -73,6 +79,7 @@ def status(target: Target, sets: list[PatchSet]) -> TreeStatus:
             else set_capabilities(target, [patch_set], reports, read)[patch_set.name]
         )
         shape.require_all(capabilities)
+        missing = [] if overall is Status.NATIVE else coverage.not_covered(patch_set, reports)
         found.append(
             SetStatus(
                 patch_set.name,
@@ -80,6 +87,8 @@ def status(target: Target, sets: list[PatchSet]) -> TreeStatus:
                 tuple(reports),
                 tuple(capabilities),
                 tuple(patch_set.notes_for(target.version)),
+                tuple(m for m in missing if m.in_tree),
+                coverage.covered(patch_set, missing),
             )
         )
     warnings = shape.untested_warnings(sets, target.version, "what its code has decides (see capabilities)")

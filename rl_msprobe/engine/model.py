@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rl_msprobe.codemods.base import Status
 from rl_msprobe.patches import PatchSet, shape
 from rl_msprobe.upstream.trees import Target
+
+if TYPE_CHECKING:
+    from rl_msprobe.engine.coverage import NotCovered
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class Plan:
     skipped: list[PieceReport] = field(default_factory=list)  # not-applicable / native pieces
     kept: list[PieceReport] = field(default_factory=list)  # revert: pieces another applied set still uses
     capabilities: dict[str, list[shape.CapabilityReport]] = field(default_factory=dict)  # per set
+    entry_point: str | None = None  # `--for`: refuse when a capability it needs has no site
+    uncovered: list[PieceReport] = field(default_factory=list)  # pieces with no site: a guard line only
+    not_covered: list[NotCovered] = field(default_factory=list)  # per entry point, what it lacks
+    entry_points: dict[str, dict[str, bool]] = field(default_factory=dict)  # set -> entry point -> covered
 
     @property
     def pending(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rl_msprobe.codemods.base import Codemod, Status
-from rl_msprobe.engine import journal
+from rl_msprobe.engine import coverage, journal
 from rl_msprobe.engine.manifest import prefer_saved_originals
 from rl_msprobe.engine.model import FileChange, PieceReport, Plan
 from rl_msprobe.engine.sources import decode, is_ours, read_bytes, text_reader
@@ -46,9 +46,11 @@ def _refuse_native(target: Target, sets: list[PatchSet], read: shape.Reader) -> 
 def set_capabilities(
     target: Target, sets: list[PatchSet], reports: list[PieceReport], read: shape.Reader
 ) -> dict[str, list[shape.CapabilityReport]]:
-    """Each set's capabilities from the piece reports: a piece that is not not-applicable is a site."""
-    sites = {r.piece: r.path for r in reports if r.status is not Status.NOT_APPLICABLE}
-    skipped = {r.piece: (r.path, r.detail) for r in reports if r.status is Status.NOT_APPLICABLE}
+    """Each set's capabilities from the piece reports: a piece that is neither not-applicable nor
+    not-covered is a site."""
+    none = (Status.NOT_APPLICABLE, Status.NOT_COVERED)
+    sites = {r.piece: r.path for r in reports if r.status not in none}
+    skipped = {r.piece: (r.path, r.detail) for r in reports if r.status in none}
     describe = f"{target.project} {target.version or '(unknown version)'}"
     return {s.name: shape.capability_reports(s, sites, skipped, read, describe) for s in sets}
 
@@ -56,12 +58,14 @@ def set_capabilities(
 # ---------------------------------------------------------------- planning
 
 
-def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
-    """Every change applying `sets` would make; raises (writing nothing) on any missing anchor
-    or capability, and for a set the tree's code already does natively."""
+def plan_apply(target: Target, sets: list[PatchSet], entry_point: str | None = None) -> Plan:
+    """Every change applying `sets` would make; raises (writing nothing) on any missing anchor or
+    capability, for a set the tree's code already does natively, and, with `entry_point`, when a
+    capability that entry point needs has no site. A piece only some entry points run whose code has
+    no site here is not covered (a guard line, reported), not refused."""
     read = text_reader(target.root)
     _refuse_native(target, sets, read)
-    plan = Plan(target, sets)
+    plan = Plan(target, sets, entry_point=entry_point)
     texts: dict[str, tuple[bytes | None, str | None, list[str]]] = {}
     applied: list[PieceReport] = []
     for patch_set, piece in unique_pieces(sets):
@@ -86,13 +90,18 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
         _, current, labels = texts.get(piece.path, (before, None, []))
         source = current if current is not None else decode(before or b"", piece.path)
         try:
-            after_text = item.apply(source, target.version)
+            after_text, no_site = coverage.patched_text(piece, source, target.version)
         except RuntimeError as exc:  # the codemod's own self-check: never write what it cannot vouch for
             raise UserError(
                 f"{target.root / piece.path}: {exc}; rl-msprobe cannot patch this file safely. Nothing was "
                 "changed; please report it with the file."
             ) from exc
         texts[piece.path] = (before, after_text, [*labels, piece.label])
+        if no_site is not None:
+            applied.pop()
+            plan.uncovered.append(
+                PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_COVERED, str(no_site))
+            )
     for rel, (before, after_text, labels) in texts.items():
         if after_text is None:
             continue
@@ -101,8 +110,13 @@ def plan_apply(target: Target, sets: list[PatchSet]) -> Plan:
             plan.changes.append(FileChange(rel, before, after, tuple(labels)))
     plan.changes = [c for c in plan.changes if c.before != c.after]
     plan.changes.sort(key=lambda c: c.path)
-    plan.capabilities = set_capabilities(target, sets, [*applied, *plan.skipped], read)
-    shape.require_all(r for reports in plan.capabilities.values() for r in reports)
+    reports = [*applied, *plan.skipped, *plan.uncovered]
+    plan.capabilities = set_capabilities(target, sets, reports, read)
+    shape.require_all(r for found in plan.capabilities.values() for r in found)
+    plan.not_covered = [gap for s in sets for gap in coverage.not_covered(s, reports)]
+    plan.entry_points = {s.name: coverage.covered(s, plan.not_covered) for s in sets}
+    if entry_point:
+        coverage.require_entry(entry_point, plan.not_covered, target.describe())
     return plan
 
 

@@ -7,10 +7,11 @@ documents with `combined_json`).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rl_msprobe.codemods.base import Status
+from rl_msprobe.engine.coverage import NotCovered
 from rl_msprobe.engine.model import PieceReport
 from rl_msprobe.patches.shape import CapabilityReport
 
@@ -99,6 +100,9 @@ class ApplyResult(_Written):
     """`patch apply` on one tree."""
 
     manifest: str | None = None  # outside git: where the originals and the manifest are kept
+    entry_point: str | None = None  # `--for`
+    not_covered: tuple[NotCovered, ...] = ()  # code in the tree that no site covers, per entry point
+    entry_points: dict[str, bool] = field(default_factory=dict)  # entry point -> every capability found
 
     def to_json(self) -> dict[str, Any]:
         git = (
@@ -111,6 +115,9 @@ class ApplyResult(_Written):
             "git": git,
             **self._tail(),
             **({"manifest": self.manifest} if self.manifest else {}),
+            "entry_point": self.entry_point,
+            "not_covered": [m.to_json() for m in self.not_covered],
+            "entry_points": dict(self.entry_points),
             "notes": list(self.notes),
         }
 
@@ -133,6 +140,8 @@ class SetStatus:
     files: tuple[PieceReport, ...]
     capabilities: tuple[CapabilityReport, ...]
     notes: tuple[str, ...]
+    not_covered: tuple[NotCovered, ...] = ()  # code in the tree that no site covers, per entry point
+    entry_points: dict[str, bool] = field(default_factory=dict)  # entry point -> every capability found
 
     @property
     def applied(self) -> bool:
@@ -144,6 +153,8 @@ class SetStatus:
             "status": self.status.value,
             "files": [r.to_json() for r in self.files],
             "capabilities": [c.to_json() for c in self.capabilities],
+            "not_covered": [m.to_json() for m in self.not_covered],
+            "entry_points": dict(self.entry_points),
             "notes": list(self.notes),
         }
 

@@ -121,14 +121,16 @@ def apply(
     branch: str | None = None,
     make_branch: bool = True,
     allow_dirty: bool = False,
+    entry_point: str | None = None,
 ) -> ApplyResult:
-    """Apply `sets` to the tree: all files or none; on git a branch and a commit."""
+    """Apply `sets` to the tree: all files or none; on git a branch and a commit. With `entry_point`,
+    refuse when a capability it needs has no site; without, report each piece not covered."""
     _writable(target)
     with _locked(target) as (tree, recovered):
         repo = tree.repo
         if branch and repo is not None:
             git.check_branch_name(repo, branch)
-        plan = plan_apply(target, sets)
+        plan = plan_apply(target, sets, entry_point)
         notes = (*tree.notes, *(note for s in sets for note in s.notes_for(target.version)))
         changed = [c.path for c in plan.changes]
         recorded = _recorded(tree)
@@ -147,7 +149,18 @@ def apply(
                 Transaction(tree, "apply", tuple(entries)).run()
                 kept_in = str(manifest.manifest_path(tree.state))
     fields = _fields(plan, recovered, changed, commit)
-    return ApplyResult(**fields, notes=notes, manifest=kept_in)
+    merged: dict[str, bool] = {}
+    for by_entry in plan.entry_points.values():
+        for name, ok in by_entry.items():
+            merged[name] = merged.get(name, True) and ok
+    return ApplyResult(
+        **fields,
+        notes=notes,
+        manifest=kept_in,
+        entry_point=entry_point,
+        not_covered=tuple(m for m in plan.not_covered if m.in_tree),
+        entry_points=merged,
+    )
 
 
 def _apply_git(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rl_msprobe.patches.model import (
     Capability,
     CapabilityError,
+    EntryPoint,
     NewFile,
     PatchSet,
     Piece,
@@ -15,18 +16,30 @@ from rl_msprobe.patches.model import (
     defines_class,
     where_present,
 )
-from rl_msprobe.patches.registry import SETS, all_sets, get_set, resolve_sets
+from rl_msprobe.patches.registry import (
+    SETS,
+    all_sets,
+    entry_point_started_by,
+    entry_points,
+    get_entry_point,
+    get_set,
+    resolve_sets,
+)
 
 __all__ = [
     "SETS",
     "Capability",
     "CapabilityError",
+    "EntryPoint",
     "NewFile",
     "PatchSet",
     "Piece",
     "Probe",
     "all_sets",
     "defines_class",
+    "entry_point_started_by",
+    "entry_points",
+    "get_entry_point",
     "get_set",
     "resolve_sets",
     "where_present",

@@ -19,6 +19,13 @@ The capability model (every set follows it; `rl-msprobe patch diff|apply|status`
   capability and every file searched with what was (not) found: never a silent gap.
 - **Native support** is recognised from the code as well (`PatchSet.native`: a `Probe` that,
   when it holds, means upstream does this itself; the set is then refused with what to use).
+- **Entry points** (`EntryPoint`: `main_ppo`, `fully_async`, ...) say which trainer and rollout
+  path a job runs. A piece that only some entry points run lists them (`Piece.runs_in`); when its
+  code is in the tree but none of its anchors' shapes is (a trainer rl-msprobe does not know
+  yet), it is *not covered*: the other pieces are patched, the piece gets a marked guard line
+  that fails at run time when that code runs with collection switched on, and every entry point
+  that runs it is reported not covered. `patch apply --for EP` refuses when a capability EP needs
+  has no site (`entry_coverage`).
 - **Versions are information only**: `min_version`/`max_version` are the range of releases the
   tests prove (the default release of `patch diff`, notes, `tested`). A tree outside that
   range, or a dev / rc / local build, is patched when every capability is found, with a warning
@@ -45,26 +52,54 @@ class NewFile:
     project: str
     path: str  # relative to the tree root, posix
     name: str = ""
+    source: str = ""  # under patches/files/ when the same file goes into two projects' trees
 
     @property
     def label(self) -> str:
         return self.name or f"file:{self.path}"
 
     def content(self) -> bytes:
-        return resources.files("rl_msprobe.patches").joinpath("files", self.project, self.path).read_bytes()
+        where = self.source or f"{self.project}/{self.path}"
+        return resources.files("rl_msprobe.patches").joinpath("files", *where.split("/")).read_bytes()
 
     def digest(self) -> str:
         return hashlib.sha256(self.content()).hexdigest()
 
 
 @dataclass(frozen=True)
+class EntryPoint:
+    """What a job runs: `patch apply --for NAME` needs only the pieces that NAME runs.
+
+    `modules` are the launch-script entries (python -m MODULE, or a script path ending in
+    MODULE's file) that start it; `prepare` and `check` read them to print `--for NAME`.
+    """
+
+    name: str
+    project: str
+    modules: tuple[str, ...]
+    description: str
+
+    def started_by(self, entry: str) -> bool:
+        """Does the launch script's verl entry (`verl.trainer.main_ppo`, `.../fully_async_main.py`) start it?"""
+        dotted = entry.removesuffix(".py").replace("/", ".")
+        return any(dotted == module or dotted.endswith("." + module) for module in self.modules)
+
+
+@dataclass(frozen=True)
 class Piece:
     """One part of a set. `essential=False`: not-applicable (with `why_optional`) where its file
-    or the codemod's subject is not in the tree."""
+    or the codemod's subject is not in the tree. `runs_in`: the entry points whose jobs run this
+    piece's code (empty: every job); such a piece is *not covered*, not refused, where its code
+    has no site rl-msprobe knows."""
 
     item: Codemod | NewFile
     essential: bool = True
     why_optional: str = ""  # shown after the shape reason when the piece is not applicable
+    runs_in: tuple[EntryPoint, ...] = ()
+
+    def run_by(self, entry: str) -> bool:
+        """Does a job of entry point `entry` run this piece's code?"""
+        return not self.runs_in or any(e.name == entry for e in self.runs_in)
 
     @property
     def label(self) -> str:
@@ -183,7 +218,13 @@ class PatchSet:
         return f"{self.name}: {shown} {why}: {tail}."
 
 
-def where_present(codemod: Codemod, why: str) -> Piece:
+def where_present(codemod: Codemod, why: str, runs_in: tuple[EntryPoint, ...] = ()) -> Piece:
     """A piece that applies where the tree has its file (and the codemod's subject); `why` says
-    which upstream release has it. A capability still needs one site among its pieces."""
-    return Piece(codemod, essential=False, why_optional=why)
+    which upstream release has it; `runs_in` the entry points that run it. A capability still
+    needs one site among its pieces."""
+    return Piece(codemod, essential=False, why_optional=why, runs_in=runs_in)
+
+
+def runs_in(codemod: Codemod, *entry_points: EntryPoint) -> Piece:
+    """A piece every tree has (essential) that only the jobs of `entry_points` run."""
+    return Piece(codemod, runs_in=entry_points)

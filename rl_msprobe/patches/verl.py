@@ -4,10 +4,48 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, defines_class, where_present
+from rl_msprobe.patches.model import (
+    Capability,
+    EntryPoint,
+    NewFile,
+    PatchSet,
+    Piece,
+    defines_class,
+    runs_in,
+    where_present,
+)
 from rl_msprobe.upstream.projects import project
 
 NEWEST = project("verl").newest_tested  # every verl set is tested up to it
+
+# ---------------------------------------------------------------------------- entry points
+# what a verl job runs, read from the launch script's command (python3 -m MODULE)
+MAIN_PPO = EntryPoint(
+    "main_ppo",
+    "verl",
+    ("verl.trainer.main_ppo",),
+    "RayPPOTrainer.fit, or the v1 PPOTrainer (trainer.use_v1) where the tree has it; the agent-loop rollout",
+)
+MAIN_PPO_SYNC = EntryPoint(
+    "main_ppo_sync",
+    "verl",
+    ("verl.trainer.main_ppo_sync",),
+    "the TransferQueue PPOTrainer of main_ppo_sync.py",
+)
+ONE_STEP_OFF = EntryPoint(
+    "one_step_off",
+    "verl",
+    ("verl.experimental.one_step_off_policy.main_ppo",),
+    "the one-step-off-policy trainer (a SeparateRayPPOTrainer)",
+)
+FULLY_ASYNC = EntryPoint(
+    "fully_async",
+    "verl",
+    ("verl.experimental.fully_async_policy.fully_async_main",),
+    "FullyAsyncTrainer (a SeparateRayPPOTrainer) and the fully-async rollouter's client",
+)
+ENTRY_POINTS = (MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF, FULLY_ASYNC)
+EVERY_TRAINER = ENTRY_POINTS  # a rollout client every trainer uses
 FSDP_HOOK = Capability(
     "FSDP engine hook",
     "FSDPEngine.forward_backward_batch in verl/workers/engine/fsdp/transformer_impl.py",
@@ -87,23 +125,27 @@ VERL_PROMPTS_ONLY = PatchSet(
     "old-log-prob recompute in every trainer of the version; the step trains on the full batch",
     pieces=(
         Piece(CONSISTENCY_FILE),
-        Piece(VerlRayTrainer()),
+        runs_in(VerlRayTrainer(), MAIN_PPO),
         where_present(
             VerlSeparateTrainer(),
             "SeparateRayPPOTrainer (verl/experimental/separation) is in verl 0.7.1 and later",
+            (ONE_STEP_OFF, FULLY_ASYNC),
         ),
         where_present(
             VerlSyncTrainer(),
             "verl/trainer/main_ppo_sync.py (TransferQueue trainer) is in verl 0.8.0",
+            (MAIN_PPO_SYNC,),
         ),
         where_present(
             VerlV1Trainer(),
             "the v1 trainer (verl/trainer/ppo/v1/trainer_base.py) is in verl 0.9.0 and later",
+            (MAIN_PPO,),
         ),
         where_present(
             VerlFullyAsyncTrainer(),
             "verl wheels ship it from 0.8.0; 0.7.1 has only its config; FullyAsyncTrainer inherits the "
             "patched SeparateRayPPOTrainer._fit_compute_log_prob anyway",
+            (FULLY_ASYNC,),
         ),
     ),
     capabilities=(TRIM,),
@@ -130,19 +172,23 @@ VERL_REQUEST_ID = PatchSet(
         where_present(
             VerlAgentLoopRequestId(),
             "from verl 0.8.0 the rollout client is LLMServerClient in verl/workers/rollout/llm_server.py",
+            EVERY_TRAINER,
         ),
         where_present(
             VerlLLMServerRequestId(),
             "before verl 0.8.0 the rollout client is AsyncLLMServerManager in agent_loop.py",
+            EVERY_TRAINER,
         ),
         where_present(
             VerlFullyAsyncRolloutRequestId(),
             "the fully-async client is defined in fully_async_rollouter.py in verl 0.8.0 (in llm_server.py later)",
+            (FULLY_ASYNC,),
         ),
         where_present(
             VerlAgentLoopTQRequestId(),
             "the v1 trainer's TransferQueue agent loop (verl/trainer/ppo/v1/agent_loop_tq.py) is in verl 0.9.0 "
             "and later",
+            (MAIN_PPO,),
         ),
     ),
     capabilities=(REQUEST_ID,),

@@ -12,7 +12,8 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, runs_in, where_present
+from rl_msprobe.patches.verl import FULLY_ASYNC, MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF
 from rl_msprobe.upstream.projects import project
 
 TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")
@@ -38,10 +39,12 @@ VERL_TRIAGE = PatchSet(
     "training/rollout_probs_diff_* (RL_MSPROBE_TRIAGE=<folder>)",
     pieces=(
         Piece(TRIAGE_FILE),
-        Piece(VerlTriageRayTrainer()),
-        where_present(VerlTriageSeparateTrainer(), "this tree has no separation trainer"),
-        where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer"),
-        where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer"),
+        runs_in(VerlTriageRayTrainer(), MAIN_PPO),
+        where_present(
+            VerlTriageSeparateTrainer(), "this tree has no separation trainer", (ONE_STEP_OFF, FULLY_ASYNC)
+        ),
+        where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer", (MAIN_PPO_SYNC,)),
+        where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer", (MAIN_PPO,)),
     ),
     capabilities=(TRIAGE_LINES,),
     min_version="0.7.0",

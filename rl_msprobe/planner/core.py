@@ -251,6 +251,8 @@ class CheckReport:
     detection: Detection
     result: CheckResult
     notes: list[str]
+    entry_point: str | None = None  # `patch apply --for` (None: no entry point rl-msprobe knows)
+    patch_commands: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -260,6 +262,8 @@ class CheckReport:
             "unverifiable": self.result.unverifiable,
             "warnings": self.result.warnings,
             "detection": self.detection.to_json(),
+            "entry_point": self.entry_point,
+            "patch_commands": self.patch_commands,
             "notes": self.notes,
         }
 
@@ -274,6 +278,7 @@ def check(
     train_backend: str | None = None,
     command: int | None = None,
     verl_root: Path | None = None,
+    patch_target: dict[str, str] | None = None,
 ) -> CheckReport:
     script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     chosen = _mode(detection, mode, path)
@@ -290,7 +295,9 @@ def check(
         )
     if broken is not None:
         result.violations.append(broken)
-    return CheckReport(chosen, detection, result, [*script.notes, *req.notes])
+    entry, entry_notes = entry_point_of(script, req.patch_sets)
+    commands = patch_commands(req.patch_sets, patch_target or {}, entry) if not req.violations else []
+    return CheckReport(chosen, detection, result, [*script.notes, *req.notes, *entry_notes], entry, commands)
 
 
 @dataclass(frozen=True)
@@ -364,6 +371,7 @@ class Plan:
     diff: str = ""
     env: list[tuple[str, str, str]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    entry_point: str | None = None  # `patch apply --for` (None: no entry point rl-msprobe knows)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -372,6 +380,7 @@ class Plan:
             "script": None if self.refused else self.derived_path,
             "configs": {} if self.refused else {role: path for role, (path, _) in self.configs.items()},
             "patch_sets": self.patch_sets,
+            "entry_point": self.entry_point,
             "patch_commands": self.patch_commands,
             "violations": [v.to_json() for v in self.violations],
             "unverifiable": self.unverifiable,
@@ -609,7 +618,8 @@ def plan(request: PlanRequest) -> Plan:
             f"{path}: the derived script would overwrite the original. Pass --out with another folder."
         )
     configs = _configs(request, chosen, req, layout.config_dir)
-    notes = [*script.notes, *req.notes]
+    entry, entry_notes = entry_point_of(script, req.patch_sets)
+    notes = [*script.notes, *req.notes, *entry_notes]
     if script.command is not None and script.command.extra_args:
         notes.append(
             'The settings come after "$@" in the derived script: arguments given at run time cannot undo them.'
@@ -620,7 +630,8 @@ def plan(request: PlanRequest) -> Plan:
         derived_path=layout.derived_path,
         configs=configs,
         patch_sets=list(req.patch_sets),
-        patch_commands=patch_commands(req.patch_sets, request.patch_target),
+        patch_commands=patch_commands(req.patch_sets, request.patch_target, entry),
+        entry_point=entry,
         notes=notes,
         detection=detection,
         versions=versions,
@@ -655,14 +666,44 @@ def _regenerate(command: str | None, path: str, mode: str) -> str:
     return command if re.search(r"\s--mode[\s=]", command + " ") else f"{command} --mode {mode}"
 
 
-def patch_commands(sets: list[str], targets: dict[str, str]) -> list[str]:
+def entry_point_of(script: LaunchScript, sets: list[str]) -> tuple[str | None, list[str]]:
+    """The `patch apply --for` name of the job the launch script starts (main_ppo, fully_async, ...),
+    and a note when it starts a verl main whose trainer rl-msprobe cannot name (a recipe's own)."""
+    from rl_msprobe.patches import entry_point_started_by, entry_points, get_set  # the registry: LibCST
+
+    if script.command is None or script.command.kind != "ppo" or not sets:
+        return None, []
+    projects = {get_set(name).project for name in sets}
+    for upstream in sorted(projects):
+        found = entry_point_started_by(upstream, script.command.entry)
+        if found is not None:
+            return found.name, []
+    if "verl" not in projects:
+        return None, []
+    known = ", ".join(e.name for e in entry_points("verl"))
+    return None, [
+        f"{script.command.entry} is not an entry point whose trainer rl-msprobe knows ({known}), so the patch "
+        "command has no --for: `patch apply` patches every site it finds and lists each trainer it does not "
+        "cover; make sure the trainer this main runs is not in that list."
+    ]
+
+
+def patch_commands(sets: list[str], targets: dict[str, str], entry_point: str | None = None) -> list[str]:
     """The exact `rl-msprobe patch apply` commands: one per tree, but one for every tree a single
-    --python imports (`patch apply` then patches them all or none)."""
-    from rl_msprobe.patches import get_set  # the registry says each set's project (LibCST: only here)
+    --python imports (`patch apply` then patches them all or none); `--for ENTRY` last, on the
+    command that patches the entry point's project."""
+    from rl_msprobe.patches import entry_points, get_set  # the registry (LibCST: only here)
 
     groups: dict[tuple[str, str], list[str]] = {}  # (project, or "" for a shared --python; where) -> sets
     for name in sets:
         upstream = get_set(name).project
         where = targets.get(upstream) or f"--tree <the {upstream} tree that actually runs>"
         groups.setdefault(("" if where.startswith("--python ") else upstream, where), []).append(name)
-    return [f"rl-msprobe patch apply {' '.join(names)} {where}" for (_, where), names in groups.items()]
+    commands = []
+    for (_, where), names in groups.items():
+        ours = entry_point and any(
+            e.name == entry_point for n in names for e in entry_points(get_set(n).project)
+        )
+        flag = f" --for {entry_point}" if ours else ""
+        commands.append(f"rl-msprobe patch apply {' '.join(names)} {where}{flag}")
+    return commands

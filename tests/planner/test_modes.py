@@ -574,12 +574,13 @@ def test_prepare_with_one_python_prints_one_apply_for_every_tree(tmp_path: Path)
     code, out, err = cli("prepare", str(script), "--mode", "consistency", "--python", python, "--json")
     assert code == 0, err
     doc = json.loads(out)
+    assert doc["entry_point"] == "main_ppo"
     assert doc["patch_commands"] == [
-        f"rl-msprobe patch apply {' '.join(doc['patch_sets'])} --python {shlex.quote(python)}"
+        f"rl-msprobe patch apply {' '.join(doc['patch_sets'])} --python {shlex.quote(python)} --for main_ppo"
     ]
     assert doc["patch_sets"] == ["verl-consistency", "vllm-dump"]
     targets = {"verl": f"--tree {site}", "vllm": f"--python {python}"}
-    assert planner.patch_commands(doc["patch_sets"], targets) == [
-        f"rl-msprobe patch apply verl-consistency --tree {site}",
+    assert planner.patch_commands(doc["patch_sets"], targets, "main_ppo") == [
+        f"rl-msprobe patch apply verl-consistency --tree {site} --for main_ppo",
         f"rl-msprobe patch apply vllm-dump --python {python}",
     ]

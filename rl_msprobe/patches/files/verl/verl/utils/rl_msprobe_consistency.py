@@ -62,6 +62,47 @@ def request_ids_enabled() -> bool:
     return _flag("DUMP_ON") or _flag("PROMPTS_ONLY") or _flag("RL_MSPROBE_REQUEST_ID")
 
 
+# ---------------------------------------------------------------------------- not covered
+
+
+def not_covered(cls: Any, method: str, piece: str, reason: str, switches: tuple[str, ...]) -> None:
+    """A marked line after CLS where rl-msprobe found no site for PIECE (``patch apply`` reported it
+    not covered): CLS.METHOD then raises when it runs with one of SWITCHES set (``=1``), since
+    this job would collect nothing from it. Off, it runs as upstream wrote it."""
+    import functools
+    import inspect
+
+    metadata = getattr(cls, "__ray_metadata__", None)  # @ray.remote: patch the class Ray's actor derives from
+    if metadata is not None:
+        cls = metadata.modified_class.__ray_actor_class__
+    original = getattr(cls, method)
+
+    def refuse() -> None:
+        on = [name for name in switches if _flag(name)]
+        if on:
+            raise RuntimeError(
+                f"rl-msprobe: {cls.__name__}.{method} runs here, but rl-msprobe has no site in it ({piece}: "
+                f"{reason}), so with {', '.join(f'{n}=1' for n in on)} this job would collect nothing from it. "
+                "Update rl-msprobe and apply the patch again (`rl-msprobe patch status` lists what is not "
+                f"covered), or run an entry point it covers; unset {', '.join(on)} to run without collecting."
+            )
+
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            refuse()
+            return await original(*args, **kwargs)
+    else:
+
+        @functools.wraps(original)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            refuse()
+            return original(*args, **kwargs)
+
+    setattr(cls, method, guarded)
+
+
 # ---------------------------------------------------------------------------- PROMPTS_ONLY
 
 
