@@ -401,7 +401,7 @@ def requirements(ctx: Context) -> Requirements:
     apply(ctx, req, PARALLEL)
     req.patch_sets.insert(0, "verl-consistency")
     if ctx.rollout == "sglang":
-        _sglang_pairing(req)
+        _sglang_pairing(ctx, req)
     if ctx.rollout == "vllm" and "vllm-dump" not in req.patch_sets:
         ascend = ctx.version("vllm-ascend")
         if ascend is None or ascend >= Version("0.12.0rc1"):
@@ -413,26 +413,25 @@ def requirements(ctx: Context) -> Requirements:
     return req
 
 
-SGLANG_RADIX = R + "engine_kwargs.sglang.disable_radix_cache"
+# SGLang: verl's SGLang server does not read rollout.enable_prefix_caching (only vLLM's does)
+SGLANG = (
+    Rule(
+        "consistency.sglang.radix_cache",
+        R + "engine_kwargs.sglang.disable_radix_cache",
+        True,
+        "every dumped prefill runs the whole prompt: verl's SGLang server ignores "
+        "rollout.enable_prefix_caching, and SGLang's radix cache would turn a later sample's prefill "
+        "into a cache hit covering only the last tokens",
+        prefix="++",
+    ),
+)
 
 
-def _sglang_pairing(req: Requirements) -> None:
+def _sglang_pairing(ctx: Context, req: Requirements) -> None:
     """SGLang: the dispatch log names each dumped forward pass's requests (the rollout half of
-    `dumps correlate`), and the radix cache off: verl's SGLang server does not read
-    rollout.enable_prefix_caching, so a later sample of a prompt would prefill from the cache."""
+    `dumps correlate`), and the radix cache off."""
     req.patch_sets.append("sglang-dispatch-log")
-    req.add(
-        Setting(
-            "consistency.sglang.radix_cache",
-            SGLANG_RADIX,
-            True,
-            "++",
-            "every dumped prefill runs the whole prompt: verl's SGLang server ignores "
-            "rollout.enable_prefix_caching, and SGLang's radix cache would turn a later sample's prefill "
-            "into a cache hit covering only the last tokens",
-            accept=_true,
-        )
-    )
+    apply(ctx, req, SGLANG)
 
 
 def _no_lora_ref_note(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
