@@ -14,8 +14,13 @@ weights), step 2 with a 1% fault planted in one module's output on the rollout s
 SGLang's scheduler after the weight sync; tests/support/sglang_plant_hook.py), which the compare
 must name.
 
-Wall time (2 cores shared with 4 other sessions, 2026-12-02): see the module fixture's printout;
-measured figures are in the fixture docstring.
+HYBRID sleep / wake runs too (``free_cache_engine=True``): SGLang's scheduler releases weights and
+KV cache after each rollout and resumes them around each sync (noted by the plant hook).
+
+Wall time (2 cores shared with 4 other sessions, 2026-12-02; the venv, ~3-4 min cold, not counted):
+the job 167 s and 308 s (load of other live tests), compares 24 s and 48 s, the module fixture
+245 s and 448 s (user venv copy, CLI, job, compares, revert); the tests on its results < 1 s
+each. The plain job alone (python -m tests.support.sglang_job DIR): 147 s.
 """
 
 from __future__ import annotations
