@@ -65,7 +65,7 @@ def _received(sent: Entry | None, received: dict[int, dict[str, Entry]], name: s
         return Finding("not-compared", [], why="no rank fingerprinted what it received")
     got = {r: e[name] for r, e in received.items() if name in e}
     if sent is None:
-        return Finding("missing", sorted(got), why="received but not sent")
+        return Finding("missing", sorted(got), why="received but not sent" if got else "held, never sent")
     missing = sorted(set(received) - set(got))
     if missing:
         return Finding("missing", missing, why="sent but not received by these ranks")
@@ -121,13 +121,16 @@ def _reference(
     return None, "the ranks received different tensors"
 
 
-def _meta(run: Run, sync: int) -> tuple[dict[str, str], int | None]:
+def _meta(run: Run, sync: int) -> tuple[dict[str, str], int | None, list[str]]:
+    """(tied aliases, TP size, every name the engine says it holds: SGLang's helper lists them)."""
     aliases: dict[str, str] = {}
     tp = None
+    holds: dict[str, None] = {}
     for doc in run.meta.get(sync, {}).values():
         aliases.update(doc.get("aliases") or {})
         tp = doc.get("tp_size", tp)
-    return aliases, tp
+        holds.update(dict.fromkeys(str(n) for n in doc.get("holds") or ()))
+    return aliases, tp, list(holds)
 
 
 def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
@@ -138,7 +141,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
     sent = sent_procs.get(sent_proc, {}) if sent_proc else {}
     replicas_received = _by_rank(run.entries["received"].get(sync, {})) or [{}]
     replicas_resident = _by_rank(run.entries["resident"].get(sync, {})) or [{}]
-    aliases, tp = _meta(run, sync)
+    aliases, tp, holds = _meta(run, sync)
     step = next((e.step for e in sent.values() if e.step is not None), None)
     rows: list[dict] = []
     for replica in range(max(len(replicas_received), len(replicas_resident))):
@@ -148,6 +151,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
         for entries in (*received.values(), *resident.values()):
             names.update(dict.fromkeys(entries))
         names.update(dict.fromkeys(a for a in aliases if a in sent))
+        names.update(dict.fromkeys(n for n in holds if n not in aliases))
         for order, name in enumerate(names):
             entry = sent.get(name)
             rec = _received(entry, received, name)
