@@ -131,7 +131,7 @@ def _steps(ctx: Context) -> list[int]:
 def _save_path(ctx: Context) -> str:
     """--dump-dir's training folder; else a valid save_path the script already sets, else that folder."""
     ours = os.path.join(ctx.dump_dir, "training")
-    if ctx.options.dump_dir_given:
+    if ctx.dump_dir_given:
         return ours
     return _script_value(ctx, "global_profiler.save_path", _save_path_ok) or ours
 
