@@ -257,6 +257,7 @@ def prepare(
     remain unmet, 2 on bad input.
     """
     from rl_msprobe.planner import PlanRequest
+    from rl_msprobe.planner.modes.base import Options
     from rl_msprobe.planner.prepare import MsprobeMissing
     from rl_msprobe.planner.prepare import prepare as prepare_plan
 
@@ -268,15 +269,17 @@ def prepare(
         hint=hint,
         out_dir=out_dir,
         dump_dir=dump_dir,
-        level=level,
-        steps=_int_list(steps, "--steps"),
-        ranks=_int_list(ranks, "--ranks"),
-        stages=[s.strip() for s in stages.split(",") if s.strip()] if stages else None,
-        backend=backend,
-        pd=pd,
-        train_backend=train_backend,
+        options=Options(
+            level=level,
+            steps=_int_list(steps, "--steps"),
+            ranks=_int_list(ranks, "--ranks"),
+            stages=[s.strip() for s in stages.split(",") if s.strip()] if stages else None,
+            backend=backend,
+            pd=pd,
+            train_backend=train_backend,
+            python=python,
+        ),
         command=command,
-        python=python,
         task=task,
         with_weights=with_weights,
     )

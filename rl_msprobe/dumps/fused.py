@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from rl_msprobe.dumps.tp_merge import COLUMN, STATS, _is_tensor, merge_stats
+from rl_msprobe.dumps.tp_merge import COLUMN, STATS, is_tensor, merge_stats
 
 _KEY = re.compile(r"^Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<call>forward\.\d+)$")
 WRAP = "_fsdp_wrapped_module."
@@ -31,7 +31,7 @@ def _parse(key: str) -> tuple[str, str, str] | None:
 
 def _first(entry: dict, role: str):
     items = entry.get(role)
-    return items[0] if isinstance(items, list) and items and _is_tensor(items[0]) else None
+    return items[0] if isinstance(items, list) and items and is_tensor(items[0]) else None
 
 
 def _same(a: dict | None, b: dict | None) -> bool:
@@ -77,7 +77,7 @@ def fuse(train: dict, rollout: dict) -> tuple[dict, list[str]]:
         params = {}
         for pname in ("weight", "bias"):
             leaves = [(e.get("parameters") or {}).get(pname) for e in entries]
-            if all(_is_tensor(x) for x in leaves):
+            if all(is_tensor(x) for x in leaves):
                 params[pname] = merge_stats(leaves, 0)
         if params:
             fused["parameters"] = params

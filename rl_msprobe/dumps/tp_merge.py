@@ -107,7 +107,8 @@ def _squeezed(shape: list[int]) -> list[int]:
     return [int(x) for x in shape if int(x) != 1]
 
 
-def _is_tensor(leaf: object) -> bool:
+def is_tensor(leaf: object) -> bool:
+    """A dump.json leaf that describes a tensor (a shape and msprobe statistics), not a scalar or a list."""
     return isinstance(leaf, dict) and "shape" in leaf and any(k in leaf for k in STATS)
 
 
@@ -182,7 +183,7 @@ def training_shapes(train: dict) -> dict[tuple[str, str], list[int]]:
         if not m or not isinstance(entry, dict):
             continue
         for role, index, leaf in _leaves(entry):
-            if _is_tensor(leaf):
+            if is_tensor(leaf):
                 out[(m.group("name"), _label(role, index))] = list(leaf["shape"])
     return out
 
@@ -204,7 +205,7 @@ def merge(ranks: list[dict], train: dict | None = None) -> Merged:
         peers = [r.get(key) if isinstance(r.get(key), dict) else None for r in ranks]
         spread: list[tuple[str, str, list[int], float]] = []  # unsharded tensors that differ across ranks
         for role, index, leaf in list(_leaves(entry)):
-            if not _is_tensor(leaf):
+            if not is_tensor(leaf):
                 continue
             copies = []
             for p in peers:
@@ -212,7 +213,7 @@ def merge(ranks: list[dict], train: dict | None = None) -> Merged:
                     copies.append(p[role][index] if p is not None else None)
                 except (KeyError, IndexError, TypeError):
                     copies.append(None)
-            present = [c for c in copies if _is_tensor(c)]
+            present = [c for c in copies if is_tensor(c)]
             if len(present) < len(ranks):
                 continue  # e.g. logits gathered on one rank only: keep what is there
             label = _label(role, index)

@@ -52,13 +52,15 @@ class NewFile:
     project: str
     path: str  # relative to the tree root, posix
     name: str = ""
+    source: str = ""  # under patches/files/ when the same file goes into two projects' trees
 
     @property
     def label(self) -> str:
         return self.name or f"file:{self.path}"
 
     def content(self) -> bytes:
-        return resources.files("rl_msprobe.patches").joinpath("files", self.project, self.path).read_bytes()
+        where = self.source or f"{self.project}/{self.path}"
+        return resources.files("rl_msprobe.patches").joinpath("files", *where.split("/")).read_bytes()
 
     def digest(self) -> str:
         return hashlib.sha256(self.content()).hexdigest()

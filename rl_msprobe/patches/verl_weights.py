@@ -5,8 +5,9 @@ Kept in its own module (its SETS are one entry of `patches/registry.py`), like v
 
 from __future__ import annotations
 
+from rl_msprobe.codemods.sglang_weights import SGLangWeightsReceived, SGLangWeightsUpdater
 from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece
+from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
 from rl_msprobe.upstream.projects import project
 
 WEIGHTS_FILE = NewFile("verl", "verl/utils/rl_msprobe_weights.py", name="verl-weights-file")
@@ -43,8 +44,51 @@ VERL_WEIGHTS = PatchSet(
         "qkv_proj / gate_up_proj are split back by the layer's output_partition_sizes and the model's "
         "packed_modules_mapping; vocab padding rows are dropped.",
         "verl 0.7.0 loads weights inside vLLMAsyncRollout.update_weights (no worker extension): refused; "
-        "SGLang rollouts and the LoRA adapter path are not fingerprinted.",
+        "the LoRA adapter path is not fingerprinted. SGLang rollouts: apply sglang-weights to the SGLang tree too.",
     ),
 )
 
-SETS = (VERL_WEIGHTS,)
+# The same helper file, in the SGLang tree: its scheduler processes need not import verl.
+SGLANG_WEIGHTS_FILE = NewFile(
+    "sglang",
+    "sglang/srt/rl_msprobe_weights.py",
+    name="sglang-weights-file",
+    source=f"verl/{WEIGHTS_FILE.path}",
+)
+SGLANG_RECEIVED = Capability(
+    "received + resident fingerprints",
+    "the top-level class defining update_weights_from_tensor (ModelRunner in "
+    "sglang/srt/model_executor/model_runner.py; WeightUpdater in "
+    "model_executor/model_runner_components/weight_updater.py): the tensors after `_unwrap_tensor`, "
+    "the flattened bucket after `reconstruct_tensors()`, and the parameters they went into when it returns",
+    ("sglang-weights-received", "sglang-weights-updater"),
+)
+
+SGLANG_WEIGHTS = PatchSet(
+    name="sglang-weights",
+    project="sglang",
+    description=f"weight parity at every sync, SGLang side: what each TP rank receives and holds ({ENV}=<folder>; "
+    "with verl-weights on the verl tree for what the actor sends)",
+    pieces=(
+        Piece(SGLANG_WEIGHTS_FILE),
+        where_present(
+            SGLangWeightsReceived(), "SGLang up to 0.5.12 keeps update_weights_from_tensor in ModelRunner"
+        ),
+        where_present(SGLangWeightsUpdater(), "later SGLang releases move it to WeightUpdater"),
+    ),
+    capabilities=(SGLANG_RECEIVED,),
+    min_version="0.4.6.post5",
+    max_version="0.5.23",
+    notes=(
+        f"Active only with {ENV}=<absolute folder> in the SGLang scheduler's environment; unset, nothing is "
+        "imported or computed.",
+        "SGLang loads a sync bucket by bucket (one update_weights_from_tensor call each): each call is fingerprinted "
+        "as it arrives, and each tensor where the model holds it once the call returns (fused qkv_proj / "
+        "gate_up_proj split back by the layer's output_partition_sizes and the model's stacked-parameter mapping). "
+        "A call bringing a name the current sync already has starts the next sync.",
+        "Not fingerprinted: verl's delta sync (its flushes carry encoded deltas, not model tensors), LoRA adapters, "
+        "update_weights_from_disk / _distributed / _ipc.",
+    ),
+)
+
+SETS = (VERL_WEIGHTS, SGLANG_WEIGHTS)

@@ -20,10 +20,11 @@ from typing import Any
 from rl_msprobe import __version__
 from rl_msprobe.errors import UserError
 from rl_msprobe.launch import config as launch_config
+from rl_msprobe.launch.bash import ShellSyntaxError
 from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
-from rl_msprobe.launch.script import LaunchScript, ShellSyntaxError, parse_script
+from rl_msprobe.launch.script import LaunchScript, parse_script
 from rl_msprobe.planner import msprobe_config
 from rl_msprobe.planner.modes import consistency, inference, training, triage, weights
 from rl_msprobe.planner.modes.base import (
@@ -223,10 +224,18 @@ def build_context(
     options: Options,
     config_dir: str,
     dump_dir: str,
+    dump_dir_given: bool = False,
 ) -> Context:
     assert script.command is not None
     return Context(
-        script, Overrides(script.command.args), detection, dict(versions), options, config_dir, dump_dir
+        script,
+        Overrides(script.command.args),
+        detection,
+        dict(versions),
+        options,
+        config_dir,
+        dump_dir,
+        dump_dir_given,
     )
 
 
@@ -409,8 +418,10 @@ def _dump_dir_ok(path: str) -> bool:
 class PlanRequest:
     """What `prepare` asks the planner for: the script and every choice the user made.
 
-    `path` must be absolute. `task`: msprobe's dump task (statistics, or tensor: whole tensors, for
-    cosine and element-wise errors). `with_weights`: the weight fingerprints of --mode weights on
+    `path` must be absolute. `out_dir` / `dump_dir`: the folders as typed (None: the defaults).
+    `options`: the choices that shape the mode's rules (the modes read them as `ctx.options`).
+    `task`: msprobe's dump task (statistics, or tensor: whole tensors, for cosine and
+    element-wise errors). `with_weights`: the weight fingerprints of --mode weights on
     top of the chosen mode (`prepare --weights`). `patch_target`: how a patch command names each
     project's tree. `regenerate`: the command line that wrote the derived script."""
 
@@ -420,19 +431,12 @@ class PlanRequest:
     hint: str | None = None
     out_dir: str | None = None
     dump_dir: str | None = None
-    level: str = "mix"
-    steps: list[int] | None = None
-    ranks: list[int] | None = None
-    stages: list[str] | None = None
-    backend: str | None = None
-    pd: bool | None = None
+    options: Options = field(default_factory=Options)
     versions: dict[str, str | None] = field(default_factory=dict)
     patch_target: dict[str, str] = field(default_factory=dict)
     regenerate: str | None = None
-    train_backend: str | None = None
     command: int | None = None
     verl_root: Path | None = None
-    python: str | None = None
     task: str = "statistics"
     with_weights: bool = False
 
@@ -449,9 +453,9 @@ class _Layout:
 
 def _check_choices(request: PlanRequest, chosen: str) -> None:
     """--level and --stages: a UserError naming the values to use."""
-    if request.level not in msprobe_config.LEVELS:
-        raise UserError(f"--level {request.level}: use mix (the default), L0 or L1.")
-    stages = request.stages
+    if request.options.level not in msprobe_config.LEVELS:
+        raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
+    stages = request.options.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
@@ -478,22 +482,6 @@ def _layout(request: PlanRequest, chosen: str) -> _Layout:
     return _Layout(out_dir, os.path.join(out_dir, name), config_dir, dump_root)
 
 
-def _options(request: PlanRequest, layout: _Layout) -> Options:
-    return Options(
-        layout.out_dir,
-        layout.dump_root,
-        request.level,
-        request.steps,
-        request.ranks,
-        request.stages,
-        request.backend,
-        request.pd,
-        dump_dir_given=bool(request.dump_dir),
-        train_backend=request.train_backend,
-        python=request.python,
-    )
-
-
 def _mode_requirements(ctx: Context, mode: str, with_weights: bool) -> Requirements:
     """The mode's requirements, with the weight fingerprints on top when asked (and not refused)."""
     req = requirements(ctx, mode)
@@ -506,7 +494,7 @@ def _configs(
     request: PlanRequest, chosen: str, req: Requirements, config_dir: str
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """role -> (path, msprobe config document) for every config the mode needs."""
-    msprobe_steps = None if chosen == "training" else request.steps
+    msprobe_steps = None if chosen == "training" else request.options.steps
     if msprobe_steps is None and chosen == "inference":
         msprobe_steps = [0]
     # consistency: every step. One msprobe step is one dumped forward, and the two sides count
@@ -517,9 +505,9 @@ def _configs(
         doc = msprobe_config.build_config(
             spec.role,
             spec.dump_path,
-            level=request.level,
+            level=request.options.level,
             steps=msprobe_steps,
-            ranks=request.ranks,
+            ranks=request.options.ranks,
             task=request.task,
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
@@ -583,6 +571,7 @@ def _check_derived(
         ctx.options,
         ctx.config_dir,
         ctx.dump_dir,
+        ctx.dump_dir_given,
     )
     dctx.detection.mode = chosen
     dreq = _mode_requirements(dctx, chosen, request.with_weights)
@@ -610,7 +599,13 @@ def plan(request: PlanRequest) -> Plan:
     _check_choices(request, chosen)
     layout = _layout(request, chosen)
     ctx = build_context(
-        script, detection, versions, _options(request, layout), layout.config_dir, layout.dump_root
+        script,
+        detection,
+        versions,
+        request.options,
+        layout.config_dir,
+        layout.dump_root,
+        dump_dir_given=bool(request.dump_dir),
     )
     req = _mode_requirements(ctx, chosen, request.with_weights)
     if os.path.abspath(layout.derived_path) == os.path.abspath(path):

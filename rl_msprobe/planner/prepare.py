@@ -40,12 +40,12 @@ def prepare(
     force: bool = False,
     argv: list[str] | None = None,
 ) -> Plan | MsprobeMissing:
-    """Probe msprobe in `request.python`, plan against the given trees, write the derived script,
+    """Probe msprobe in `request.options.python`, plan against the given trees, write the derived script,
     its configs and the --python record (all or nothing; refused plans write nothing).
 
     `argv`: the command line as given (sys.argv[1:]), for the derived script's "Regenerate with"."""
     notes: list[str] = []
-    python = request.python
+    python = request.options.python
     if request.mode not in NO_MSPROBE_MODES:
         if python and env_check:
             from rl_msprobe.planner import env

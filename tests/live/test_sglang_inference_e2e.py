@@ -9,14 +9,25 @@ check` on what it wrote, `patch revert` and a byte-identical sglang tree.
   msprobe), one `rank{R}` per DP replica (rank_id=gpu_id: both replicas are rank 0 of their own
   TP group). verl itself passes `tp_size = tp x dp` for DP attention, a GPU path; here each
   replica has TP 1.
-- SGLang 0.5.23 (``native``): prepare prints no patch set; the derived command passes
+- SGLang 0.5.23 (``native``): prepare prints no dump set; the derived command passes
   `engine_kwargs.sglang.msprobe_dump_config`, which SGLang itself reads; `sglang-dump` is refused.
+  The same engine also carries `prepare --weights` (issue 22): prepare prints `verl-weights` (the
+  actor's tree) and `sglang-weights` (applied here), the derived command gives the engine
+  RL_MSPROBE_WEIGHTS_DIR, and after the generation three weight syncs run through the engine's
+  real `update_weights_from_tensor` (WeightUpdater in 0.5.23), 3 buckets each, the actor's
+  tensors fingerprinted as sent by the same helper: as sent, one tensor scaled x1.001 inside the
+  load (SGLang's own custom weight loader) and one after it was sent; `weights compare` must say
+  EQUAL for the first and name exactly each planted tensor and stage. (The patch shape's engine
+  runs DP=2, where SGLang refuses update_weights_from_tensor: its ModelRunner shape is proven by
+  the release matrix, tests/weights/test_release_matrix.py.)
 
 One engine per shape (module-scoped), its dumps reused by every check. Measured here (2 cores
 shared with four other sessions, load 10-18, 2026-12-01): the whole module 426 s warm (`-m e2e`,
 9 passed): the patch shape (DP=2) 217-224 s (CLI steps, engine start, 4 dumped forwards per
 replica, revert), the native shape 165-227 s, the refusal check 7-9 s; cold, add the venv builds
-(tests/support/sglang_venv.py: 204 s and 801 s under that load).
+(tests/support/sglang_venv.py: 204 s and 801 s under that load). The weight syncs ride on the
+native engine (no engine of their own): its five tests took 122 s with them (2026-12-02, the
+weight phase = loading the actor's tensors, three 3-bucket syncs, one `weights compare`).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ STEPS = (0, 1, 2, 3)  # per rank: the prefill(s), then decode steps
 # without it both would write rank0), the native shape one; one engine start each
 DP = {"patch": 2, "native": 1}
 EXTEND, DECODE = 1, 2  # sglang ForwardMode (0.4 ... 0.5.23)
+WEIGHTS = {"native"}  # the shapes whose engine also runs the weight syncs (DP=1)
+PLANT = sglang_live.WeightPlant()
 
 
 @pytest.fixture(scope="module", params=["patch", "native"])
@@ -46,8 +59,12 @@ def run(request, tmp_path_factory):
     dp = (f"actor_rollout_ref.rollout.data_parallel_size={DP[shape]}",) if DP[shape] > 1 else ()
     script.write_text(sglang_live.plain_script(model, *dp))
     steps = ",".join(map(str, STEPS))
-    with sglang_live.session(python, script, work, "--steps", steps) as flow:
-        engine = sglang_live.run_engine(python, model, flow.env, flow.server_args, work)
+    weights = ("--weights",) if shape in WEIGHTS else ()
+    with sglang_live.session(python, script, work, "--steps", steps, *weights) as flow:
+        server_args, plan = flow.server_args, None
+        if weights:
+            server_args, plan = {**server_args, **PLANT.write(work)}, PLANT.plan()
+        engine = sglang_live.run_engine(python, model, flow.env, server_args, work, weights=plan)
         tree = sglang_live.sglang_tree(python)
         patched = sorted(str(p.relative_to(tree)) for p in tree.rglob("rl_msprobe_*.py"))
     return shape, flow, engine, patched
@@ -65,10 +82,11 @@ def test_prepare_asks_for_what_the_shape_needs(run):
         assert "msprobe_dump_config" not in flow.server_args, flow.argv  # a TypeError below 0.5.11
         assert patched == ["srt/model_executor/rl_msprobe_dump.py"], patched
     else:
-        assert flow.sets == [], flow.prepared
+        assert flow.sets == ["verl-weights", "sglang-weights"], flow.prepared  # --weights only
+        assert flow.sglang_sets == ["sglang-weights"], flow.prepared
         assert flow.server_args.get("msprobe_dump_config") == config, flow.argv
         assert "MSPROBE_ROLLOUT_CONFIG" not in flow.env, flow.argv
-        assert patched == [], patched
+        assert patched == ["srt/rl_msprobe_weights.py"], patched
 
 
 def test_the_engine_runs_and_dumps_one_rank_per_dp_replica(run):
@@ -123,6 +141,41 @@ def test_dumps_check_reads_them_as_inference(run):
     code, report, proc = live_flow.cli_json("dumps", "check", str(flow.dump_root))
     assert code == 0 and report["ok"], live_flow.describe(proc)
     assert report["mode"] == "inference", report
+
+
+def test_weight_syncs_are_equal_then_name_each_planted_tensor(run):
+    """Sync 1 EQUAL with every model tensor accounted for; sync 2 exactly PLANT.resident, stage
+    resident (received equal); sync 3 exactly PLANT.transfer, stage received (resident equal to
+    what was received); the first difference is sync 2's."""
+    shape, flow, engine, _ = run
+    if shape not in WEIGHTS:  # DP=2: no weight sync ran, and prepare was not asked for one
+        assert engine.result.get("weight_syncs") is None and "RL_MSPROBE_WEIGHTS_DIR" not in flow.env
+        return
+    assert engine.returncode == 0 and engine.result.get("weight_syncs"), engine.tail()
+    sent = {s["tensors"] for s in engine.result["weight_syncs"]}
+    assert len(engine.result["weight_syncs"]) == 3 and len(sent) == 1, engine.result
+    assert all(s["buckets"] == PLANT.buckets for s in engine.result["weight_syncs"]), engine.result
+    folder = Path(flow.env["RL_MSPROBE_WEIGHTS_DIR"])
+    code, doc, proc = live_flow.cli_json("weights", "compare", str(folder))
+    assert code == 1 and doc["verdict"] == "DIFFERENT", live_flow.describe(proc)
+    steps = {s["sync"]: s for s in doc["steps"]}
+    assert sorted(steps) == [1, 2, 3], doc["steps"]
+    (count,) = sent
+    first = steps[1]
+    assert first["verdict"] == "EQUAL" and first["tp_size"] == 1, first
+    assert first["sent_tensors"] == first["model_tensors"] == count, first
+    differs = {
+        sync: sorted((r["name"], stage) for r in doc["tensors"] if r["sync"] == sync
+                     for stage in ("received", "resident") if r[stage]["status"] == "differs")
+        for sync in steps
+    }  # fmt: skip
+    assert differs == {1: [], 2: [(PLANT.resident, "resident")], 3: [(PLANT.transfer, "received")]}, differs
+    for sync in (2, 3):
+        assert steps[sync]["sent_tensors"] == steps[sync]["model_tensors"] == count, steps[sync]
+    held = [r for r in doc["tensors"] if r["sync"] == 1 and r["resident"]["status"] != "tied"]
+    assert held and {r.get("how") for r in held} == {"parameter"}, held[:3]  # SGLang keeps its parameters
+    fd = doc["first_difference"]
+    assert (fd["sync"], fd["name"], fd["stage"]) == (2, PLANT.resident, "resident"), fd
 
 
 def test_sglang_dump_is_refused_where_sglang_dumps_itself():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -16,13 +17,20 @@ from rl_msprobe.cli import main
 from rl_msprobe.errors import UserError
 from rl_msprobe.launch.overrides import Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
+from rl_msprobe.planner.modes.base import Options
 
 from .conftest import CORPUS
 
 
 def plan(name: str, mode: str, tmp_path: Path, **kw: object) -> planner.Plan:
+    """`kw`: PlanRequest fields and Options fields (stages=, backend=, ...), as prepare's flags mix them."""
     text = (CORPUS / name).read_text()
-    request = planner.PlanRequest(text, str(tmp_path / name), mode=mode, out_dir=str(tmp_path), **kw)  # type: ignore[arg-type]
+    choices = {f.name for f in dataclasses.fields(Options)}
+    options = Options(**{k: v for k, v in kw.items() if k in choices})  # type: ignore[arg-type]
+    rest = {k: v for k, v in kw.items() if k not in choices}
+    request = planner.PlanRequest(
+        text, str(tmp_path / name), mode=mode, out_dir=str(tmp_path), options=options, **rest
+    )  # type: ignore[arg-type]
     return planner.plan(request)
 
 
@@ -321,7 +329,9 @@ def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
     p = planner.plan(planner.PlanRequest(text, path, mode="consistency", out_dir=str(tmp_path)))
     assert p.refused and p.violations[0].rule == "consistency.train_backend"
     p = planner.plan(
-        planner.PlanRequest(text, path, mode="consistency", out_dir=str(tmp_path), train_backend="megatron")
+        planner.PlanRequest(
+            text, path, mode="consistency", out_dir=str(tmp_path), options=Options(train_backend="megatron")
+        )
     )
     assert not p.refused and not p.violations
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1  # the actor's default TP
@@ -425,7 +435,7 @@ def test_ref_stage_only_where_a_reference_model_runs(tmp_path: Path, kl: str, re
             str(tmp_path / "run.sh"),
             mode="training",
             out_dir=str(tmp_path),
-            stages=["ref_compute_log_prob"],
+            options=Options(stages=["ref_compute_log_prob"]),
         )
     )
     missing = [n for n in asked.notes if "its dumps will be missing" in n]

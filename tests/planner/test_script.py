@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_msprobe.launch.script import ShellSyntaxError, parse_script
+from rl_msprobe.launch.bash import ShellSyntaxError
+from rl_msprobe.launch.script import parse_script
 
 
 def args_of(text: str) -> list[str | None]:

@@ -38,18 +38,57 @@ ENGINE_SCRIPT = r"""
 import json, os, sys
 spec = json.loads(sys.argv[1])
 
+def sync_weights(engine, plan):
+    # PLAN's weight syncs, the way verl's SGLang rollout does one: the actor's tensors (its state
+    # dict, tied names included, as get_per_tensor_param yields them) go through the patched tree's
+    # own `sent` fingerprint and then, bucket by bucket, to the engine's update_weights_from_tensor.
+    # A sync may name a tensor to alter after it was fingerprinted as sent (a transfer fault) and a
+    # load_format (SGLang's custom weight loader: a fault inside the load).
+    import torch
+    from transformers import AutoModelForCausalLM
+    from sglang.srt import rl_msprobe_weights
+
+    actor = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    done = []
+    for step, sync in enumerate(plan["syncs"], 1):
+        items = [(name, t.detach().clone()) for name, t in actor.state_dict().items()]
+        tensors = []
+        for name, tensor in rl_msprobe_weights.sent(iter(items), step):
+            if name == sync.get("transfer"):
+                tensor = tensor * plan["scale"]  # after the sent fingerprint, before the engine
+            tensors.append((name, tensor))
+        size = -(-len(tensors) // plan["buckets"])
+        buckets = [tensors[i : i + size] for i in range(0, len(tensors), size)]
+        session = hasattr(engine, "begin_weight_update")  # newer SGLang brackets a sync's updates
+        if session:
+            engine.begin_weight_update()
+        for i, bucket in enumerate(buckets):
+            ok, message = engine.update_weights_from_tensor(
+                bucket, load_format=sync.get("load_format"), flush_cache=i == len(buckets) - 1
+            )[:2]
+            if not ok:
+                raise RuntimeError(f"sync {step} bucket {i}: {message}")
+        if session:
+            engine.end_weight_update()
+        done.append({"step": step, "tensors": len(tensors), "buckets": len(buckets)})
+    return done
+
+
 def main():
     import sglang
     engine = sglang.Engine(model_path=spec["model"], device="cpu", max_total_tokens=spec["kv_tokens"],
                            log_level="warning", random_seed=0, **spec["server_args"])
+    synced = None
     try:
         outs = engine.generate(spec["prompts"], {"max_new_tokens": spec["max_new_tokens"], "temperature": 0})
+        if spec.get("weights"):
+            synced = sync_weights(engine, spec["weights"])
     finally:
         engine.shutdown()
     print("RESULT " + json.dumps({"texts": [o["text"] for o in outs],
                                   "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
                                   "main_imported_msprobe": "msprobe" in sys.modules,
-                                  "sglang": sglang.__version__}))
+                                  "sglang": sglang.__version__, "weight_syncs": synced}))
 
 if __name__ == "__main__":
     main()
@@ -111,15 +150,23 @@ class EngineRun:
 
 
 def run_engine(
-    python: Path, model: Path, env: dict[str, str], server_args: dict, cwd: Path, timeout: int = 900
+    python: Path,
+    model: Path,
+    env: dict[str, str],
+    server_args: dict,
+    cwd: Path,
+    timeout: int = 900,
+    weights: dict | None = None,
 ) -> EngineRun:
-    """SGLang's offline Engine in the venv with ENV and SERVER_ARGS: 2 prompts, greedy."""
+    """SGLang's offline Engine in the venv with ENV and SERVER_ARGS: 2 prompts, greedy; then the
+    weight syncs of WEIGHTS (`WeightPlant.plan`), if any, on the same engine."""
     spec = {
         "model": str(model),
         "kv_tokens": KV_TOKENS,
         "server_args": server_args,
         "prompts": list(PROMPTS),
         "max_new_tokens": MAX_NEW_TOKENS,
+        "weights": weights,
     }
     full_env = {
         **{
@@ -178,6 +225,13 @@ class Session:
         return list(self.prepared["patch_sets"])
 
     @property
+    def sglang_sets(self) -> list[str]:
+        """The printed sets that patch the SGLang tree."""
+        from rl_msprobe.patches import get_set
+
+        return [name for name in self.sets if get_set(name).project == "sglang"]
+
+    @property
     def dump_root(self) -> Path:
         return Path(json.loads(Path(self.prepared["configs"]["generate"]).read_text())["dump_path"])
 
@@ -209,21 +263,55 @@ def session(python: Path, script: Path, work: Path, *prepare_args: str):
         env, server_args = implied_engine(calls[0])
         flow = Session(python, script, detection, prepared, calls[0], env, server_args)
         applied = False
+        ours = flow.sglang_sets  # prepare may also print verl's sets (verl-weights): not this venv's tree
         try:
-            if flow.sets:
+            if ours:
                 code, flow.applied, proc = live_flow.cli_json(
-                    "patch", "apply", *flow.sets, "--python", str(python)
+                    "patch", "apply", *ours, "--python", str(python)
                 )
                 assert code == 0, live_flow.describe(proc)
                 applied = True
             yield flow
         finally:
             if applied:
-                proc = live_flow.cli("patch", "revert", *flow.sets, "--python", str(python))
+                proc = live_flow.cli("patch", "revert", *ours, "--python", str(python))
                 assert proc.returncode == 0, live_flow.describe(proc)
             after = vllm_cpu.tree_digest(tree)
             changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
             assert not changed, f"site-packages/sglang differs after `patch revert`: {changed[:20]}"
+
+
+@dataclass(frozen=True)
+class WeightPlant:
+    """Weight syncs for an engine that runs with `--weights` (sglang-weights applied): sync 1 as
+    sent, sync 2 with RESIDENT scaled inside the load (SGLang's own custom weight loader, test-only
+    code, in every TP rank's scheduler), sync 3 with TRANSFER scaled after it was fingerprinted as
+    sent. Each sync in BUCKETS update_weights_from_tensor calls, as verl sends them."""
+
+    resident: str = "model.layers.1.mlp.gate_proj.weight"  # fused into gate_up_proj
+    transfer: str = "model.layers.0.self_attn.o_proj.weight"
+    scale: float = 1.001
+    buckets: int = 3
+    module: str = "rl_msprobe_weight_plant"
+
+    @property
+    def loader(self) -> str:
+        return f"{self.module}.scale_one"
+
+    def write(self, folder: Path) -> dict:
+        """The loader module in FOLDER (the engine's cwd, on its schedulers' path); the server
+        arguments and environment that register it."""
+        (folder / f"{self.module}.py").write_text(
+            '"""Test-only SGLang custom weight loader: scales one tensor, then loads as SGLang does."""\n\n\n'
+            "def scale_one(model, named_tensors):\n"
+            f"    named_tensors = [(n, t * {self.scale!r} if n == {self.resident!r} else t) for n, t in named_tensors]\n"
+            "    model.load_weights(named_tensors)\n"
+        )
+        return {"custom_weight_loader": [self.loader]}
+
+    def plan(self) -> dict:
+        syncs = [{}, {"load_format": self.loader}, {"transfer": self.transfer}]
+        return {"syncs": syncs, "scale": self.scale, "buckets": self.buckets}
 
 
 def python_or_skip(shape: str) -> Path:

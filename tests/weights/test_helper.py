@@ -121,3 +121,93 @@ def test_one_pass_is_the_whole_tensor_definition(monkeypatch):
         assert (fp["min"], fp["max"]) == (finite.min(), finite.max())
         assert math.isclose(fp["sum"], math.fsum(finite), rel_tol=1e-12, abs_tol=1e-9)
         assert math.isclose(fp["sumsq"], math.fsum(finite * finite), rel_tol=1e-12)
+
+
+class _StackedModel(torch.nn.Module):
+    """A model that says its fused parts the way SGLang's Qwen2 does (no packed_modules_mapping)."""
+
+    bitsandbytes_stacked_params_mapping = {
+        "v_proj": ("qkv_proj", 2),
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.Module()
+        self.attn.qkv_proj = _Fused()
+        self.norm = torch.nn.Module()
+        self.norm.weight = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+        self.scale: dict[str, float] = {}  # test-only: a fault inside the load
+
+    def load_weights(self, named):
+        offsets = {"q_proj": (0, 2), "k_proj": (2, 1), "v_proj": (3, 3)}
+        for name, tensor in named:
+            if name == "norm.weight":
+                self.norm.weight.data.copy_(tensor)
+                continue
+            start, size = offsets[name.split(".")[1]]
+            self.attn.qkv_proj.weight.data[start : start + size] = tensor * self.scale.get(name, 1.0)
+
+
+def _runner(helper, model):
+    """An SGLang-shaped engine (the lines sglang-weights puts in): one update call per bucket."""
+
+    class Runner:
+        def __init__(self):
+            self.model = model
+
+        @helper.engine_call
+        def update_weights_from_tensor(self, named):
+            helper.call_received(self, named)
+            self.model.load_weights(named)
+
+    return Runner()
+
+
+def test_a_bucketed_engine_fingerprints_each_call_and_counts_syncs(tmp_path, monkeypatch):
+    """Per call: received as it arrives, resident of what it loaded (fused parts split by the stacked
+    mapping); a name seen again starts the next sync; the meta lists every name the model holds."""
+    from rl_msprobe.weights.compare import compare_run
+    from rl_msprobe.weights.records import read_run
+
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    model = _StackedModel()
+    runner = _runner(helper, model)
+    g = torch.Generator().manual_seed(11)
+    tensors = {
+        "attn.q_proj.weight": torch.randn(2, 4, generator=g),
+        "attn.k_proj.weight": torch.randn(1, 4, generator=g),
+        "attn.v_proj.weight": torch.randn(3, 4, generator=g),
+        "norm.weight": torch.randn(4, generator=g),
+    }
+    names = list(tensors)
+    for sync, scale in ((1, {}), (2, {"attn.k_proj.weight": 1.001})):
+        model.scale = scale  # a fault inside the load at sync 2
+        sent = list(helper.sent(iter(tensors.items()), sync))
+        for bucket in (sent[:1], sent[1:3], sent[3:]):  # q | k, v | norm: the fused layer spans two calls
+            runner.update_weights_from_tensor(bucket)
+    doc = compare_run(read_run(tmp_path))
+    assert [s["verdict"] for s in doc["steps"]] == ["EQUAL", "DIFFERENT"], doc["steps"]
+    assert all(s["sent_tensors"] == s["model_tensors"] == len(names) for s in doc["steps"]), doc["steps"]
+    fd = doc["first_difference"]
+    assert (fd["sync"], fd["name"], fd["stage"]) == (2, "attn.k_proj.weight", "resident"), fd
+    meta = [json.loads(x) for p in tmp_path.glob("resident-*.jsonl") for x in p.read_text().splitlines()]
+    holds = {tuple(m["holds"]) for m in meta if m["stage"] == "resident-meta"}
+    assert holds == {("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "norm.weight")}
+
+
+def test_a_held_tensor_never_sent_is_never_equal(tmp_path, monkeypatch):
+    from rl_msprobe.weights.compare import compare_run
+    from rl_msprobe.weights.records import read_run
+
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    runner = _runner(helper, _StackedModel())
+    partial = [("norm.weight", torch.full((4,), 2.0))]
+    runner.update_weights_from_tensor(list(helper.sent(iter(partial), 1)))
+    doc = compare_run(read_run(tmp_path))
+    assert doc["verdict"] == "NOT COMPARED", doc["steps"]
+    missing = {r["name"] for r in doc["tensors"] if r["resident"]["status"] == "missing"}
+    assert missing == {"attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"}, doc["tensors"]

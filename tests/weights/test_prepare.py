@@ -47,10 +47,18 @@ def test_weights_flag_adds_to_another_mode(tmp_path):
     assert "verl-weights" not in plain["patch_sets"]
 
 
-def test_sglang_rollout_is_refused_with_the_reason(tmp_path):
+def test_sglang_rollout_gets_the_sglang_side_too(tmp_path):
+    """verl-weights for the actor (verl tree), sglang-weights for the engine (SGLang tree): one
+    patch command per tree, and the folder reaches the Ray workers SGLang's schedulers inherit."""
     code, doc, _ = _prepare(tmp_path, SGLANG, "--mode", "weights")
-    assert code == 1 and not doc["written"]
-    assert doc["violations"][0]["rule"] == "weights.rollout"
+    assert code == 0 and doc["written"], doc
+    assert doc["patch_sets"] == ["verl-weights", "sglang-weights"]
+    commands = doc["patch_commands"]
+    assert len(commands) == 2, commands
+    assert any("verl-weights" in c and "sglang-weights" not in c for c in commands), commands
+    assert any("sglang-weights" in c and "verl-weights" not in c for c in commands), commands
+    derived = (tmp_path / "run_weights_qwen3_8b_arrays_fsdp_sglang.sh").read_text()
+    assert f"ray_kwargs.ray_init.runtime_env.env_vars.{VAR}" in derived
 
 
 def test_detect_by_hint():

@@ -1,5 +1,7 @@
 """verl-weights on every verl release the other verl sets support, and the vLLM code its resident
-fingerprints read at run time on the vLLM releases the vllm-dump tests fetch (cached)."""
+fingerprints read at run time on the vLLM releases the vllm-dump tests fetch (cached); sglang-weights
+on the SGLang releases the sglang sets support (ModelRunner's update_weights_from_tensor, cached
+releases; 0.5.23's WeightUpdater is patched and run live in tests/live/test_sglang_inference_e2e.py)."""
 
 from __future__ import annotations
 
@@ -40,13 +42,17 @@ VLLM_SHAPE = {
 }
 
 
-@pytest.mark.parametrize("version", PATCHED)
-def test_full_cycle(version, tmp_path):
-    tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
-    status = full_cycle(tree, ["verl-weights"])
+def _cycle(project: str, version: str, patch_set: str, folder) -> set[str]:
+    """Apply, check, re-apply, revert byte-exactly (tests/support/trees.full_cycle): the files patched."""
+    status = full_cycle(scratch_copy(project, version, folder / f"{project}-{version}"), [patch_set])
     (entry,) = status["sets"]
     assert entry["status"] == "applied"
-    assert {f["path"] for f in entry["files"]} == FILES
+    return {f["path"] for f in entry["files"] if f["status"] == "applied"}
+
+
+@pytest.mark.parametrize("version", PATCHED)
+def test_full_cycle(version, tmp_path):
+    assert _cycle("verl", version, "verl-weights", tmp_path) == FILES
 
 
 @pytest.mark.parametrize("version", sorted(REFUSED))
@@ -63,3 +69,52 @@ def test_the_vllm_names_the_resident_side_reads_exist(version):
         text = (root / path).read_text(encoding="utf-8")
         missing = [w for w in words if w not in text]
         assert not missing, f"vLLM {version} {path}: {missing}"
+
+
+SGLANG_FILES = {"sglang/srt/rl_msprobe_weights.py", "sglang/srt/model_executor/model_runner.py"}
+# full cycle: the oldest release, the last 0.4, the first with a flattened-bucket path, the newest
+# sglang-dump release and verl 0.9.1's pin; every other cached release: the diff applies
+SGLANG_FULL = ["0.4.6.post5", "0.4.10.post2", "0.5.1", "0.5.10.post1", "0.5.12"]
+SGLANG_DIFF = [
+    "0.4.7.post1",
+    "0.4.8.post1",
+    "0.4.9.post2",
+    "0.5.2",
+    "0.5.3.post3",
+    "0.5.6.post2",
+    "0.5.9",
+    "0.5.11",
+]
+FLATTENED_SINCE = "0.5.1"
+
+
+def _sglang_added(version: str) -> list[str]:
+    code, out, err = run_cli(
+        "patch", "diff", "sglang-weights", "--tree", f"release:sglang=={version}", "--exit-code"
+    )
+    assert code == 1, err
+    return [
+        line[1:].strip() for line in out.splitlines() if line.startswith("+") and "rl-msprobe:sglang" in line
+    ]
+
+
+@pytest.mark.parametrize("version", SGLANG_FULL)
+def test_sglang_full_cycle(version, tmp_path):
+    assert _cycle("sglang", version, "sglang-weights", tmp_path) == SGLANG_FILES
+
+
+@pytest.mark.parametrize("version", SGLANG_FULL + SGLANG_DIFF)
+def test_sglang_lines_per_shape(version):
+    """The decorator, the received line after the per-rank unpacking and, from 0.5.1, the same
+    line in the flattened-bucket path: one each, on ModelRunner."""
+    from packaging.version import Version
+
+    added = _sglang_added(version)
+    received = [line for line in added if line.startswith("rl_msprobe_weights.call_received(self, ")]
+    assert sum(line.startswith("@rl_msprobe_weights.engine_call") for line in added) == 1, added
+    expected = (
+        ["named_tensors", "reconstructed_tensors"]
+        if Version(version) >= Version(FLATTENED_SINCE)
+        else ["named_tensors"]
+    )
+    assert [line.split(", ")[1].split(")")[0] for line in received] == expected, added

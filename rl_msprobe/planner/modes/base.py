@@ -145,17 +145,16 @@ class ConfigSpec:
     env_name: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    out_dir: str | None = None
-    dump_dir: str | None = None
+    """The user's choices that shape a mode's rules (prepare's and check's options)."""
+
     level: str = "mix"
     steps: list[int] | None = None
     ranks: list[int] | None = None
     stages: list[str] | None = None
     backend: str | None = None  # rollout engine forced by the user
     pd: bool | None = None
-    dump_dir_given: bool = False
     train_backend: str | None = None  # training backend forced by the user
     python: str | None = None  # prepare --python: the interpreter that runs verl
 
@@ -169,6 +168,7 @@ class Context:
     options: Options
     config_dir: str  # absolute folder where the msprobe configs live (prepare) or are expected
     dump_dir: str  # absolute dump root
+    dump_dir_given: bool = False  # --dump-dir: the user's folder wins over a save_path the script sets
 
     @property
     def rollout(self) -> str:

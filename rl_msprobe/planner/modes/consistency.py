@@ -29,21 +29,14 @@ layers as inference rank r, so PP is paired with the rollout's PP here.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from packaging.version import Version
 
-from rl_msprobe.planner.modes.base import (
-    MISSING,
-    ConfigSpec,
-    Context,
-    EnvVar,
-    Requirements,
-    Setting,
-    Violation,
-    too_old,
-)
+from rl_msprobe.planner.modes.base import MISSING, ConfigSpec, Context, Requirements, Violation
 from rl_msprobe.planner.modes.inference import rollout_requirements
+from rl_msprobe.planner.modes.rules import Condition, EnvRule, From, Rule, VersionRule, apply, first_too_old
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -53,14 +46,6 @@ MEGATRON_PAIRS = (
     ("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
     ("expert_model_parallel_size", "expert_parallel_size"),
 )
-
-
-def _false(value: Any) -> bool:
-    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
-
-
-def _true(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
 # verl's / vLLM's names for a dtype -> the FSDP mixed-precision name (verl's PrecisionType).
@@ -84,29 +69,6 @@ def precision(value: Any) -> str | None:
     return _PRECISION.get(str(value).strip().lower().removeprefix("torch."))
 
 
-def _dtype_alignment(ctx: Context, req: Requirements) -> None:
-    """FSDP: the actor's mixed-precision param dtype = the rollout's dtype."""
-    value, origin = ctx.value(R + "dtype")
-    rollout = precision(value) if origin != "runtime" else None
-    if rollout is None:
-        req.unverifiable.append(
-            f"{R}dtype is {value if origin != 'runtime' else 'only known at run time'}: cannot align "
-            f"{PARAM_DTYPE} with it"
-        )
-        return
-    req.add(
-        Setting(
-            "consistency.dtype.param_dtype",
-            PARAM_DTYPE,
-            rollout,
-            "++",
-            f"the actor's FSDP forward computes in mixed_precision.param_dtype (bf16 unless set; "
-            f"fsdp_config.dtype does not change it): it must be the rollout's dtype ({value})",
-            accept=lambda found: precision("bf16" if found is None else found) == rollout,
-        )
-    )
-
-
 def world_sizes(ctx: Context) -> tuple[int | None, int | None]:
     """(training devices, rollout devices); None where the script leaves it to run time."""
     gpus, nodes = ctx.int_value("trainer.n_gpus_per_node"), ctx.int_value("trainer.nnodes")
@@ -117,128 +79,311 @@ def world_sizes(ctx: Context) -> tuple[int | None, int | None]:
     return train, train
 
 
-def requirements(ctx: Context) -> Requirements:
-    req = Requirements()
-    rollout_requirements(ctx, req)
-    actor_path = os.path.join(ctx.config_dir, "config_actor.json")
-    req.configs.append(
-        ConfigSpec(
-            "actor", "config_actor.json", os.path.join(ctx.dump_dir, "actor"), None, "MSPROBE_ACTOR_CONFIG"
-        )
-    )
-    # TORCHDYNAMO_DISABLE is required here, not only recommended
-    req.env = [e for e in req.env if e.name != "TORCHDYNAMO_DISABLE"]
-    for name, value, why in (
-        ("DUMP_ON", "1", "switches the patched verl engine's dump hooks on"),
-        (
-            "PROMPTS_ONLY",
-            "1",
-            "the actor also runs (and dumps) a prompts-only copy of each batch: the rollout's prefill",
-        ),
-        ("DUMP_PHASE", "log_prob", "dump the log-prob forward (the prefill), not the update"),
-        ("TORCHDYNAMO_DISABLE", "1", "torch.compile would hide modules from msprobe"),
-    ):
-        req.env.append(EnvVar(f"consistency.env.{name}", name, value, why))
-    req.env.append(
-        EnvVar(
-            "consistency.env.MSPROBE_ACTOR_CONFIG",
-            "MSPROBE_ACTOR_CONFIG",
-            actor_path,
-            "the patched engine's msprobe config (with dump_path)",
-            accept=os.path.isabs,
-        )
-    )
+def _data_parallel_size(ctx: Context) -> int | None:
+    """The training DP size (None when only known at run time): FSDP — every device; Megatron — world / (TP·PP·CP)."""
+    train_world, _ = world_sizes(ctx)
+    if ctx.backend == "megatron":
+        tp = ctx.int_value(A + "megatron.tensor_model_parallel_size")
+        pp = ctx.int_value(A + "megatron.pipeline_model_parallel_size")
+        cp = ctx.int_value(A + "megatron.context_parallel_size") or 1
+        dp = train_world // (tp * pp * cp) if train_world is not None and tp and pp else None
+    else:
+        dp = train_world
+    return dp if dp is not None and dp >= 1 else None
 
-    if ctx.detection.device != "npu":
-        req.env.append(
-            EnvVar(
-                "consistency.env.CUBLAS_WORKSPACE_CONFIG",
-                "CUBLAS_WORKSPACE_CONFIG",
-                ":4096:8",
-                "the verl-engine helper calls msprobe's seed_all(mode=True), i.e. "
-                "torch.use_deterministic_algorithms(True); cuBLAS then raises without this",
-                required=False,
-            )
-        )
-        req.notes.append(
-            "The engine helper makes torch deterministic (DUMP_DETERMINISTIC=1, msprobe seed_all): a "
-            "non-deterministic kernel then raises. CUBLAS_WORKSPACE_CONFIG=:4096:8 is set for cuBLAS; if another "
-            "op still raises, export DUMP_DETERMINISTIC=0 (seed only)."
-        )
+
+def _rollout_precision(ctx: Context) -> str | None:
+    value, origin = ctx.value(R + "dtype")
+    return precision(value) if origin != "runtime" else None
+
+
+def _rollout_dtype_text(ctx: Context) -> str:
+    value, origin = ctx.value(R + "dtype")
+    return str(value) if origin != "runtime" else "only known at run time"
+
+
+def _fully_async(ctx: Context) -> bool:
+    return ctx.detection.fully_async
+
+
+def _megatron(ctx: Context) -> bool:
+    return ctx.backend == "megatron"
+
+
+def _fsdp(ctx: Context) -> bool:
+    return ctx.backend == "fsdp"
+
+
+def _engine_workers_off_by_default(ctx: Context) -> bool:
+    """verl 0.7.x: the engine workers exist but the legacy ones run unless the script says otherwise."""
     verl = ctx.version("verl")
-    no_engine = too_old(
-        ctx,
+    return verl is not None and Version("0.7.0") <= verl < Version("0.8.0")
+
+
+def _actor_size(actor_key: str) -> Callable[[Context], int | None]:
+    return lambda ctx: ctx.int_value(A + "megatron." + actor_key)
+
+
+def _ref_sets(actor_key: str) -> Condition:
+    # the ref copies the actor's sizes unless the script sets its own
+    return lambda ctx: _megatron(ctx) and ctx.overrides.get(REF + "megatron." + actor_key) is not None
+
+
+VERSIONS = (
+    VersionRule(
         "consistency.verl_version",
         "verl",
         "0.7.0",
         "in verl before 0.7 the actor always runs the legacy workers (use_legacy_worker_impl switches only "
         "the critic and the reward model), so the patched engine never computes the actor's log-probs: upgrade verl",
+    ),
+)
+
+ENV = (
+    EnvRule("consistency.env.DUMP_ON", "DUMP_ON", "1", "switches the patched verl engine's dump hooks on"),
+    EnvRule(
+        "consistency.env.PROMPTS_ONLY",
+        "PROMPTS_ONLY",
+        "1",
+        "the actor also runs (and dumps) a prompts-only copy of each batch: the rollout's prefill",
+    ),
+    EnvRule(
+        "consistency.env.DUMP_PHASE",
+        "DUMP_PHASE",
+        "log_prob",
+        "dump the log-prob forward (the prefill), not the update",
+    ),
+    # required here, not only recommended as in inference
+    EnvRule(
+        "consistency.env.TORCHDYNAMO_DISABLE",
+        "TORCHDYNAMO_DISABLE",
+        "1",
+        "torch.compile would hide modules from msprobe",
+    ),
+    EnvRule(
+        "consistency.env.MSPROBE_ACTOR_CONFIG",
+        "MSPROBE_ACTOR_CONFIG",
+        lambda ctx: os.path.join(ctx.config_dir, "config_actor.json"),
+        "the patched engine's msprobe config (with dump_path)",
+        accept=os.path.isabs,
+    ),
+    EnvRule(
+        "consistency.env.CUBLAS_WORKSPACE_CONFIG",
+        "CUBLAS_WORKSPACE_CONFIG",
+        ":4096:8",
+        "the verl-engine helper calls msprobe's seed_all(mode=True), i.e. "
+        "torch.use_deterministic_algorithms(True); cuBLAS then raises without this",
+        when=lambda ctx: ctx.detection.device != "npu",
+        required=False,
+    ),
+)
+
+# one prompt, one sequence, one request at a time, in the order verl received them
+BATCH = (
+    Rule(
+        "consistency.batch.train_batch_size",
+        "data.train_batch_size",
+        1,
+        "one prompt per step",
+        when=lambda ctx: not _fully_async(ctx),
+    ),
+    Rule(
+        "consistency.batch.train_batch_size",
+        "data.train_batch_size",
+        0,
+        "fully-async requires 0",
+        when=_fully_async,
+    ),
+    Rule("consistency.batch.ppo_mini_batch_size", A + "ppo_mini_batch_size", 1, "one prompt per mini-batch"),
+    Rule(
+        "consistency.batch.ppo_micro_batch_size_per_gpu",
+        A + "ppo_micro_batch_size_per_gpu",
+        1,
+        "one sequence per micro-batch, so a dump step is one request",
+    ),
+    Rule(
+        "consistency.batch.log_prob_micro_batch_size_per_gpu",
+        R + "log_prob_micro_batch_size_per_gpu",
+        1,
+        "one sequence per log-prob micro-batch",
+    ),
+    Rule(
+        "consistency.batch.log_prob_micro_batch_size_per_gpu",
+        REF + "log_prob_micro_batch_size_per_gpu",
+        1,
+        "one sequence per ref micro-batch",
+    ),
+    Rule(
+        "consistency.batch.use_dynamic_bsz",
+        A + "use_dynamic_bsz",
+        False,
+        "dynamic batching regroups sequences",
+    ),
+    Rule(
+        "consistency.batch.use_remove_padding",
+        "actor_rollout_ref.model.use_remove_padding",
+        True,
+        "the engine patch expects packed (unpadded) inputs",
+    ),
+    Rule(
+        "consistency.batch.val_before_train",
+        "trainer.val_before_train",
+        False,
+        "validation generations would be dumped first",
+    ),
+    Rule(
+        "consistency.batch.max_num_seqs",
+        R + "max_num_seqs",
+        1,
+        "one request per rollout model step: the n samples of a prompt reach the engine together and "
+        "would otherwise be prefilled in one step, which pairs with no single training micro-batch",
+    ),
+    Rule(
+        "consistency.batch.enable_prefix_caching",
+        R + "enable_prefix_caching",
+        False,
+        "every dumped prefill runs the whole prompt: with prefix caching a later sample of the same "
+        "prompt is a cache hit whose forward covers only the last tokens",
+    ),
+    Rule(
+        "consistency.batch.balance_batch",
+        "trainer.balance_batch",
+        False,
+        "balancing reorders sequences across ranks",
+    ),
+    Rule(
+        "consistency.batch.require_batches",
+        "async_training.require_batches",
+        1,
+        "one batch per training step",
+        when=_fully_async,
+    ),
+    Rule(
+        "consistency.batch.bypass_mode",
+        "algorithm.rollout_correction.bypass_mode",
+        False,
+        "bypass mode (fully-async's default) reuses the rollout's log-probs: the training log-prob forward "
+        "would never run",
+        when=lambda ctx: (
+            _fully_async(ctx) or ctx.overrides.get("algorithm.rollout_correction.bypass_mode") is not None
+        ),
+    ),
+)
+
+# training rank r must hold what inference rank r holds: the same layers, the same shards
+PARALLEL = (
+    *(
+        row
+        for actor_key, rollout_key in MEGATRON_PAIRS
+        for row in (
+            Rule(
+                f"consistency.parallel.{rollout_key}",
+                R + rollout_key,
+                From(
+                    _actor_size(actor_key),
+                    f"{A}megatron.{actor_key} is only known at run time: cannot align {R}{rollout_key}",
+                ),
+                f"Megatron: the rollout's {rollout_key} must equal the actor's {actor_key}",
+                when=_megatron,
+            ),
+            Rule(
+                f"consistency.parallel.ref_{actor_key}",
+                REF + "megatron." + actor_key,
+                From(_actor_size(actor_key)),  # unknown: the actor's row says so
+                f"Megatron: the ref's {actor_key} must equal the actor's",
+                when=_ref_sets(actor_key),
+            ),
+        )
+    ),
+    *(
+        Rule("consistency.batch.sp", key, 1, "Ulysses SP splits a sequence across ranks", when=_fsdp)
+        for key in (
+            A + "ulysses_sequence_parallel_size",
+            A + "fsdp_config.ulysses_sequence_parallel_size",
+            REF + "ulysses_sequence_parallel_size",
+        )
+    ),
+    Rule(
+        "consistency.dtype.param_dtype",
+        PARAM_DTYPE,
+        From(
+            _rollout_precision,
+            lambda ctx: f"{R}dtype is {_rollout_dtype_text(ctx)}: cannot align {PARAM_DTYPE} with it",
+            same=lambda found, rollout: precision("bf16" if found is None else found) == rollout,
+        ),
+        lambda ctx, _: (
+            "the actor's FSDP forward computes in mixed_precision.param_dtype (bf16 unless set; "
+            f"fsdp_config.dtype does not change it): it must be the rollout's dtype ({ctx.value(R + 'dtype')[0]})"
+        ),
+        when=_fsdp,
+        prefix="++",
+    ),
+    Rule(
+        "consistency.parallel.rollout_tp",
+        R + "tensor_model_parallel_size",
+        From(
+            lambda ctx: world_sizes(ctx)[1],
+            "the number of rollout devices is only known at run time: cannot set rollout TP",
+        ),
+        lambda ctx, world: (
+            f"FSDP: rollout TP = the {world} rollout devices, so inference rank r matches training rank r"
+        ),
+        when=_fsdp,
+    ),
+    Rule(
+        "consistency.parallel.rollout_dp",
+        R + "data_parallel_size",
+        1,
+        "FSDP: one rollout replica",
+        when=lambda ctx: _fsdp(ctx) and world_sizes(ctx)[1] is not None,
+    ),
+    Rule(
+        "consistency.batch.n",
+        R + "n",
+        From(
+            _data_parallel_size,
+            "the data-parallel size is only known at run time: cannot set actor_rollout_ref.rollout.n",
+        ),
+        lambda ctx, dp: f"rollout.n = DP ({dp}) gives every training rank one sequence",
+    ),
+)
+
+
+def requirements(ctx: Context) -> Requirements:
+    req = Requirements()
+    rollout_requirements(ctx, req)
+    req.configs.append(
+        ConfigSpec(
+            "actor", "config_actor.json", os.path.join(ctx.dump_dir, "actor"), None, "MSPROBE_ACTOR_CONFIG"
+        )
     )
+    apply(ctx, req, ENV)
+    if ctx.detection.device != "npu":
+        req.notes.append(
+            "The engine helper makes torch deterministic (DUMP_DETERMINISTIC=1, msprobe seed_all): a "
+            "non-deterministic kernel then raises. CUBLAS_WORKSPACE_CONFIG=:4096:8 is set for cuBLAS; if another "
+            "op still raises, export DUMP_DETERMINISTIC=0 (seed only)."
+        )
+    no_engine = first_too_old(ctx, VERSIONS)
     if no_engine is not None:
         req.violations.append(no_engine)
-    elif verl is not None and verl < Version("0.8.0"):
-        req.add(
-            Setting(
+    apply(
+        ctx,
+        req,
+        [
+            Rule(
                 "consistency.engine_workers",
                 "trainer.use_legacy_worker_impl",
                 "disable",
-                "",
-                f"verl {verl} runs the legacy workers by default; the patched engine runs only with this",
-            )
-        )
-
-    fully_async = ctx.detection.fully_async
-    batch: list[tuple[str, Any, str]] = [
-        (
-            "data.train_batch_size",
-            0 if fully_async else 1,
-            "one prompt per step" if not fully_async else "fully-async requires 0",
-        ),
-        (A + "ppo_mini_batch_size", 1, "one prompt per mini-batch"),
-        (
-            A + "ppo_micro_batch_size_per_gpu",
-            1,
-            "one sequence per micro-batch, so a dump step is one request",
-        ),
-        (R + "log_prob_micro_batch_size_per_gpu", 1, "one sequence per log-prob micro-batch"),
-        (REF + "log_prob_micro_batch_size_per_gpu", 1, "one sequence per ref micro-batch"),
-        (A + "use_dynamic_bsz", False, "dynamic batching regroups sequences"),
-        (
-            "actor_rollout_ref.model.use_remove_padding",
-            True,
-            "the engine patch expects packed (unpadded) inputs",
-        ),
-        ("trainer.val_before_train", False, "validation generations would be dumped first"),
-        (
-            R + "max_num_seqs",
-            1,
-            "one request per rollout model step: the n samples of a prompt reach the engine together and "
-            "would otherwise be prefilled in one step, which pairs with no single training micro-batch",
-        ),
-        (
-            R + "enable_prefix_caching",
-            False,
-            "every dumped prefill runs the whole prompt: with prefix caching a later sample of the same "
-            "prompt is a cache hit whose forward covers only the last tokens",
-        ),
-        ("trainer.balance_batch", False, "balancing reorders sequences across ranks"),
-    ]
-    if fully_async:
-        batch.append(("async_training.require_batches", 1, "one batch per training step"))
-    if fully_async or ctx.overrides.get("algorithm.rollout_correction.bypass_mode") is not None:
-        batch.append(
-            (
-                "algorithm.rollout_correction.bypass_mode",
-                False,
-                "bypass mode (fully-async's default) reuses the rollout's log-probs: the training log-prob forward "
-                "would never run",
-            )
-        )
-    for key, value, why in batch:
-        accept = _false if value is False else _true if value is True else None
-        req.add(Setting(f"consistency.batch.{key.rsplit('.', 1)[-1]}", key, value, "", why, accept=accept))
-
-    train_world, rollout_world = world_sizes(ctx)
+                lambda ctx, _: (
+                    f"verl {ctx.version('verl')} runs the legacy workers by default; the patched engine "
+                    "runs only with this"
+                ),
+                when=_engine_workers_off_by_default,
+            ),
+            *BATCH,
+        ],
+    )
     if ctx.backend not in ("fsdp", "megatron"):
         req.violations.append(
             Violation(
@@ -250,87 +395,7 @@ def requirements(ctx: Context) -> Requirements:
             )
         )
         return req
-    if ctx.backend == "megatron":
-        dp = None
-        tp = ctx.int_value(A + "megatron.tensor_model_parallel_size")
-        pp = ctx.int_value(A + "megatron.pipeline_model_parallel_size")
-        cp = ctx.int_value(A + "megatron.context_parallel_size") or 1
-        for actor_key, rollout_key in MEGATRON_PAIRS:
-            size = ctx.int_value(A + "megatron." + actor_key)
-            if size is None:
-                req.unverifiable.append(
-                    f"{A}megatron.{actor_key} is only known at run time: cannot align {R}{rollout_key}"
-                )
-                continue
-            req.add(
-                Setting(
-                    f"consistency.parallel.{rollout_key}",
-                    R + rollout_key,
-                    size,
-                    "",
-                    f"Megatron: the rollout's {rollout_key} must equal the actor's {actor_key}",
-                )
-            )
-            if ctx.overrides.get(REF + "megatron." + actor_key) is not None:
-                # the ref copies the actor's sizes unless the script sets its own
-                req.add(
-                    Setting(
-                        f"consistency.parallel.ref_{actor_key}",
-                        REF + "megatron." + actor_key,
-                        size,
-                        "",
-                        f"Megatron: the ref's {actor_key} must equal the actor's",
-                    )
-                )
-        if train_world is not None and tp and pp:
-            dp = train_world // (tp * pp * cp)
-    else:
-        for key in (
-            A + "ulysses_sequence_parallel_size",
-            A + "fsdp_config.ulysses_sequence_parallel_size",
-            REF + "ulysses_sequence_parallel_size",
-        ):
-            req.add(Setting("consistency.batch.sp", key, 1, "", "Ulysses SP splits a sequence across ranks"))
-        _dtype_alignment(ctx, req)
-        dp = train_world
-        if rollout_world is not None:
-            req.add(
-                Setting(
-                    "consistency.parallel.rollout_tp",
-                    R + "tensor_model_parallel_size",
-                    rollout_world,
-                    "",
-                    f"FSDP: rollout TP = the {rollout_world} rollout devices, so inference rank r matches training rank r",
-                )
-            )
-            req.add(
-                Setting(
-                    "consistency.parallel.rollout_dp",
-                    R + "data_parallel_size",
-                    1,
-                    "",
-                    "FSDP: one rollout replica",
-                )
-            )
-        else:
-            req.unverifiable.append(
-                "the number of rollout devices is only known at run time: cannot set rollout TP"
-            )
-    if dp is not None and dp >= 1:
-        req.add(
-            Setting(
-                "consistency.batch.n",
-                R + "n",
-                dp,
-                "",
-                f"rollout.n = DP ({dp}) gives every training rank one sequence",
-            )
-        )
-    else:
-        req.unverifiable.append(
-            "the data-parallel size is only known at run time: cannot set actor_rollout_ref.rollout.n"
-        )
-
+    apply(ctx, req, PARALLEL)
     req.patch_sets.insert(0, "verl-consistency")
     if ctx.rollout == "vllm" and "vllm-dump" not in req.patch_sets:
         ascend = ctx.version("vllm-ascend")

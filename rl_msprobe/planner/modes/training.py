@@ -19,15 +19,8 @@ from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
 from rl_msprobe.launch.overrides import format_value
-from rl_msprobe.planner.modes.base import (
-    ConfigSpec,
-    Context,
-    Requirements,
-    Setting,
-    Violation,
-    is_abs_path,
-    too_old,
-)
+from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path
+from rl_msprobe.planner.modes.rules import From, Rule, VersionRule, apply, first_too_old
 from rl_msprobe.planner.msprobe_config import DUMP_PATH_RE
 
 TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
@@ -100,15 +93,10 @@ def _steps_run(ctx: Context, req: Requirements) -> tuple[list[Violation], list[s
     return out, []
 
 
-def _default_steps(ctx: Context, req: Requirements) -> list[int]:
+def _default_steps(ctx: Context) -> list[int]:
     """Steps 1 and 2, kept inside trainer.total_training_steps when the job is shorter."""
     total = ctx.int_value("trainer.total_training_steps")
-    if total is None or total >= 2:
-        return list(DEFAULT_STEPS)
-    req.notes.append(
-        f"trainer.total_training_steps={total}: profiling step 1 only (the default steps are {DEFAULT_STEPS})."
-    )
-    return [1]
+    return list(DEFAULT_STEPS) if total is None or total >= 2 else [1]
 
 
 def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
@@ -116,125 +104,146 @@ def _script_value(ctx: Context, key: str, accept: Callable[[Any], bool]) -> Any:
     return found.value if found is not None and accept(found.value) else None
 
 
-def requirements(ctx: Context) -> Requirements:
-    req = Requirements()
-    verl = ctx.version("verl")
-    too_old_verl = too_old(
-        ctx,
+def _bypass(ctx: Context) -> bool:
+    return str(ctx.value("algorithm.rollout_correction.bypass_mode")[0]).lower() == "true"
+
+
+def _stages(ctx: Context) -> list[str]:
+    """--stages, else what the script lists, else every stage that runs."""
+    no_ref = _reference_runs(ctx) is False
+    skipped = {"actor_compute_log_prob"} if _bypass(ctx) else set()
+    default = [s for s in STAGES if s not in skipped and not (no_ref and s == "ref_compute_log_prob")]
+    return list(ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or default)
+
+
+def _collected_stages(ctx: Context) -> list[str]:
+    """The stages the job will collect: the script's own list wins unless --stages was given."""
+    found = _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok)
+    return found if found is not None and ctx.options.stages is None else _stages(ctx)
+
+
+def _steps(ctx: Context) -> list[int]:
+    return list(
+        ctx.options.steps or _script_value(ctx, "global_profiler.steps", _steps_ok) or _default_steps(ctx)
+    )
+
+
+def _save_path(ctx: Context) -> str:
+    """--dump-dir's training folder; else a valid save_path the script already sets, else that folder."""
+    ours = os.path.join(ctx.dump_dir, "training")
+    if ctx.dump_dir_given:
+        return ours
+    return _script_value(ctx, "global_profiler.save_path", _save_path_ok) or ours
+
+
+VERSIONS = (
+    VersionRule(
         "training.verl_version",
         "verl",
         "0.8.0",
         "verl's precision_debugger profiler tool exists from 0.8.0: upgrade verl "
         "(or use consistency mode, which patches the engine)",
-    )
-    if ctx.backend == "megatron" and too_old_verl is None:
-        too_old_verl = too_old(
-            ctx,
-            "training.megatron_version",
-            "verl",
-            "0.9.0",
-            "verl's precision_debugger dumps work on the Megatron engine from 0.9.0: upgrade verl",
-        )
-    if too_old_verl is not None:
-        req.violations.append(too_old_verl)
-    # keep what a script already sets correctly unless the user asked otherwise
-    bypass = str(ctx.value("algorithm.rollout_correction.bypass_mode")[0]).lower() == "true"
-    no_ref = _reference_runs(ctx) is False
-    skipped = {"actor_compute_log_prob"} if bypass else set()
-    default_stages = [s for s in STAGES if s not in skipped and not (no_ref and s == "ref_compute_log_prob")]
-    if bypass and not ctx.options.stages:
-        req.notes.append(
+    ),
+    VersionRule(
+        "training.megatron_version",
+        "verl",
+        "0.9.0",
+        "verl's precision_debugger dumps work on the Megatron engine from 0.9.0: upgrade verl",
+        when=lambda ctx: ctx.backend == "megatron",
+    ),
+)
+
+SETTINGS = (
+    Rule("training.tool", "global_profiler.tool", "precision_debugger", "verl's msprobe profiler tool"),
+    Rule(
+        "training.steps",
+        "global_profiler.steps",
+        From(_steps),
+        "required: without steps the profiler never starts",
+        accept=_steps_ok,
+        required="a non-empty list of training steps, e.g. [1,2]",
+    ),
+    Rule(
+        "training.save_path",
+        "global_profiler.save_path",
+        From(_save_path),
+        "the default outputs/profile is relative to each Ray worker's cwd",
+        accept=_save_path_ok,
+        required="an absolute folder of letters, digits and _ . : / - (msprobe's dump_path rule)",
+    ),
+    Rule(
+        "training.config_path",
+        TOOL_CONFIG + "config_path",
+        From(lambda ctx: os.path.join(ctx.config_dir, "config.json")),
+        "the msprobe config (level mix, no dump_path)",
+        prefix="++",
+        accept=is_abs_path,
+        required="an absolute path to the training config",
+    ),
+    Rule(
+        "training.stages",
+        TOOL_CONFIG + "stages",
+        From(_stages),
+        "which of actor_compute_log_prob, ref_compute_log_prob, actor_update to dump",
+        prefix="++",
+        accept=_stages_ok,
+        required=f"a non-empty list from {list(STAGES)}",
+    ),
+    Rule(
+        "training.actor_profiler",
+        "actor_rollout_ref.actor.profiler.enable",
+        True,
+        "the actor role's profiler (also gates the ref in the fused worker)",
+        accept=_true,
+    ),
+    Rule(
+        "training.ref_profiler",
+        "actor_rollout_ref.ref.profiler.enable",
+        True,
+        "the ref role's profiler, for ref_compute_log_prob",
+        when=lambda ctx: "ref_compute_log_prob" in _collected_stages(ctx),
+        accept=_true,
+    ),
+)
+
+
+def _notes(ctx: Context) -> list[str]:
+    notes = []
+    if _bypass(ctx) and not ctx.options.stages:
+        notes.append(
             "algorithm.rollout_correction.bypass_mode is on (fully-async's default): verl reuses the rollout's "
             "log-probs, so actor_compute_log_prob never runs and is left out of the stages."
         )
-    stages = list(
-        ctx.options.stages or _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok) or default_stages
-    )
-    steps = list(
-        ctx.options.steps
-        or _script_value(ctx, "global_profiler.steps", _steps_ok)
-        or _default_steps(ctx, req)
-    )
-    config_path = os.path.join(ctx.config_dir, "config.json")
-    save_path = os.path.join(ctx.dump_dir, "training")
-    if not ctx.options.dump_dir_given:
-        save_path = _script_value(ctx, "global_profiler.save_path", _save_path_ok) or save_path
-    req.configs.append(ConfigSpec("training", "config.json", None, TOOL_CONFIG + "config_path"))
-    req.add(
-        Setting(
-            "training.tool", "global_profiler.tool", "precision_debugger", "", "verl's msprobe profiler tool"
-        ),
-        Setting(
-            "training.steps",
-            "global_profiler.steps",
-            steps,
-            "",
-            "required: without steps the profiler never starts",
-            accept=_steps_ok,
-            required="a non-empty list of training steps, e.g. [1,2]",
-        ),
-        Setting(
-            "training.save_path",
-            "global_profiler.save_path",
-            save_path,
-            "",
-            "the default outputs/profile is relative to each Ray worker's cwd",
-            accept=_save_path_ok,
-            required="an absolute folder of letters, digits and _ . : / - (msprobe's dump_path rule)",
-        ),
-        Setting(
-            "training.config_path",
-            TOOL_CONFIG + "config_path",
-            config_path,
-            "++",
-            "the msprobe config (level mix, no dump_path)",
-            accept=is_abs_path,
-            required="an absolute path to the training config",
-        ),
-        Setting(
-            "training.stages",
-            TOOL_CONFIG + "stages",
-            stages,
-            "++",
-            "which of actor_compute_log_prob, ref_compute_log_prob, actor_update to dump",
-            accept=_stages_ok,
-            required=f"a non-empty list from {list(STAGES)}",
-        ),
-        Setting(
-            "training.actor_profiler",
-            "actor_rollout_ref.actor.profiler.enable",
-            True,
-            "",
-            "the actor role's profiler (also gates the ref in the fused worker)",
-            accept=_true,
-        ),
-    )
-    found_stages = _script_value(ctx, TOOL_CONFIG + "stages", _stages_ok)
-    chosen = found_stages if found_stages is not None and ctx.options.stages is None else stages
-    if no_ref:
-        req.notes.append(
+    chosen_steps = ctx.options.steps or _script_value(ctx, "global_profiler.steps", _steps_ok)
+    if not chosen_steps and _default_steps(ctx) != DEFAULT_STEPS:
+        notes.append(
+            f"trainer.total_training_steps={ctx.int_value('trainer.total_training_steps')}: profiling step 1 only "
+            f"(the default steps are {DEFAULT_STEPS})."
+        )
+    if _reference_runs(ctx) is False:
+        notes.append(
             "No reference model runs (algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are off): "
             + (
                 "ref_compute_log_prob is asked for but never runs, so its dumps will be missing."
-                if "ref_compute_log_prob" in chosen
+                if "ref_compute_log_prob" in _collected_stages(ctx)
                 else "ref_compute_log_prob never runs and is left out of the stages."
             )
         )
-    if "ref_compute_log_prob" in chosen:
-        req.add(
-            Setting(
-                "training.ref_profiler",
-                "actor_rollout_ref.ref.profiler.enable",
-                True,
-                "",
-                "the ref role's profiler, for ref_compute_log_prob",
-                accept=_true,
-            )
-        )
-    req.checks.append(_steps_run)
-    req.notes.append(
+    notes.append(
         "Output: {save_path}/step_{global_step}/{stage}/step0/rank{R}/dump.json, one folder per stage and step."
     )
-    if verl is None:
-        req.notes.append("verl version unknown: training mode needs verl >= 0.8.0 (Megatron: >= 0.9.0).")
+    if ctx.version("verl") is None:
+        notes.append("verl version unknown: training mode needs verl >= 0.8.0 (Megatron: >= 0.9.0).")
+    return notes
+
+
+def requirements(ctx: Context) -> Requirements:
+    req = Requirements()
+    too_old_verl = first_too_old(ctx, VERSIONS)
+    if too_old_verl is not None:
+        req.violations.append(too_old_verl)
+    req.configs.append(ConfigSpec("training", "config.json", None, TOOL_CONFIG + "config_path"))
+    apply(ctx, req, SETTINGS)
+    req.checks.append(_steps_run)
+    req.notes.extend(_notes(ctx))
     return req

@@ -1,7 +1,8 @@
-"""Weight-parity fingerprints at every weight sync. Added to this tree by rl-msprobe (patch set verl-weights).
+"""Weight-parity fingerprints at every weight sync. Added to this tree by rl-msprobe (patch set
+verl-weights in a verl tree, sglang-weights in an SGLang tree: the same file).
 
 The sync code calls these functions from a few marked lines (`# rl-msprobe:...`); run
-`rl-msprobe patch revert verl-weights --tree <this tree>` to remove them and this file.
+`rl-msprobe patch revert <that set> --tree <this tree>` to remove them and this file.
 
 Environment (read at every call, so Ray workers and the vLLM worker see what their runtime env gives):
   RL_MSPROBE_WEIGHTS_DIR=DIR  enable; unset or empty: every function returns at once and torch
@@ -14,14 +15,18 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             generator of `get_per_tensor_param()` lazily: a tensor is fingerprinted as it is
             consumed), per actor rank;
   received  every tensor the rollout worker gets, before its loader fuses or shards it
-            (`received`, first line of the worker extension's `_update_weights`), per TP rank;
+            (`received`, first line of the vLLM worker extension's `_update_weights`;
+            `call_received` in SGLang's `update_weights_from_tensor`, once per bucket), per TP rank;
+            with TP > 1 also this rank's 1/TP chunk along dims 0 and 1 (`shard_fp`), so that a
+            loader fault in one rank's shard names that rank;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
             `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
             layer's weights after loading (vLLM CPU), the layer is fingerprinted just before its
             quant method's `process_weights_after_loading`, i.e. what the weight loader wrote
             (`"how": "loader-written"`); elsewhere the parameter as it stands after the sync
-            (`"how": "parameter"`).
+            (`"how": "parameter"`). SGLang: each tensor where the model holds it when the call
+            that carried it returns (`engine_call`); the sync's meta line lists every name held.
 A fingerprint is {count, sum, sumsq, min, max, nan, inf} in float64: additive over concatenation
 and shards, invariant under permutation. Sync numbers count syncs per process (1, 2, ...).
 
@@ -102,20 +107,58 @@ def _blocks(tensor):
         yield (piece.numpy() if native else piece.to(torch.float32).numpy()), raw
 
 
-def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, int, int, int | None]:
-    """One pass over BLOCKS ((values, raw) pairs): every reduction, and the CRC-32 of the raw bytes
-    when CRC is a starting value, runs on a block while it is in cache, so memory is read once."""
-    import zlib
+class _Crc:
+    """CRC-32 of byte blocks, chained in order on one background thread while the caller computes
+    the statistics of the same blocks (zlib and numpy both release the GIL on large buffers): with
+    a free core the checksum adds no wall time. At most two blocks wait, so memory stays bounded."""
 
+    _pool = None
+    INLINE = 1 << 16  # bytes: smaller blocks are checksummed in the caller's thread
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+        self.pending = []
+
+    def add(self, raw) -> None:
+        import zlib
+
+        if raw.nbytes < self.INLINE and not self.pending:
+            self.value = zlib.crc32(raw, self.value)
+            return
+        if _Crc._pool is None:
+            import concurrent.futures
+
+            _Crc._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-msprobe-crc")
+        while len(self.pending) >= 2:
+            self.pending.pop(0).result()
+        self.pending.append(_Crc._pool.submit(self._step, raw))
+
+    def _step(self, raw) -> None:
+        import zlib
+
+        self.value = zlib.crc32(raw, self.value)
+
+    def result(self) -> int:
+        for future in self.pending:
+            future.result()
+        self.pending = []
+        return self.value
+
+
+def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, int, int, int | None]:
+    """One pass over BLOCKS ((values, raw) pairs): every reduction runs on a block while it is in
+    cache, so memory is read once; the CRC-32 of the raw bytes, when CRC is a starting value, on a
+    second thread over the same blocks (`_Crc`)."""
     import numpy as np
 
     total = sumsq = 0.0
     low = high = None
     nan = inf = 0
     scratch = np.empty(0, dtype=np.float64)
+    chain = None if crc is None else _Crc(crc)
     for a, raw in blocks:
-        if crc is not None:
-            crc = zlib.crc32(raw, crc)
+        if chain is not None:
+            chain.add(raw)
         if scratch.size < a.size:
             scratch = np.empty(max(a.size, BLOCK), dtype=np.float64)
         wide = scratch[: a.size]
@@ -134,7 +177,7 @@ def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, 
             lo, hi = float(np.minimum.reduce(a)), float(np.maximum.reduce(a))
             low = lo if low is None else min(low, lo)
             high = hi if high is None else max(high, hi)
-    return total, sumsq, low, high, nan, inf, crc
+    return total, sumsq, low, high, nan, inf, (None if chain is None else chain.result())
 
 
 CHUNK = 1 << 22  # elements per float64 block on a device
@@ -304,51 +347,137 @@ def received(worker, weights) -> None:
     if not enabled():
         return
     with _never_breaks_the_sync("the received fingerprints"):
-        _received(worker, weights)
+        _received(_states.get(id(worker)) or _begin(worker), weights)
 
 
-def _received(worker, weights) -> None:
-    state = getattr(worker, "_rl_msprobe_weights", None) or _begin(worker)
+def _received(state: dict, weights) -> None:
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
+        extra = {"tp_size": tp_size}
+        if tp_size > 1:
+            extra["shard_fp"] = _own_shards(tensor, state["rank"], tp_size)
         records.append(
-            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, tp_size=tp_size)
+            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, **extra)
         )
         state["index"] += 1
     _write("received", records)
 
 
-def _tp() -> tuple[int, int]:
-    try:
-        from vllm.distributed import parallel_state
+def _own_shards(tensor, rank: int, tp_size: int) -> dict[str, dict]:
+    """This TP rank's part of a received TENSOR as a tensor-parallel layer takes it (its RANK-th of
+    TP_SIZE equal chunks along dim 0, column-parallel, and along dim 1, row-parallel): what its
+    resident shard must match, so a loader fault on one rank names that rank."""
+    shards = {}
+    for dim in range(min(tensor.dim(), 2)):
+        if tensor.shape[dim] % tp_size == 0 and rank < tp_size:
+            shards[str(dim)] = fingerprint(tensor.chunk(tp_size, dim)[rank])
+    return shards
 
-        return (
-            parallel_state.get_tensor_model_parallel_rank(),
-            parallel_state.get_tensor_model_parallel_world_size(),
-        )
-    except Exception:  # noqa: BLE001 - outside a vLLM worker
-        return _rank(), 1
+
+# An engine that loads one sync in several calls, one per bucket (SGLang's ModelRunner /
+# WeightUpdater `update_weights_from_tensor`): each call is fingerprinted as it arrives
+# (`call_received`) and, when the call returns (`engine_call`), each tensor it carried where the
+# model now holds it. A call that brings a name this sync has already seen starts the next sync.
+
+
+def engine_call(method):
+    """Decorator for an engine's per-bucket update entry: the parameters its received tensors went
+    into are fingerprinted (stage resident) when it returns."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not enabled():
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            state = _states.get(id(self))
+            if state is not None and state["pending"]:
+                with _never_breaks_the_sync("the resident fingerprints"):
+                    _settle(self, state)
+
+    return wrapper
+
+
+def call_received(engine, weights) -> None:
+    """In the update entry, after the tensors are unpacked and before the model loads them."""
+    if not enabled():
+        return
+    with _never_breaks_the_sync("the received fingerprints"):
+        names = [name for name, _ in weights]
+        state = _states.get(id(engine))
+        if state is None or not state["seen"].isdisjoint(names) or len(set(names)) < len(names):
+            state = _begin(engine, armed=False)
+        state["seen"].update(names)
+        state["pending"].update(names)
+        _received(state, weights)
+
+
+def _settle(engine, state: dict) -> None:
+    """Resident fingerprints of what this call loaded, and the sync's meta line (every name the
+    model holds, so that a tensor never sent is missing, not silently skipped)."""
+    model = _model(engine)
+    pending, state["pending"] = state["pending"], set()
+    if model is None:
+        return
+    aliases = _aliases(model)
+    records, holds = [], []
+    for module_name, module in model.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{pname}" if module_name else pname
+            if full in aliases or getattr(param, "is_meta", False):
+                continue
+            base = dict(how="parameter", tp_size=state["tp_size"], engine_name=full)
+            for name, part in _parts(model, module_name, module, pname, param):
+                holds.append(name)
+                if name in pending:
+                    records.append(_record("resident", state["sync"], state["rank"], name, part, -1, **base))
+    records.append({**_meta(model, state, aliases), "holds": holds})
+    _write("resident", records)
+
+
+_states: dict[int, dict] = {}  # id(engine object) -> its sync in progress (some are frozen dataclasses)
+
+
+def _tp() -> tuple[int, int]:
+    """(TP rank, TP size) from the parallel state of the engine running in this process."""
+    for module in ("vllm.distributed.parallel_state", "sglang.srt.distributed.parallel_state"):
+        parallel = sys.modules.get(module)
+        if parallel is None:
+            continue
+        try:
+            return parallel.get_tensor_model_parallel_rank(), parallel.get_tensor_model_parallel_world_size()
+        except Exception:  # noqa: BLE001 - imported but not initialised here
+            continue
+    return _rank(), 1
 
 
 def _model(worker):
-    runner = getattr(worker, "model_runner", None)
-    return getattr(runner, "model", None)
+    """The engine's model: vLLM's worker extension `model_runner.model`, SGLang's ModelRunner
+    `model`, SGLang's WeightUpdater `get_model()`."""
+    for owner in (getattr(worker, "model_runner", None), worker):
+        model = getattr(owner, "model", None) if owner is not None else None
+        if model is not None:
+            return model
+    get = getattr(worker, "get_model", None)
+    return get() if callable(get) else None
 
 
-def _begin(worker) -> dict:
+def _begin(worker, armed: bool = True) -> dict:
     _counters["engine"] += 1
     rank, tp_size = _tp()
-    state = {"sync": _counters["engine"], "rank": rank, "tp_size": tp_size, "index": 0, "captured": set()}
-    worker._rl_msprobe_weights = state
+    state = {"sync": _counters["engine"], "rank": rank, "tp_size": tp_size, "index": 0, "captured": set(),
+             "seen": set(), "pending": set()}  # fmt: skip
+    _states[id(worker)] = state
     model = _model(worker)
-    if model is not None:
+    if model is not None and armed:
         _arm(model, state)
     return state
 
 
 def _end(worker, state: dict) -> None:
-    worker._rl_msprobe_weights = None
+    _states.pop(id(worker), None)
     model = _model(worker)
     if model is None:
         return
@@ -387,9 +516,29 @@ def _meta(model, state: dict, aliases: dict[str, str]) -> dict:
         "tp_size": state["tp_size"],
         "format": FORMAT,
         "aliases": aliases,
-        "packed": {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()},
+        "packed": _packed(model),
         "model": type(model).__name__,
     }
+
+
+def _packed(model) -> dict[str, list[str]]:
+    """Fused module -> its HF parts in order: vLLM's `packed_modules_mapping`; SGLang models that
+    lack it say the same in `bitsandbytes_stacked_params_mapping` (part -> (fused, index)) or in
+    `stacked_params_mapping` ((fused, part, shard id) rows)."""
+    mapping = getattr(model, "packed_modules_mapping", None)
+    if mapping:
+        return {k: list(v) for k, v in mapping.items()}
+    rows = []
+    stacked = getattr(model, "bitsandbytes_stacked_params_mapping", None)
+    if isinstance(stacked, dict):
+        rows = [(fused, part, index) for part, (fused, index) in stacked.items()]
+    elif isinstance(getattr(model, "stacked_params_mapping", None), (list, tuple)):
+        rows = [tuple(row[:3]) for row in model.stacked_params_mapping if len(row) >= 3]
+    order = {"q": 0, "k": 1, "v": 2}
+    packed: dict[str, list] = {}
+    for fused, part, index in rows:
+        packed.setdefault(str(fused).strip("."), []).append((order.get(index, index), str(part).strip(".")))
+    return {k: [part for _, part in sorted(v, key=lambda p: str(p[0]))] for k, v in packed.items()}
 
 
 def _arm(model, state: dict) -> None:
@@ -442,7 +591,7 @@ def _resident(model, module_name: str, module, pname: str, param, state: dict, h
 def _parts(model, module_name: str, module, pname: str, param):
     tensor = param.detach()
     prefix, _, short = module_name.rpartition(".")
-    packed = (getattr(model, "packed_modules_mapping", None) or {}).get(short)
+    packed = _packed(model).get(short)
     sizes = list(getattr(module, "output_partition_sizes", None) or [])
     dim = getattr(param, "output_dim", 0)
     if packed and len(packed) == len(sizes) and tensor.dim() > dim and tensor.shape[dim] == sum(sizes):
