@@ -85,26 +85,37 @@ BLOCK = 1 << 18
 
 
 def _pieces(tensor):
-    """A CPU TENSOR's elements in row-major order as 1-D contiguous torch tensors of about BLOCK
-    elements: views of its memory where it is contiguous, small copies of a few rows where not."""
+    """A CPU TENSOR's elements in row-major order in pieces of about BLOCK elements: 1-D views of
+    its memory where it is contiguous; where not, groups of a few whole rows as strided views (numpy
+    copies those into its float64 scratch far faster than torch's strided copy on a busy CPU)."""
     t = tensor.detach()
     if t.is_contiguous() or t.dim() < 2:
         yield from t.contiguous().reshape(-1).split(BLOCK)
         return
-    rows = max(1, BLOCK // max(1, t[0].numel()))
-    for piece in t.split(rows):
-        yield piece.contiguous().reshape(-1)
+    yield from t.split(max(1, BLOCK // max(1, t[0].numel())))
 
 
-def _blocks(tensor):
+def _raw(piece):
+    """PIECE's bytes in row-major order, contiguous (a numpy copy where the piece is strided)."""
+    import numpy as np
+    import torch
+
+    if piece.is_contiguous():
+        return piece.reshape(-1).view(torch.uint8).numpy()
+    same_size = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[piece.element_size()]
+    return np.ascontiguousarray(piece.view(same_size).numpy()).view(np.uint8)
+
+
+def _blocks(tensor, raw: bool = True):
     """(values, raw) per piece of a CPU TENSOR: VALUES a numpy array numpy sums in float64 (the
-    tensor's own memory for float16/32/64, a float32 copy otherwise: bfloat16, fp8), RAW its bytes."""
+    tensor's own memory for float16/32/64, a float32 copy otherwise: bfloat16, fp8), RAW its bytes
+    (None unless RAW)."""
     import torch
 
     native = tensor.dtype in (torch.float16, torch.float32, torch.float64)
     for piece in _pieces(tensor):
-        raw = piece.view(torch.uint8).numpy()
-        yield (piece.numpy() if native else piece.to(torch.float32).numpy()), raw
+        values = piece.numpy() if native else piece.to(torch.float32).numpy()
+        yield values, (_raw(piece) if raw else None)
 
 
 class _Crc:
@@ -162,19 +173,19 @@ def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, 
         if scratch.size < a.size:
             scratch = np.empty(max(a.size, BLOCK), dtype=np.float64)
         wide = scratch[: a.size]
-        np.copyto(wide, a)
+        np.copyto(wide.reshape(a.shape), a)  # a strided piece is gathered here, in cache
         s = float(np.add.reduce(wide))
         q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         if not (math.isfinite(s) and math.isfinite(q)):
             bad_nan, bad_inf = np.isnan(a), np.isinf(a)
             nan, inf = nan + int(bad_nan.sum()), inf + int(bad_inf.sum())
-            a = a[~(bad_nan | bad_inf)]
+            a = a[~(bad_nan | bad_inf)]  # 1-D
             wide = a.astype(np.float64)
             s = float(np.add.reduce(wide))
             q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         total, sumsq = total + s, sumsq + q
         if a.size:
-            lo, hi = float(np.minimum.reduce(a)), float(np.maximum.reduce(a))
+            lo, hi = float(np.minimum.reduce(a, axis=None)), float(np.maximum.reduce(a, axis=None))
             low = lo if low is None else min(low, lo)
             high = hi if high is None else max(high, hi)
     return total, sumsq, low, high, nan, inf, (None if chain is None else chain.result())
@@ -214,7 +225,7 @@ def _measure(tensor, hashed: bool) -> tuple[dict, str | None]:
     if tensor.device.type != "cpu" or tensor.numel() == 0:
         return fingerprint(tensor), (digest(tensor) if hashed else None)
     crc = _header_crc(tensor) if hashed else None
-    *stats, crc = _stats(_blocks(tensor), crc)
+    *stats, crc = _stats(_blocks(tensor, hashed), crc)
     return _fp(tensor.numel(), stats), (None if crc is None else f"{crc:08x}")
 
 
@@ -245,13 +256,11 @@ def digest(tensor) -> str:
     consecutive bits is always caught; it guards transfers, it is no cryptographic hash)."""
     import zlib
 
-    import torch
-
     t = tensor.detach().cpu()
     crc = _header_crc(t)
     if t.numel():
         for piece in _pieces(t):
-            crc = zlib.crc32(piece.view(torch.uint8).numpy(), crc)
+            crc = zlib.crc32(_raw(piece), crc)
     return f"{crc:08x}"
 
 
