@@ -31,6 +31,14 @@ The 1.2x target is NOT met on this CPU: three stages are fingerprinted, zlib's C
 on one thread while torch's copies here use two, and this CPU "sync" is only copies (the real one
 adds the transport, FSDP's gathers and vLLM's weight loaders).
 
+2026-12-02, the CRC-32 chained on a second thread while the caller computes the statistics of the
+same blocks (`_Crc`): the fingerprint alone with CRC-32, 10 interleaved rounds against the serial
+helper, min / median 0.142 / 0.170 s (serial 0.189 / 0.255 s; a clone of the model 0.132 / 0.148 s):
+a fingerprint now costs about one memcpy. The whole sync, `--repeat 9` (load average ~5): 1.83x
+[1.19-2.10] with CRC-32, 1.43x [1.20-1.71] statistics only. Interleaved with the serial helper in
+one process (7 rounds): 1.43x vs 1.68x with CRC-32, while the statistics-only paths, identical code
+in both, read 1.16x vs 1.50x: on this machine the noise is as large as the gain. Still NOT 1.2x.
+
 Run: python benchmarks/bench_weights.py [--mb 400] [--repeat 5]
 """
 

@@ -253,6 +253,13 @@ class Codemod:
             raise RuntimeError(f"codemod {self.name} changed unmarked text in {self.path}")
         return result
 
+    def only_guarded(self, source: str) -> bool:
+        """Are this codemod's marked lines in SOURCE (if any) only a guard line and its import?"""
+        return all(
+            ".not_covered(" in mark or mark.startswith(("from ", "import "))
+            for mark in self.marked_lines(source)
+        )
+
     def guarded(self, source: str, version: str | None) -> tuple[str, AnchorError] | None:
         """(the file with its guard, the anchor error) when SOURCE (applied or not) holds this codemod's
         code in a shape it has no site for and nothing else of it; None when it has a site or other marks."""
@@ -260,12 +267,8 @@ class Codemod:
         try:
             self._apply_clean(clean, version)
         except AnchorError as exc:
-            text = self.guard(clean, exc) or clean
-            if all(
-                ".not_covered(" in mark or mark.startswith(("from ", "import "))
-                for mark in self.marked_lines(source)
-            ):
-                return text, exc
+            if self.only_guarded(source):
+                return self.guard(clean, exc) or clean, exc
         return None
 
     # ------------------------------------------------------------------ internals

@@ -105,7 +105,15 @@ def list_sets(as_json: bool) -> None:
             "native_since": s.native_since,
             "optional": s.optional,
             "description": s.description,
-            "pieces": [{"name": p.label, "path": p.path, "essential": p.essential} for p in s.all_pieces()],
+            "pieces": [
+                {
+                    "name": p.label,
+                    "path": p.path,
+                    "essential": p.essential,
+                    "runs_in": [e.name for e in p.runs_in],
+                }
+                for p in s.all_pieces()
+            ],
         }
         for s in all_sets()
     ]
@@ -286,7 +294,7 @@ def _echo_applied(target, result: ApplyResult) -> None:
     if result.not_covered:
         names = ", ".join(dict.fromkeys(gap.entry_point for gap in result.not_covered))
         _warn(
-            [f"not covered: {names} (a guard line fails their runs with collection switched on; see above)"]
+            [f"not covered: {names}: those jobs cannot collect on this tree (see above); --for refuses them"]
         )
     _warn(list(result.warnings))
     for note in dict.fromkeys(result.notes):

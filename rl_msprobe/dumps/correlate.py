@@ -123,7 +123,8 @@ def find_logs(root: Path, name: str) -> list[Path]:
         raise UserError(
             f"{root}: no {name} in it or in its {{pid}} sub-folders. "
             + (
-                "The rollout writes it when the dispatch-log patch is applied (vllm-ascend-dispatch-log / vllm-dump)."
+                "The rollout writes it when the dispatch-log patch is applied (vllm-ascend-dispatch-log / vllm-dump / "
+                "sglang-dispatch-log)."
                 if name == DISPATCH_LOG
                 else "The training helper writes it when verl is patched (verl-consistency) and DUMP_ON=1."
             )

@@ -366,7 +366,8 @@ def check_layout(roots: list[Path], mode: str | None = None, jobs: int = 1) -> L
                     "what": f"no {name} ({side} side)",
                     "fix": "apply the rl-msprobe consistency patches and run with DUMP_ON=1"
                     if side == "train"
-                    else "apply vllm-ascend-dispatch-log / vllm-dump so the rollout writes its dispatch log",
+                    else "apply vllm-ascend-dispatch-log / vllm-dump / sglang-dispatch-log so the rollout writes its "
+                    "dispatch log",
                 }
             )
             continue

@@ -53,9 +53,12 @@ def patched_text(piece: Piece, source: str, version: str | None) -> tuple[str, A
         if not piece.runs_in:
             raise
         found = item.guarded(source, version)
-        if found is None:
+        if found is not None:
+            return found
+        if not item.is_marked(source) or not item.only_guarded(source):
             raise
-        return found
+    # a guard line of an earlier apply, and this rl-msprobe has a site for that code now
+    return item.apply(item.revert(source), version), None
 
 
 def uncovered_status(piece: Piece, text: str, version: str | None) -> PieceReport | None:
@@ -65,6 +68,11 @@ def uncovered_status(piece: Piece, text: str, version: str | None) -> PieceRepor
         return None
     found = item.guarded(text, version)
     if found is None:
+        if item.is_marked(text) and item.only_guarded(text):  # this rl-msprobe has a site for it now
+            detail = (
+                "a guard line of an earlier apply; this rl-msprobe has a site here: apply again to patch it"
+            )
+            return PieceReport("", piece.path, piece.label, Status.PARTIAL, detail)
         return None
     guarded, error = found
     where = "guard line in place" if guarded == text and guarded != item.revert(text) else "not applied"

@@ -392,6 +392,7 @@ def message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str:
         "Files:",
         *(f"  {c.path} ({', '.join(c.pieces)})" for c in plan.changes),
         *(f"Kept: {r.path} ({r.piece}; {r.detail})" for r in plan.kept),
+        *(f"Not covered: {m.entry_point}: {m.piece}: {m.reason}" for m in plan.not_covered if m.in_tree),
     ]
     return "\n".join(lines) + "\n"
 

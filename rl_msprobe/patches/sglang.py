@@ -1,10 +1,12 @@
-"""Patch sets for SGLang: the ModelRunner dump below 0.5.11, and the optional fixed bootstrap room."""
+"""Patch sets for SGLang: the ModelRunner dump below 0.5.11, the dispatch log that pairs a dumped
+prefill with its request (consistency), and the optional fixed bootstrap room."""
 
 from __future__ import annotations
 
 import ast
 
 from rl_msprobe.codemods.base import top_level_classes
+from rl_msprobe.codemods.sglang_dispatch_log import SGLangDispatchLog
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
 from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, Probe
@@ -39,6 +41,9 @@ NATIVE = Probe(
 NATIVE_OVERRIDE = "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=/abs/path/config.json"
 
 DUMP_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_dump.py", name="sglang-dump-file")
+DISPATCH_FILE = NewFile(
+    "sglang", "sglang/srt/model_executor/rl_msprobe_dispatch.py", name="sglang-dispatch-log-file"
+)
 ROOM_FILE = NewFile(
     "sglang", "sglang/srt/managers/rl_msprobe_bootstrap_room.py", name="sglang-bootstrap-room-file"
 )
@@ -91,4 +96,25 @@ SGLANG_BOOTSTRAP_ROOM = PatchSet(
     ),
 )
 
-SETS = (SGLANG_DUMP, SGLANG_BOOTSTRAP_ROOM)
+SGLANG_DISPATCH_LOG = PatchSet(
+    name="sglang-dispatch-log",
+    project="sglang",
+    description="dispatch_log.jsonl: the request ids of each dumped forward pass (pairs rollout and actor dumps)",
+    pieces=(Piece(DISPATCH_FILE), Piece(SGLangDispatchLog())),
+    capabilities=(
+        Capability(
+            "dispatch log",
+            "the first line of ModelRunner.forward(self, forward_batch) in sglang/srt/model_executor/model_runner.py",
+            ("sglang-dispatch-log",),
+        ),
+    ),
+    min_version="0.5.10",
+    notes=(
+        "Logs while an msprobe debugger dumps in the ModelRunner (SGLang's own msprobe_dump_config, or the "
+        "sglang-dump patch's): {dump_path}/{pid}/dispatch_log.jsonl, read by `rl-msprobe dumps correlate`.",
+        "Needs ForwardBatch.rids (SGLang 0.5.10 and later): on an older tree the first dumped forward pass "
+        "stops the rollout with an error saying so.",
+    ),
+)
+
+SETS = (SGLANG_DUMP, SGLANG_DISPATCH_LOG, SGLANG_BOOTSTRAP_ROOM)

@@ -51,8 +51,8 @@ VERL_TRIAGE = PatchSet(
     max_version=project("verl").newest_tested,
     notes=(
         "Every trainer file the tree ships is patched after its `metrics.update(calculate_debug_metrics(...))` "
-        "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is an error. "
-        "ray_trainer.py is required.",
+        "statement (found in verl 0.7.0 … 0.9.1); a shipped trainer file without it is not "
+        "covered: listed, and `patch apply --for` an entry point that runs it refuses. ray_trainer.py is required.",
         "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
         "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
         "read the folder with `rl-msprobe mismatch report`.",

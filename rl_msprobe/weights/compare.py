@@ -29,11 +29,14 @@ class Finding:
     ranks: list[int]
     delta: Delta | None = None
     why: str = ""
+    faulty_ranks: list[int] | None = None  # resident: the ranks whose own part differs, where that is known
 
     def to_dict(self) -> dict:
         doc: dict = {"status": self.status}
         if self.ranks:
             doc["ranks"] = self.ranks
+        if self.faulty_ranks:
+            doc["faulty_ranks"] = self.faulty_ranks
         if self.delta is not None:
             doc.update(self.delta.to_dict())
         if self.why:
@@ -76,8 +79,42 @@ def _received(sent: Entry | None, received: dict[int, dict[str, Entry]], name: s
     return Finding("equal", [], max(deltas.values(), key=lambda d: d.ratio))
 
 
+def _shard_dim(held: tuple[int, ...] | None, whole: tuple[int, ...] | None, tp: int) -> int | None:
+    """The dim along which a rank's HELD part is its 1/TP of the WHOLE tensor (others equal), else None."""
+    if held is None or whole is None or len(held) != len(whole):
+        return None
+    dims = [d for d, (h, w) in enumerate(zip(held, whole)) if h != w]
+    return dims[0] if len(dims) == 1 and held[dims[0]] * tp == whole[dims[0]] else None
+
+
+def _faulty_ranks(
+    reference: Entry, held: dict[int, Entry], received: dict[int, dict[str, Entry]], name: str, tp: int | None
+) -> list[int] | None:
+    """The ranks whose own part differs: a full copy against the reference, a TP shard against the
+    same rank's chunk of what it received. None when some rank's part cannot be told apart."""
+    faulty = []
+    for rank, entry in sorted(held.items()):
+        expected = reference.fp if entry.fp.count == reference.fp.count else None
+        got = received.get(rank, {}).get(name)
+        if expected is None and got is not None and tp:
+            dim = _shard_dim(entry.shape, got.shape, tp)
+            expected = got.shards.get(dim) if dim is not None else None
+        if expected is None:
+            return None
+        dtypes = {entry.dtype, reference.dtype}
+        roundoff = 0.0 if len(dtypes) == 1 else max(map(unit_roundoff, dtypes))
+        if not compare(expected, entry.fp, roundoff).equal:
+            faulty.append(rank)
+    return faulty or None
+
+
 def _resident(
-    reference: Entry | None, resident: dict[int, dict[str, Entry]], name: str, aliases: dict[str, str]
+    reference: Entry | None,
+    resident: dict[int, dict[str, Entry]],
+    name: str,
+    aliases: dict[str, str],
+    received: dict[int, dict[str, Entry]] | None = None,
+    tp: int | None = None,
 ) -> tuple[Finding, int | None, str | None]:
     if name in aliases:
         return Finding("tied", [], why=f"held as {aliases[name]}"), None, None
@@ -101,11 +138,10 @@ def _resident(
     dtypes = {e.dtype for e in held.values()}
     roundoff = 0.0 if dtypes == {reference.dtype} else max(map(unit_roundoff, dtypes | {reference.dtype}))
     delta = compare(reference.fp, whole, roundoff)
-    return (
-        Finding("equal" if delta.equal else "differs", [] if delta.equal else sorted(held), delta),
-        replicas,
-        how,
-    )
+    if delta.equal:
+        return Finding("equal", [], delta), replicas, how
+    faulty = _faulty_ranks(reference, held, received or {}, name, tp)
+    return Finding("differs", sorted(held), delta, faulty_ranks=faulty), replicas, how
 
 
 def _reference(
@@ -159,7 +195,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
             if why and entry is not None:
                 res, replicas, how = Finding("not-compared", [], why=why), None, None
             else:
-                res, replicas, how = _resident(reference, resident, name, aliases)
+                res, replicas, how = _resident(reference, resident, name, aliases, received, tp)
             row = {
                 "sync": sync,
                 "step": step,

@@ -40,6 +40,9 @@ class Entry:
     how: str | None = None  # resident: "loader-written" or "parameter"
     engine_name: str | None = None
     unreadable: bool = False
+    shape: tuple[int, ...] | None = None
+    # received with TP > 1: this rank's chunk along dim 0 / dim 1 (what its resident shard must match)
+    shards: dict[int, Fingerprint] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +96,8 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
             how=doc.get("how"),
             engine_name=doc.get("engine_name"),
             unreadable=bool(doc.get("unreadable", False)),
+            shape=tuple(int(n) for n in doc["shape"]) if isinstance(doc.get("shape"), list) else None,
+            shards={int(d): Fingerprint.from_dict(fp) for d, fp in (doc.get("shard_fp") or {}).items()},
         )
     except KeyError as exc:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None

@@ -69,16 +69,30 @@ def summary_lines(doc: dict) -> list[str]:
             f = row[stage]
             if f["status"] == "differs":
                 lines.append(
-                    f"  sync {row['sync']} {stage} differs: {row['name']} ranks {f.get('ranks')} "
+                    f"  sync {row['sync']} {stage} differs: {row['name']} {ranks_text(f)} "
                     f"(norm rel {f.get('norm_rel')}, {f.get('what')}, {f.get('ratio')}x tolerance)"
                 )
     first = doc["first_difference"]
     if first:
         lines.append(
             f"first difference: sync {first['sync']} (step {first['step']}) {first['name']}, stage {first['stage']}"
+            + _first_text(first)
         )
     lines.append(doc["verdict"])
     return lines
+
+
+def ranks_text(finding: dict) -> str:
+    """`rank 1 (of [0, 1])` where the faulty rank is known, else the ranks involved."""
+    faulty, ranks = finding.get("faulty_ranks"), finding.get("ranks")
+    if faulty:
+        return f"rank{'s' * (len(faulty) > 1)} {', '.join(map(str, faulty))} (of {ranks})"
+    return f"ranks {ranks}" if ranks else ""
+
+
+def _first_text(first: dict) -> str:
+    where = ranks_text(first) if first.get("faulty_ranks") else ""
+    return f", on {where}" if where else ""
 
 
 def _mark(status: str, stage: str) -> str:
@@ -127,7 +141,8 @@ def markdown(doc: dict) -> str:
     if first:
         out += [
             "",
-            f"**First difference**: sync {first['sync']} (step {first['step']}), `{first['name']}`, stage `{first['stage']}`.",
+            f"**First difference**: sync {first['sync']} (step {first['step']}), `{first['name']}`, "
+            f"stage `{first['stage']}`{_first_text(first)}.",
         ]
     return "\n".join(out) + "\n"
 
@@ -166,7 +181,7 @@ def html_page(doc: dict) -> str:
             stage,
             r[stage]["status"],
             str(r[stage].get("norm_rel")),
-            str(r[stage].get("ranks", "")),
+            ranks_text(r[stage]),
         ]
         for r in doc["tensors"]
         for stage in ("received", "resident")
@@ -178,6 +193,7 @@ def html_page(doc: dict) -> str:
         f"<h1>Weight parity</h1><p class='verdict {'ok' if verdict == 'EQUAL' else 'bad'}'>{h(verdict)}"
         + (
             f": first difference at sync {first['sync']}, <code>{h(first['name'])}</code>, stage {h(first['stage'])}"
+            f"{h(_first_text(first))}"
             if first
             else ""
         )

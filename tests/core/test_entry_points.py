@@ -20,6 +20,7 @@ from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.verl_trainer import Site, VerlFullyAsyncTrainer
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import all_sets, entry_point_started_by, entry_points, get_entry_point
+from tests.core.test_history_sweep import before_issue_21
 from tests.support.history import checkout, clone, git
 from tests.support.trees import run_cli, scratch_copy
 
@@ -29,7 +30,7 @@ FULLY_ASYNC_FILE = "verl/experimental/fully_async_policy/fully_async_trainer.py"
 @pytest.fixture
 def without_fit_site(monkeypatch):
     """The fully-async codemod as it was before it knew the fit-loop shape (only `_fit_generate`)."""
-    monkeypatch.setattr(VerlFullyAsyncTrainer, "sites", VerlFullyAsyncTrainer.sites[:1])
+    before_issue_21(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_apply_patches_the_rest_and_names_the_trainer_without_a_site(fit_shape_t
     assert "anchor 'FullyAsyncTrainer._fit_generate' not found (detected version 0.7.0.dev)" in gap["reason"]
     assert doc["entry_points"]["main_ppo"] is True and doc["entry_points"]["fully_async"] is False
     guard = [line for line in (tree / FULLY_ASYNC_FILE).read_text().splitlines() if ".not_covered(" in line]
-    assert len(guard) == 1 and "FullyAsyncTrainer, 'fit'" in guard[0] and "('PROMPTS_ONLY',)" in guard[0]
+    assert len(guard) == 1 and "FullyAsyncTrainer, '__init__'" in guard[0] and "('PROMPTS_ONLY',)" in guard[0]
 
     code, out, err = run_cli("patch", "status", "verl-consistency", "--tree", str(tree))
     assert code == 0, out
@@ -136,6 +137,29 @@ def test_for_entry_point_refuses_only_what_it_runs(fit_shape_tree, without_fit_s
     assert code == 2 and "known: main_ppo" in err
 
 
+def test_a_newer_rl_msprobe_replaces_the_guard_with_the_site(fit_shape_tree, monkeypatch):
+    tree = fit_shape_tree
+    with monkeypatch.context() as older:
+        before_issue_21(older)
+        code, _, err = run_cli("patch", "apply", "verl-consistency", "--tree", str(tree))
+        assert code == 0 and "NOT COVERED for fully_async" in _, err
+    code, out, _ = run_cli("patch", "status", "verl-consistency", "--tree", str(tree), "--json")
+    files = {f["codemod"]: f for f in json.loads(out)["sets"][0]["files"]}
+    assert files["verl-fully-async-trainer"]["status"] == "partial"
+    assert "apply again" in files["verl-fully-async-trainer"]["detail"]
+    code, out, err = run_cli("patch", "apply", "verl-consistency", "--tree", str(tree), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["changed"] == [FULLY_ASYNC_FILE] and doc["not_covered"] == []
+    assert doc["entry_points"]["fully_async"] is True
+    text = (tree / FULLY_ASYNC_FILE).read_text()
+    assert ".not_covered(" not in text and "prompts_forward(self, batch)" in text
+    code, out, _ = run_cli("patch", "status", "verl-consistency", "--tree", str(tree))
+    assert code == 0 and "NOT COVERED" not in out
+    run_cli("patch", "revert", "verl-consistency", "--tree", str(tree))
+    assert git(tree, "diff", "7ac7839", "--stat") == ""
+
+
 # The guard at run time: the real verl 0.9.1 FullyAsyncTrainer (a @ray.remote class) in the job venv.
 GUARD_SCRIPT = r"""
 import asyncio, json
@@ -152,7 +176,8 @@ except Exception as exc:
 @pytest.mark.e2e
 @pytest.mark.release
 def test_a_trainer_without_its_site_fails_at_run_time(tmp_path, monkeypatch):
-    """Wall time ~40 s on the loaded 2-core box (one verl import per run, two runs)."""
+    """Wall time 46-85 s on the loaded 2-core box (a verl 0.9.1 copy patched, one verl import per run, two
+    runs)."""
     from tests.support import verl_venv
 
     python = verl_venv.venv_python_or_skip()
@@ -184,3 +209,11 @@ def test_a_trainer_without_its_site_fails_at_run_time(tmp_path, monkeypatch):
         assert words in refused["message"], (words, refused)
     plain = run()  # collection off: upstream's own code runs (and fails on the stand-in self)
     assert plain["raised"] not in (None, "RuntimeError"), plain
+
+
+def test_apply_help_and_readme_name_every_entry_point():
+    """The four names are written out in `patch apply --help` and README: they must stay the registry's."""
+    code, out, _ = run_cli("patch", "apply", "--help")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for entry in entry_points("verl"):
+        assert entry.name in " ".join(out.split()) and f"`{entry.name}`" in readme, entry.name

@@ -26,8 +26,10 @@ shared with four other sessions, load 10-18, 2026-12-01): the whole module 426 s
 9 passed): the patch shape (DP=2) 217-224 s (CLI steps, engine start, 4 dumped forwards per
 replica, revert), the native shape 165-227 s, the refusal check 7-9 s; cold, add the venv builds
 (tests/support/sglang_venv.py: 204 s and 801 s under that load). The weight syncs ride on the
-native engine (no engine of their own): its five tests took 122 s with them (2026-12-02, the
-weight phase = loading the actor's tensors, three 3-bucket syncs, one `weights compare`).
+native engine (no engine of their own; loading the actor's tensors, three 3-bucket syncs, one
+`weights compare`): 2026-12-02, load 7-8, the whole module 476 s (11 passed: patch shape 257 s,
+native shape with the weight syncs 213 s, within the 165-227 s it took without them); the native
+shape alone 122 s on a quieter machine.
 """
 
 from __future__ import annotations

@@ -132,29 +132,49 @@ def checkout(repo: Path, sha: str) -> None:
         git(repo, "branch", "-q", "-D", branch)
 
 
-def full_cycle(repo: Path, project: str, set_names: list[str]) -> dict:
+def full_cycle(repo: Path, project: str, set_names: list[str], entry_point: str | None = None) -> dict:
     """Diff, apply (branch + commit), status applied, byte-exact revert on the checked-out commit,
-    in-process. Returns {"tested": bool, "capabilities": {name: sites}}; raises UserError on a refusal."""
+    in-process. Returns {"tested", "capabilities": {name: sites}, "version", "not_covered": [NotCovered
+    in the tree], "entry_points": {entry point: covered}}; raises UserError on a refusal (with
+    `entry_point`, also when a capability it needs has no site)."""
     from rl_msprobe import engine
     from rl_msprobe.patches import resolve_sets
     from rl_msprobe.upstream.trees import resolve_tree
 
     target = resolve_tree(str(repo), project)
     sets = resolve_sets(set_names)
-    plan = engine.plan_apply(target, sets)  # raises on a missing anchor or capability
+    plan = engine.plan_apply(target, sets, entry_point)  # raises on a missing anchor or capability
     assert plan.changes, "a tree with every capability found has something to patch"
     originals = {c.path: c.before for c in plan.changes}
-    result = engine.apply(target, sets)
+    result = engine.apply(target, sets, entry_point=entry_point)
     assert result.git and sorted(result.changed) == sorted(originals)
+    gaps = [m for m in plan.not_covered if m.in_tree]
+    assert list(result.not_covered) == gaps, "apply reports every piece left without a site"
     for change in plan.changes:
         if change.path.endswith(".py"):
             compile(change.after or b"", change.path, "exec")
     status = engine.status(target, sets)
     assert status.all_applied, [s.status.value for s in status.sets]
+    listed = [m for found in status.sets for m in found.not_covered]
+    assert [(m.entry_point, m.piece) for m in listed] == [(m.entry_point, m.piece) for m in gaps], (
+        "never silent"
+    )
     assert engine.plan_apply(target, sets).changes == [], "a second apply changes nothing"
     engine.revert(target, sets)
     for path, before in originals.items():
         now = (repo / path).read_bytes() if (repo / path).exists() else None
         assert now == before, f"{path}: not byte-exact after revert"
     caps = {c.name: list(c.sites) for reports in plan.capabilities.values() for c in reports}
-    return {"tested": not plan.warnings, "capabilities": caps, "version": target.version}
+    covered: dict[str, bool] = {}
+    for by_entry in plan.entry_points.values():
+        for name, ok in by_entry.items():
+            covered[name] = covered.get(name, True) and ok
+    return {
+        "tested": not plan.warnings,
+        "capabilities": caps,
+        "version": target.version,
+        "not_covered": gaps,
+        "all_not_covered": plan.not_covered,
+        "entry_points": covered,
+        "describe": target.describe(),
+    }

@@ -9,6 +9,15 @@ edited; the fixes wrap functions when their modules are first imported:
    rejects: ``initialize_global_process_group_ray`` gets ``backend="gloo"`` by default.
 2. vLLM CPU repacks linear weights after loading and drops ``weight_loader``, so verl's weight
    sync fails (and the job then hangs): the sync runs inside vLLM's own layerwise reload.
+3. SGLang rollout (tests/support/sglang_job.py): SGLang's torch-reduction patch
+   (``sglang.srt.utils.patch_torch._reduce_tensor_modified``, applied by its weight sync) swaps
+   the device index of a CUDA tensor's IPC handle for the device's UUID, at a fixed slot that a
+   CPU tensor's reduction does not have (``IndexError: tuple index out of range`` in verl's
+   ``update_weights``): CPU tensors keep torch's own reduction, and a process that imports it
+   shares CPU storages with the ``file_system`` strategy: the default passes a file descriptor through ``multiprocessing``'s
+   resource sharer, which the SGLang scheduler (spawned by another Ray actor, another authkey)
+   is refused (``AuthenticationError: digest sent was rejected``); a named shared-memory file
+   needs no handshake.
 
 Test hook: ``RL_MSPROBE_LIVE_WORKER_MODULES`` names modules (comma-separated, on
 ``PYTHONPATH``) imported here in every process; a module's ``after_weight_sync(worker)`` runs
@@ -180,9 +189,25 @@ def _patch_vllm_extension(module: types.ModuleType) -> None:
     cls.update_weights_from_ipc = update_weights_from_ipc
 
 
+def _patch_sglang_reductions(module: types.ModuleType) -> None:
+    original = module._reduce_tensor_modified
+
+    @functools.wraps(original)
+    def _reduce_tensor_modified(tensor, *args, **kwargs):
+        if tensor.is_cuda:
+            return original(tensor, *args, **kwargs)
+        from torch.multiprocessing import reductions
+
+        return reductions._reduce_tensor_original(tensor, *args, **kwargs)
+
+    module._reduce_tensor_modified = _reduce_tensor_modified
+    torch.multiprocessing.set_sharing_strategy("file_system")  # storages are pickled after this returns
+
+
 _PATCHES = {
     "verl.utils.distributed": _patch_distributed,
     "verl.workers.rollout.vllm_rollout.utils": _patch_vllm_extension,
+    "sglang.srt.utils.patch_torch": _patch_sglang_reductions,
 }
 
 

@@ -24,17 +24,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _wanted(items: list[pytest.Item]) -> list[list[str]]:
     """The build commands (module + arguments) for the venvs the collected e2e tests use."""
-    from tests.support import job_venv, sglang_venv
+    from tests.support import job_venv, sglang_job_venv, sglang_venv
 
     e2e = [item for item in items if item.get_closest_marker("e2e")]
     sglang_tests = [item for item in e2e if item.path.name.startswith("test_sglang_")]
+    # the GRPO job with an SGLang rollout runs in its own venv (verl + SGLang at verl's pin)
+    sglang_job_tests = [item for item in sglang_tests if item.path.name.startswith("test_sglang_rollout")]
     commands = []
     if len(e2e) > len(sglang_tests) and not job_venv.VENV.is_ready():
         commands.append(["tests.support.job_venv", "build"])
     if sglang_tests and not os.environ.get("RL_MSPROBE_SKIP_SGLANG_E2E"):
-        shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
-        if shapes:
-            commands.append(["tests.support.sglang_venv", "build", *shapes])
+        if sglang_job_tests and not sglang_job_venv.VENV.is_ready():
+            commands.append(["tests.support.sglang_job_venv", "build"])
+        if len(sglang_tests) > len(sglang_job_tests):
+            shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
+            if shapes:
+                commands.append(["tests.support.sglang_venv", "build", *shapes])
     return commands
 
 

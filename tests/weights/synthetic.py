@@ -80,7 +80,10 @@ def write(
                 got.append((n, t))
             with (folder / f"received-host-{pid}.jsonl").open("a") as out:
                 for i, (n, t) in enumerate(got):
-                    out.write(_line("received", sync, rank, n, t, i, tp_size=tp, hash=helper.digest(t)))
+                    shards = {"shard_fp": helper._own_shards(t, rank, tp)} if tp > 1 else {}
+                    out.write(
+                        _line("received", sync, rank, n, t, i, tp_size=tp, hash=helper.digest(t), **shards)
+                    )
             with (folder / f"resident-host-{pid}.jsonl").open("a") as out:
                 loaded = dict(got)
                 for n, t in (

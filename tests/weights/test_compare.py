@@ -47,6 +47,22 @@ def test_a_loader_fault_on_one_rank_is_that_tensor_at_stage_resident(tmp_path, n
     ]
     assert differs == [(2, name, "resident")]
     assert [s["verdict"] for s in doc["steps"]] == ["EQUAL", "DIFFERENT", "EQUAL"]
+    # the faulty rank by name: a sharded part against that rank's chunk of what it received (dim 0
+    # for k_proj, dim 1 for the row-parallel o_proj), a replicated norm against the whole tensor
+    assert first["faulty_ranks"] == [rank] and first["ranks"] == [0, 1], first
+    code, out, _ = run_cli("weights", "compare", str(tmp_path / "w"))
+    assert f"stage resident, on rank {rank} (of [0, 1])" in out, out
+
+
+@pytest.mark.parametrize("tp,kv,name,ranks", [(4, 4, K1, [2]), (4, 2, UP0, [1, 3]), (4, 2, K1, None)])
+def test_the_faulty_rank_is_named_where_its_part_can_be_told(tmp_path, tp, kv, name, ranks):
+    """TP 4: a k_proj shard, an up_proj fault on two ranks; with KV heads replicated (TP > KV heads)
+    a rank's k_proj part is no 1/TP chunk of what it received: the ranks holding it, no guess."""
+    faults = [(1, "resident", name, r, 1.001) for r in (ranks or [3])]
+    doc = doc_of(synthetic.write(tmp_path / "w", syncs=1, tp=tp, kv=kv, faults=faults))
+    first = doc["first_difference"]
+    assert (first["name"], first["stage"], first.get("faulty_ranks")) == (name, "resident", ranks), first
+    assert first["ranks"] == list(range(tp)) if ranks else len(first["ranks"]) == tp, first
 
 
 def test_a_transfer_fault_is_that_tensor_at_stage_received(tmp_path):

@@ -9,7 +9,7 @@ user venv's site-packages byte-identical. Test-only code in the vLLM workers
 
 - sync 2: one tensor (layer 1's k_proj, a part of the fused, TP-sharded qkv_proj) x1.001 inside
   the engine's load (a wrapper of the model's load_weights) on TP rank 1 only -> exactly that
-  tensor differs, stage `resident`;
+  tensor differs, stage `resident`, faulty rank 1 (its shard against its chunk of what it received);
 - sync 3: one tensor (layer 0's up_proj, a part of the fused gate_up_proj) x1.001 after it left
   the actor and before the worker extension's _update_weights runs, on every rank -> exactly
   that tensor differs, stage `received`;
@@ -178,6 +178,9 @@ def test_a_loader_fault_on_one_rank_is_exactly_that_tensor_stage_resident(flow: 
     row = next(r for r in flow.compare["tensors"] if r["sync"] == 2 and r["name"] == RESIDENT)
     assert row["received"]["status"] == "equal" and row["how"] == "loader-written"
     assert 2e-4 < row["resident"]["norm_rel"] < 1e-3  # x1.001 on one of the two shards: ~5e-4
+    # the faulty rank by name: rank 1's k_proj shard against its chunk of what it received
+    planted = {e["rank"] for e in flow.plant_log if e["stage"] == "resident"}
+    assert row["resident"]["faulty_ranks"] == sorted(planted) == [1], row["resident"]
 
 
 def test_a_transfer_fault_is_exactly_that_tensor_stage_received(flow: Flow) -> None:
@@ -190,5 +193,6 @@ def test_verdict_first_difference_exit_code_and_report(flow: Flow) -> None:
     assert flow.compare["verdict"] == "DIFFERENT" and flow.compare_code == 1
     first = flow.compare["first_difference"]
     assert (first["sync"], first["name"], first["stage"]) == (2, RESIDENT, "resident")
+    assert first["faulty_ranks"] == [1], first
     md = (flow.report / "weights.md").read_text()
-    assert RESIDENT in md and RECEIVED in md
+    assert RESIDENT in md and RECEIVED in md and "on rank 1 (of [0, 1])" in md

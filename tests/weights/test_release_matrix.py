@@ -25,6 +25,7 @@ REFUSED = {
     "0.7.0": ("vllm_rollout/utils.py", "vLLMColocateWorkerExtension"),
 }
 VLLM = ["0.24.0", "0.30.0", "0.32.0", "0.33.0"]
+PARALLEL_STATE = ("def get_tensor_model_parallel_rank", "def get_tensor_model_parallel_world_size")
 # what rl_msprobe_weights.py reads from a live vLLM model: file -> words that must be there
 VLLM_SHAPE = {
     "vllm/model_executor/layers/linear.py": (
@@ -35,10 +36,7 @@ VLLM_SHAPE = {
     "vllm/model_executor/layers/vocab_parallel_embedding.py": ("shard_indices", "def num_org_elements"),
     "vllm/model_executor/models/qwen2.py": ("packed_modules_mapping", '"qkv_proj"', '"gate_up_proj"'),
     "vllm/model_executor/models/llama.py": ("packed_modules_mapping",),
-    "vllm/distributed/parallel_state.py": (
-        "def get_tensor_model_parallel_rank",
-        "def get_tensor_model_parallel_world_size",
-    ),
+    "vllm/distributed/parallel_state.py": PARALLEL_STATE,
 }
 
 
@@ -62,13 +60,20 @@ def test_refused_where_a_sync_site_is_missing(version):
     assert all(word in err for word in REFUSED[version]), err
 
 
+def _missing(project: str, version: str, shape: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Per file of the release, the words of SHAPE it lacks."""
+    root = fetch_release(project, version)
+    texts = {path: (root / path).read_text(encoding="utf-8") for path in shape}
+    return {
+        path: [w for w in words if w not in texts[path]]
+        for path, words in shape.items()
+        if any(w not in texts[path] for w in words)
+    }
+
+
 @pytest.mark.parametrize("version", VLLM)
 def test_the_vllm_names_the_resident_side_reads_exist(version):
-    root = fetch_release("vllm", version)
-    for path, words in VLLM_SHAPE.items():
-        text = (root / path).read_text(encoding="utf-8")
-        missing = [w for w in words if w not in text]
-        assert not missing, f"vLLM {version} {path}: {missing}"
+    assert _missing("vllm", version, VLLM_SHAPE) == {}
 
 
 SGLANG_FILES = {"sglang/srt/rl_msprobe_weights.py", "sglang/srt/model_executor/model_runner.py"}
@@ -118,3 +123,18 @@ def test_sglang_lines_per_shape(version):
         else ["named_tensors"]
     )
     assert [line.split(", ")[1].split(")")[0] for line in received] == expected, added
+
+
+# what rl_msprobe_weights.py reads from a live SGLang model (file -> words that must be there)
+SGLANG_SHAPE = {
+    "sglang/srt/layers/linear.py": ("output_partition_sizes", "output_dim"),
+    "sglang/srt/layers/vocab_parallel_embedding.py": ("shard_indices", "def num_org_elements"),
+    "sglang/srt/models/qwen2.py": ("bitsandbytes_stacked_params_mapping", '"qkv_proj"', '"gate_up_proj"'),
+    "sglang/srt/models/llama.py": ("stacked_params_mapping",),
+    "sglang/srt/distributed/parallel_state.py": PARALLEL_STATE,
+}
+
+
+@pytest.mark.parametrize("version", SGLANG_FULL + SGLANG_DIFF)
+def test_the_sglang_names_the_resident_side_reads_exist(version):
+    assert _missing("sglang", version, SGLANG_SHAPE) == {}

@@ -19,7 +19,10 @@ Rules (specification path C; DOMAIN §1): everything of inference, plus
 - verl ≥ 0.7.0 (in 0.6.x the actor always runs the legacy workers: the patched engine never
   computes its log-probs); 0.7.x needs `trainer.use_legacy_worker_impl=disable`;
 - patch sets: `verl-consistency` on verl, plus the rollout side's (sglang-dump below 0.5.11,
-  vllm-dump on GPU vLLM, vllm-ascend-dispatch-log recommended on vLLM-Ascend).
+  vllm-dump on GPU vLLM, vllm-ascend-dispatch-log recommended on vLLM-Ascend);
+- SGLang: `sglang-dispatch-log` (which requests each dumped forward pass served: the rollout
+  side of the request-id join) and `engine_kwargs.sglang.disable_radix_cache=True` (verl's
+  SGLang server does not pass `enable_prefix_caching` on).
 
 The specification words the Megatron rule as "TP/PP/EP = rollout TP/DP/EP"; verl's rollout has
 its own `pipeline_model_parallel_size`, and only equal PP makes training rank r hold the same
@@ -397,6 +400,8 @@ def requirements(ctx: Context) -> Requirements:
         return req
     apply(ctx, req, PARALLEL)
     req.patch_sets.insert(0, "verl-consistency")
+    if ctx.rollout == "sglang":
+        _sglang_pairing(ctx, req)
     if ctx.rollout == "vllm" and "vllm-dump" not in req.patch_sets:
         ascend = ctx.version("vllm-ascend")
         if ascend is None or ascend >= Version("0.12.0rc1"):
@@ -406,6 +411,27 @@ def requirements(ctx: Context) -> Requirements:
             )
     req.checks.append(_no_lora_ref_note)
     return req
+
+
+# SGLang: verl's SGLang server does not read rollout.enable_prefix_caching (only vLLM's does)
+SGLANG = (
+    Rule(
+        "consistency.sglang.radix_cache",
+        R + "engine_kwargs.sglang.disable_radix_cache",
+        True,
+        "every dumped prefill runs the whole prompt: verl's SGLang server ignores "
+        "rollout.enable_prefix_caching, and SGLang's radix cache would turn a later sample's prefill "
+        "into a cache hit covering only the last tokens",
+        prefix="++",
+    ),
+)
+
+
+def _sglang_pairing(ctx: Context, req: Requirements) -> None:
+    """SGLang: the dispatch log names each dumped forward pass's requests (the rollout half of
+    `dumps correlate`), and the radix cache off."""
+    req.patch_sets.append("sglang-dispatch-log")
+    apply(ctx, req, SGLANG)
 
 
 def _no_lora_ref_note(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:

@@ -17,6 +17,8 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
   received  every tensor the rollout worker gets, before its loader fuses or shards it
             (`received`, first line of the vLLM worker extension's `_update_weights`;
             `call_received` in SGLang's `update_weights_from_tensor`, once per bucket), per TP rank;
+            with TP > 1 also this rank's 1/TP chunk along dims 0 and 1 (`shard_fp`), so that a
+            loader fault in one rank's shard names that rank;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
             `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
@@ -83,61 +85,110 @@ BLOCK = 1 << 18
 
 
 def _pieces(tensor):
-    """A CPU TENSOR's elements in row-major order as 1-D contiguous torch tensors of about BLOCK
-    elements: views of its memory where it is contiguous, small copies of a few rows where not."""
+    """A CPU TENSOR's elements in row-major order in pieces of about BLOCK elements: 1-D views of
+    its memory where it is contiguous; where not, groups of a few whole rows as strided views (numpy
+    copies those into its float64 scratch far faster than torch's strided copy on a busy CPU)."""
     t = tensor.detach()
     if t.is_contiguous() or t.dim() < 2:
         yield from t.contiguous().reshape(-1).split(BLOCK)
         return
-    rows = max(1, BLOCK // max(1, t[0].numel()))
-    for piece in t.split(rows):
-        yield piece.contiguous().reshape(-1)
+    yield from t.split(max(1, BLOCK // max(1, t[0].numel())))
 
 
-def _blocks(tensor):
+def _raw(piece):
+    """PIECE's bytes in row-major order, contiguous (a numpy copy where the piece is strided)."""
+    import numpy as np
+    import torch
+
+    if piece.is_contiguous():
+        return piece.reshape(-1).view(torch.uint8).numpy()
+    same_size = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[piece.element_size()]
+    return np.ascontiguousarray(piece.view(same_size).numpy()).view(np.uint8)
+
+
+def _blocks(tensor, raw: bool = True):
     """(values, raw) per piece of a CPU TENSOR: VALUES a numpy array numpy sums in float64 (the
-    tensor's own memory for float16/32/64, a float32 copy otherwise: bfloat16, fp8), RAW its bytes."""
+    tensor's own memory for float16/32/64, a float32 copy otherwise: bfloat16, fp8), RAW its bytes
+    (None unless RAW)."""
     import torch
 
     native = tensor.dtype in (torch.float16, torch.float32, torch.float64)
     for piece in _pieces(tensor):
-        raw = piece.view(torch.uint8).numpy()
-        yield (piece.numpy() if native else piece.to(torch.float32).numpy()), raw
+        values = piece.numpy() if native else piece.to(torch.float32).numpy()
+        yield values, (_raw(piece) if raw else None)
+
+
+class _Crc:
+    """CRC-32 of byte blocks, chained in order on one background thread while the caller computes
+    the statistics of the same blocks (zlib and numpy both release the GIL on large buffers): with
+    a free core the checksum adds no wall time. At most two blocks wait, so memory stays bounded."""
+
+    _pool = None
+    INLINE = 1 << 16  # bytes: smaller blocks are checksummed in the caller's thread
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+        self.pending = []
+
+    def add(self, raw) -> None:
+        import zlib
+
+        if raw.nbytes < self.INLINE and not self.pending:
+            self.value = zlib.crc32(raw, self.value)
+            return
+        if _Crc._pool is None:
+            import concurrent.futures
+
+            _Crc._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl-msprobe-crc")
+        while len(self.pending) >= 2:
+            self.pending.pop(0).result()
+        self.pending.append(_Crc._pool.submit(self._step, raw))
+
+    def _step(self, raw) -> None:
+        import zlib
+
+        self.value = zlib.crc32(raw, self.value)
+
+    def result(self) -> int:
+        for future in self.pending:
+            future.result()
+        self.pending = []
+        return self.value
 
 
 def _stats(blocks, crc=None) -> tuple[float, float, float | None, float | None, int, int, int | None]:
-    """One pass over BLOCKS ((values, raw) pairs): every reduction, and the CRC-32 of the raw bytes
-    when CRC is a starting value, runs on a block while it is in cache, so memory is read once."""
-    import zlib
-
+    """One pass over BLOCKS ((values, raw) pairs): every reduction runs on a block while it is in
+    cache, so memory is read once; the CRC-32 of the raw bytes, when CRC is a starting value, on a
+    second thread over the same blocks (`_Crc`)."""
     import numpy as np
 
     total = sumsq = 0.0
     low = high = None
     nan = inf = 0
     scratch = np.empty(0, dtype=np.float64)
+    chain = None if crc is None else _Crc(crc)
     for a, raw in blocks:
-        if crc is not None:
-            crc = zlib.crc32(raw, crc)
+        if chain is not None:
+            chain.add(raw)
         if scratch.size < a.size:
             scratch = np.empty(max(a.size, BLOCK), dtype=np.float64)
         wide = scratch[: a.size]
-        np.copyto(wide, a)
+        np.copyto(wide.reshape(a.shape), a)  # a strided piece is gathered here, in cache
         s = float(np.add.reduce(wide))
         q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         if not (math.isfinite(s) and math.isfinite(q)):
             bad_nan, bad_inf = np.isnan(a), np.isinf(a)
             nan, inf = nan + int(bad_nan.sum()), inf + int(bad_inf.sum())
-            a = a[~(bad_nan | bad_inf)]
+            a = a[~(bad_nan | bad_inf)]  # 1-D
             wide = a.astype(np.float64)
             s = float(np.add.reduce(wide))
             q = float(np.add.reduce(np.multiply(wide, wide, out=wide)))
         total, sumsq = total + s, sumsq + q
         if a.size:
-            lo, hi = float(np.minimum.reduce(a)), float(np.maximum.reduce(a))
+            lo, hi = float(np.minimum.reduce(a, axis=None)), float(np.maximum.reduce(a, axis=None))
             low = lo if low is None else min(low, lo)
             high = hi if high is None else max(high, hi)
-    return total, sumsq, low, high, nan, inf, crc
+    return total, sumsq, low, high, nan, inf, (None if chain is None else chain.result())
 
 
 CHUNK = 1 << 22  # elements per float64 block on a device
@@ -174,7 +225,7 @@ def _measure(tensor, hashed: bool) -> tuple[dict, str | None]:
     if tensor.device.type != "cpu" or tensor.numel() == 0:
         return fingerprint(tensor), (digest(tensor) if hashed else None)
     crc = _header_crc(tensor) if hashed else None
-    *stats, crc = _stats(_blocks(tensor), crc)
+    *stats, crc = _stats(_blocks(tensor, hashed), crc)
     return _fp(tensor.numel(), stats), (None if crc is None else f"{crc:08x}")
 
 
@@ -205,13 +256,11 @@ def digest(tensor) -> str:
     consecutive bits is always caught; it guards transfers, it is no cryptographic hash)."""
     import zlib
 
-    import torch
-
     t = tensor.detach().cpu()
     crc = _header_crc(t)
     if t.numel():
         for piece in _pieces(t):
-            crc = zlib.crc32(piece.view(torch.uint8).numpy(), crc)
+            crc = zlib.crc32(_raw(piece), crc)
     return f"{crc:08x}"
 
 
@@ -314,11 +363,25 @@ def _received(state: dict, weights) -> None:
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
+        extra = {"tp_size": tp_size}
+        if tp_size > 1:
+            extra["shard_fp"] = _own_shards(tensor, state["rank"], tp_size)
         records.append(
-            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, tp_size=tp_size)
+            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, **extra)
         )
         state["index"] += 1
     _write("received", records)
+
+
+def _own_shards(tensor, rank: int, tp_size: int) -> dict[str, dict]:
+    """This TP rank's part of a received TENSOR as a tensor-parallel layer takes it (its RANK-th of
+    TP_SIZE equal chunks along dim 0, column-parallel, and along dim 1, row-parallel): what its
+    resident shard must match, so a loader fault on one rank names that rank."""
+    shards = {}
+    for dim in range(min(tensor.dim(), 2)):
+        if tensor.shape[dim] % tp_size == 0 and rank < tp_size:
+            shards[str(dim)] = fingerprint(tensor.chunk(tp_size, dim)[rank])
+    return shards
 
 
 # An engine that loads one sync in several calls, one per bucket (SGLang's ModelRunner /
