@@ -24,13 +24,7 @@ CREATES = matchers.assigns("self.msprobe_debugger", m.Call())
 
 
 class _Transformer(ScopedTransformer):
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        super().visit_ClassDef(node)
-        return self.qualname == "ModelRunner"
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        super().visit_FunctionDef(node)
-        return False  # each method's own body is read in leave_function
+    targets = ("ModelRunner",)  # its methods' bodies; the rest of the file is not walked
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
