@@ -14,7 +14,7 @@ import enum
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NoReturn, TypeVar
 
 import libcst as cst
 from packaging.version import InvalidVersion, Version
@@ -229,8 +229,8 @@ class Codemod:
         if not self.helper_import or not self.switches:
             return None
         classes = top_level_classes(source)
-        named = [a.split(".", 1) for a in (error.anchor, *self.anchors) if "." in a and " " not in a]
-        named = [(cls, method) for cls, method in named if cls in classes]
+        split = [a.split(".", 1) for a in (error.anchor, *self.anchors) if "." in a and " " not in a]
+        named = [(cls, method) for cls, method in split if cls in classes]
         named += [(cls, "__init__") for cls in self.subject if cls in classes]
         defined = [(c, m) for c, m in named if any(_defines(n, m) for n in classes[c].body)]
         if not defined and not named:
@@ -315,7 +315,7 @@ class TransformContext:
         if anchor not in self.found:
             self.fail(anchor)
 
-    def fail(self, anchor: str) -> None:
+    def fail(self, anchor: str) -> NoReturn:
         raise AnchorError(self.codemod.path, anchor, self.version, self.codemod.anchors[anchor])
 
     def check_all_found(self) -> None:
@@ -346,7 +346,10 @@ def body_of(node: cst.CSTNode) -> Sequence[cst.BaseStatement]:
     raise TypeError(f"{type(node).__name__} has no indented block")
 
 
-def with_body(node: cst.CSTNode, statements: Iterable[cst.BaseStatement]) -> cst.CSTNode:
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
+
+
+def with_body(node: NodeT, statements: Iterable[cst.BaseStatement]) -> NodeT:
     block = node.body  # type: ignore[attr-defined]
     return node.with_changes(body=block.with_changes(body=tuple(statements)))
 
@@ -370,7 +373,7 @@ def insert_after_imports(module: cst.Module, statements: Sequence[cst.BaseStatem
     return module.with_changes(body=[*body[:position], *statements, *body[position:]])
 
 
-def _after_docstring(body: list[cst.BaseStatement]) -> int:
+def _after_docstring(body: Sequence[cst.BaseStatement]) -> int:
     if body and isinstance(body[0], cst.SimpleStatementLine):
         first = body[0].body[0]
         if isinstance(first, cst.Expr) and isinstance(
@@ -440,7 +443,7 @@ class ScopedTransformer(cst.CSTTransformer):
         self.scope.append(node.name.value)
         return self._wanted()
 
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.BaseStatement:
         self.scope.pop()
         return self.leave_scope(original, updated)
 
@@ -448,17 +451,17 @@ class ScopedTransformer(cst.CSTTransformer):
         self.scope.append(node.name.value)
         return self._wanted()
 
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.BaseStatement:
         name = self.qualname
         self.scope.pop()
         return self.leave_function(name, original, updated)
 
-    def leave_scope(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.CSTNode:
+    def leave_scope(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.BaseStatement:
         return updated
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         return updated
 
 
@@ -470,7 +473,7 @@ def insert_before(stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> 
     if not new:
         return [stmt]
     lead = getattr(stmt, "leading_lines", ())
-    first = new[0].with_changes(leading_lines=lead)  # type: ignore[call-arg]
+    first = new[0].with_changes(leading_lines=lead)
     return [first, *new[1:], stmt.with_changes(leading_lines=())]
 
 
@@ -492,7 +495,7 @@ class MethodBlockTransformer(ScopedTransformer):
             self.ctx.hit(self.method)
         return wanted
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         if self.qualname != self.method:
             return updated
         return updated.with_changes(body=self.rewrite(updated.body))

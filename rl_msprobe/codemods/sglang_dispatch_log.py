@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rl_msprobe.codemods.base import Codemod, ScopedTransformer, TransformContext, with_body
+from rl_msprobe.codemods.base import Codemod, ScopedTransformer, TransformContext, body_of, with_body
 
 IMPORT = "from sglang.srt.model_executor import rl_msprobe_dispatch"
 BATCH = "forward_batch"
@@ -37,13 +37,13 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname != "ModelRunner.forward" or len(self.scope) != 1:
             return updated
         if not _has_param(updated, BATCH):
             self.ctx.fail("forward(self, forward_batch)")
         self.ctx.hit("forward(self, forward_batch)")
-        body = list(updated.body.body)
+        body = list(body_of(updated))
         at = 0 if updated.get_docstring(clean=False) is None else 1
         line = self.ctx.statement(f"{IMPORT}; rl_msprobe_dispatch.log_forward(self, {BATCH})")
         return with_body(updated, [*body[:at], line, *body[at:]])

@@ -16,6 +16,7 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     after_docstring,
+    body_of,
     with_body,
 )
 
@@ -34,11 +35,11 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname != METHOD:
             return updated
         self.ctx.hit(METHOD)
-        body = list(updated.body.body)
+        body = list(body_of(updated))
         at = after_docstring(body)
         return with_body(
             updated, [*body[:at], self.ctx.statement("rl_msprobe_bootstrap_room.pin(self)"), *body[at:]]

@@ -27,6 +27,7 @@ from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
+    body_of,
     insert_before,
     with_body,
 )
@@ -89,7 +90,7 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname == "ModelRunner.__init__":
             return self._init(updated)
         if qualname == "ModelRunner.forward":
@@ -98,7 +99,7 @@ class _Transformer(ScopedTransformer):
 
     def _init(self, func: cst.FunctionDef) -> cst.FunctionDef:
         body: list[cst.BaseStatement] = []
-        for stmt in func.body.body:
+        for stmt in body_of(func):
             body.append(stmt)
             if _is_counter_init(stmt) and "__init__: self.forward_pass_id = 0" not in self.ctx.found:
                 self.ctx.hit("__init__: self.forward_pass_id = 0")
@@ -106,7 +107,7 @@ class _Transformer(ScopedTransformer):
         return with_body(func, body)
 
     def _forward(self, func: cst.FunctionDef) -> cst.FunctionDef:
-        statements = list(func.body.body)
+        statements = list(body_of(func))
         returns = [i for i, stmt in enumerate(statements) if _is_return_output(stmt)]
         counters = [i for i, stmt in enumerate(statements) if _is_counter_step(stmt)]
         if len(returns) != 1 or _count_returns(func.body) != 1:  # a second way out would skip stop + step

@@ -21,6 +21,7 @@ Shape decides: a file whose classes define no `update_weights_from_tensor` is no
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -28,6 +29,7 @@ from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
+    body_of,
     call_name,
     contains_call,
     top_level_classes,
@@ -50,7 +52,7 @@ def entry_class(source: str) -> str | None:
     return None
 
 
-def _assigned(stmt: cst.BaseStatement, wanted) -> str | None:
+def _assigned(stmt: cst.BaseStatement, wanted: Callable[[cst.BaseExpression], bool]) -> str | None:
     """`X = <value>` with WANTED(value) true: X, else None."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
@@ -77,9 +79,11 @@ class _Transformer(ScopedTransformer):
         self.targets = (f"{cls}.{ENTRY}", f"{cls}.{BUCKET}")
         self.has_bucket = False
 
-    def _after(self, updated: cst.FunctionDef, wanted, anchor: str) -> cst.FunctionDef:
+    def _after(
+        self, updated: cst.FunctionDef, wanted: Callable[[cst.BaseExpression], bool], anchor: str
+    ) -> cst.FunctionDef:
         body: list[cst.BaseStatement] = []
-        for stmt in updated.body.body:
+        for stmt in body_of(updated):
             body.append(stmt)
             name = _assigned(stmt, wanted)
             if name is not None and anchor not in self.ctx.found:
@@ -89,7 +93,7 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname == f"{self.cls}.{ENTRY}":
             self.ctx.hit("update entry")
             updated = self._after(updated, _unpacked, "unpacked tensors")

@@ -18,6 +18,7 @@ from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
+    body_of,
     contains_call,
     dotted,
     insert_before,
@@ -32,12 +33,12 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname != "FSDPEngine.forward_backward_batch":
             return updated
         self.ctx.hit("FSDPEngine.forward_backward_batch")
         body = []
-        for stmt in updated.body.body:
+        for stmt in body_of(updated):
             if isinstance(stmt, cst.For) and _iterates_micro_batches(stmt):
                 self.ctx.hit("micro-batch loop")
                 stmt = self._wrap_forward(stmt)
@@ -46,7 +47,7 @@ class _Transformer(ScopedTransformer):
 
     def _wrap_forward(self, loop: cst.For) -> cst.For:
         statements: list[cst.BaseStatement] = []
-        for stmt in loop.body.body:
+        for stmt in body_of(loop):
             if isinstance(stmt, cst.With) and contains_call(stmt, "self.forward_step"):
                 self.ctx.hit("with-block around self.forward_step")
                 start = self.ctx.statement(

@@ -25,6 +25,7 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     after_docstring,
+    body_of,
     call_name,
     contains_call,
     insert_before,
@@ -51,12 +52,12 @@ def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
 class _Transformer(ScopedTransformer):
     targets = ("MegatronEngine.forward_backward_batch", "MegatronEngineWithLMHead.forward_step")
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         if not self.qualname.startswith("MegatronEngineWithLMHead.forward_step"):
             return updated
         statements: list[cst.BaseStatement] = []
         for stmt in updated.body:
-            if _is_forward_assign(stmt):
+            if isinstance(stmt, cst.SimpleStatementLine) and _is_forward_assign(stmt):
                 self.ctx.hit(f"{_forward_callee(stmt)} call")
                 start = self.ctx.statement("rl_msprobe_hooks.megatron_forward_start(self, model, batch)")
                 statements.extend(insert_before(stmt, [start]))
@@ -67,7 +68,7 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname == "MegatronEngineWithLMHead.forward_step":
             self.ctx.hit("MegatronEngineWithLMHead.forward_step")
             if not _has_param(updated, "batch_iter"):
@@ -77,7 +78,7 @@ class _Transformer(ScopedTransformer):
         if qualname != "MegatronEngine.forward_backward_batch":
             return updated
         self.ctx.hit("MegatronEngine.forward_backward_batch")
-        body: Sequence[cst.BaseStatement] = updated.body.body
+        body: Sequence[cst.BaseStatement] = body_of(updated)
         at = after_docstring(body)
         decide = self.ctx.statement("rl_msprobe_hooks.megatron_batch_begin(self, forward_only)")
         return with_body(updated, [*body[:at], decide, *body[at:]])

@@ -40,15 +40,19 @@ version: a checkout between two releases gets whichever client it really has.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     MethodBlockTransformer,
     ScopedTransformer,
     TransformContext,
-    call_name,
     insert_before,
     top_level_classes,
 )
@@ -61,93 +65,118 @@ ATTACH = "rl_msprobe_consistency.attach_request_id(output)"
 KEEP_PARENT = "rl_msprobe_consistency.keep_parent_extra_fields(final_output, output)"
 
 
-def _awaited_call(stmt: cst.BaseStatement, target: str) -> str | None:
-    """`target = await f(...)` / `target: T = await f(...)`: the dotted name of f, else None."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        name, value = small.targets[0].target, small.value
-    elif isinstance(small, cst.AnnAssign):
-        name, value = small.target, small.value
-    else:
-        return None
-    if not (isinstance(name, cst.Name) and name.value == target and isinstance(value, cst.Await)):
-        return None
-    if isinstance(value.expression, cst.Call) and isinstance(value.expression.func, cst.Attribute):
-        func = value.expression.func
-        if isinstance(func.value, cst.Call) and call_name(func.value) == "super":
-            return f"super().{func.attr.value}"
-    return call_name(value.expression)
+@dataclass(frozen=True)
+class Surround:
+    """Marked lines around one awaited call: in `method` of each class it names, the statement
+    `target = await call(...)` gets `before` above it and `after` below it.
+
+    Which classes hold the method is the one place upstream drift shows: `classes` lists the
+    names it has had (the method moved between them), `subclasses_of` takes every top-level
+    subclass of a class whatever its name (the fully-async client was renamed), and `optional`
+    says the file may have no such class at all (then its anchors are waived)."""
+
+    method_anchor: str
+    call_anchor: str
+    method: str
+    call: str  # dotted, `super().generate` for the parent's method
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    target: str = "output"
+    classes: tuple[str, ...] = ()
+    subclasses_of: str | None = None
+    optional: bool = False
+
+    @property
+    def statement(self) -> matchers.Matcher:
+        return matchers.assigns(self.target, matchers.awaits(self.call))
+
+    def holds(self, node: cst.ClassDef) -> bool:
+        """Whether this top-level class is one of those that hold the method."""
+        return node.name.value in self.classes or (
+            self.subclasses_of is not None and self.subclasses_of in _base_names(node)
+        )
+
+
+def _base_names(node: cst.ClassDef) -> list[str]:
+    out = []
+    for base in node.bases:
+        if isinstance(base.value, cst.Name):
+            out.append(base.value.value)
+        elif isinstance(base.value, cst.Attribute):
+            out.append(base.value.attr.value)
+    return out
 
 
 class _Surround(ScopedTransformer):
-    """In each method of `rules`, put lines before / after the statement that matches.
+    """Applies a codemod's `Surround`s: the first that holds a top-level class patches its method."""
 
-    rules: {qualname: (method anchor, statement anchor, target variable, awaited call, lines before,
-    lines after)}; several qualnames may share a method anchor (a method that moved between classes).
-    """
-
-    def __init__(
-        self,
-        ctx: TransformContext,
-        rules: dict[str, tuple[str, str, str, str, tuple, tuple]],
-        subclass_rules: dict[str, tuple[str, tuple[str, str, str, str, tuple, tuple]]] | None = None,
-    ) -> None:
+    def __init__(self, ctx: TransformContext, surrounds: Sequence[Surround]) -> None:
         super().__init__(ctx)
-        self.rules = dict(rules)
-        # {base class: (method, rule)}: the rule also holds for `Sub.method` of every subclass found
-        self.subclass_rules = subclass_rules or {}
-        self.subclasses: list[str] = []
+        self.surrounds = surrounds
+        self.rules: dict[str, Surround] = {}  # Class.method -> its Surround
+        self.seen: set[Surround] = set()  # the surrounds some class of this file holds
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if not self.scope:
-            for base in node.bases:
-                name = base.value.attr.value if isinstance(base.value, cst.Attribute) else None
-                name = base.value.value if isinstance(base.value, cst.Name) else name
-                if name in self.subclass_rules:
-                    method, rule = self.subclass_rules[name]
-                    self.rules.setdefault(f"{node.name.value}.{method}", rule)
-                    self.subclasses.append(node.name.value)
+            for surround in self.surrounds:
+                if surround.holds(node):
+                    self.rules.setdefault(f"{node.name.value}.{surround.method}", surround)
+                    self.seen.add(surround)
         return super().visit_ClassDef(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         super().visit_FunctionDef(node)
         if self.qualname in self.rules:
-            self.ctx.hit(self.rules[self.qualname][0])
+            self.ctx.hit(self.rules[self.qualname].method_anchor)
         return True
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         rule = self.rules.get(self.qualname)
         if rule is None:
             return updated
-        _, anchor, target, call, before, after = rule
         statements: list[cst.BaseStatement] = []
+        call = rule.statement
         for stmt in updated.body:
-            if _awaited_call(stmt, target) == call:
-                self.ctx.hit(anchor)
-                statements.extend(insert_before(stmt, [self.ctx.statement(line) for line in before]))
-                statements.extend(self.ctx.statement(line) for line in after)
+            if m.matches(stmt, call):
+                self.ctx.hit(rule.call_anchor)
+                statements.extend(insert_before(stmt, [self.ctx.statement(line) for line in rule.before]))
+                statements.extend(self.ctx.statement(line) for line in rule.after)
             else:
                 statements.append(stmt)
         return updated.with_changes(body=statements)
 
 
-_FULLY_ASYNC_RULE = (
-    "fully-async client generate",
-    "super().generate call",
-    "output",
-    "super().generate",
-    (),
-    (KEEP_PARENT,),
-)
-_SUBCLASS_RULES = {"LLMServerClient": ("generate", _FULLY_ASYNC_RULE)}
+class _RequestIdCodemod(ConsistencyCodemod):
+    """A rollout-client file: the request-id lines around the calls its `surrounds` name."""
+
+    surrounds: ClassVar[tuple[Surround, ...]]
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _Surround(ctx, self.surrounds)
+
+    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
+        assert isinstance(transformer, _Surround)
+        for surround in self.surrounds:
+            if surround.optional and surround not in transformer.seen:
+                ctx.waive(surround.method_anchor)
+                ctx.waive(surround.call_anchor)
+
+
+_SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or `output: TokenOutput = ...`)"
 _FULLY_ASYNC_EXPECTED = "a method generate in a subclass of LLMServerClient (the fully-async client)"
 _SUPER_CALL_EXPECTED = "`output = await super().generate(...)` in the fully-async client's generate"
-_SERVER_CALL = "`output = await server.generate.remote(request_id=..., ...)` (or `output: TokenOutput = ...`)"
+# the fully-async client resumes an aborted request: keep the first attempt's extra_fields
+FULLY_ASYNC_CLIENT = Surround(
+    "fully-async client generate",
+    "super().generate call",
+    "generate",
+    "super().generate",
+    after=(KEEP_PARENT,),
+    subclasses_of="LLMServerClient",
+)
 
 
-class VerlAgentLoopRequestId(ConsistencyCodemod):
+class VerlAgentLoopRequestId(_RequestIdCodemod):
     name = "verl-agent-loop-request-id"
     path = "verl/experimental/agent_loop/agent_loop.py"
     subject = ("AsyncLLMServerManager",)  # from 0.8.0 the client lives in llm_server.py instead
@@ -159,32 +188,29 @@ class VerlAgentLoopRequestId(ConsistencyCodemod):
         "agent_loop.run call": "`output: AgentLoopOutput = await agent_loop.run(...)` in "
         "AgentLoopWorker._run_agent_loop",
     }
-
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        rules = {
-            "AsyncLLMServerManager.generate": (
-                "AsyncLLMServerManager.generate",
-                "server.generate.remote call",
-                "output",
-                "server.generate.remote",
-                (RECORD,),
-                (KEEP,),
-            ),
-        }
-        # 0.6.1 - 0.7.0 define _run_agent_loop on AgentLoopWorkerBase, the others on AgentLoopWorker.
-        for owner in ("AgentLoopWorker", "AgentLoopWorkerBase"):
-            rules[f"{owner}._run_agent_loop"] = (
-                "AgentLoopWorker._run_agent_loop",
-                "agent_loop.run call",
-                "output",
-                "agent_loop.run",
-                (BEGIN,),
-                (ATTACH,),
-            )
-        return _Surround(ctx, rules)
+    surrounds = (
+        Surround(
+            "AsyncLLMServerManager.generate",
+            "server.generate.remote call",
+            "generate",
+            "server.generate.remote",
+            before=(RECORD,),
+            after=(KEEP,),
+            classes=("AsyncLLMServerManager",),
+        ),
+        Surround(
+            "AgentLoopWorker._run_agent_loop",
+            "agent_loop.run call",
+            "_run_agent_loop",
+            "agent_loop.run",
+            before=(BEGIN,),
+            after=(ATTACH,),
+            classes=("AgentLoopWorker", "AgentLoopWorkerBase"),  # 0.6.1 - 0.7.0: on AgentLoopWorkerBase
+        ),
+    )
 
 
-class VerlLLMServerRequestId(ConsistencyCodemod):
+class VerlLLMServerRequestId(_RequestIdCodemod):
     name = "verl-llm-server-request-id"
     path = "verl/workers/rollout/llm_server.py"
     subject = ("LLMServerClient",)
@@ -194,33 +220,29 @@ class VerlLLMServerRequestId(ConsistencyCodemod):
         "fully-async client generate": f"{_FULLY_ASYNC_EXPECTED}, where this file defines one",
         "super().generate call": _SUPER_CALL_EXPECTED,
     }
-
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        rules = {
-            "LLMServerClient.generate": (
-                "LLMServerClient.generate",
-                "server.generate.remote call",
-                "output",
-                "server.generate.remote",
-                (RECORD,),
-                (KEEP,),
-            ),
-        }
-        return _Surround(ctx, rules, _SUBCLASS_RULES)
-
-    def after_visit(self, transformer: cst.CSTTransformer, ctx: TransformContext) -> None:
-        if not transformer.subclasses:  # 0.8.0 defines the fully-async client in fully_async_rollouter.py
-            ctx.waive("fully-async client generate")
-            ctx.waive("super().generate call")
+    surrounds = (
+        Surround(
+            "LLMServerClient.generate",
+            "server.generate.remote call",
+            "generate",
+            "server.generate.remote",
+            before=(RECORD,),
+            after=(KEEP,),
+            classes=("LLMServerClient",),
+        ),
+        # 0.8.0 defines the fully-async client in fully_async_rollouter.py, not here
+        dataclasses.replace(FULLY_ASYNC_CLIENT, optional=True),
+    )
 
 
-class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
+class VerlFullyAsyncRolloutRequestId(_RequestIdCodemod):
     name = "verl-fully-async-rollouter-request-id"
     path = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
     anchors = {
         "fully-async client generate": _FULLY_ASYNC_EXPECTED,
         "super().generate call": _SUPER_CALL_EXPECTED,
     }
+    surrounds = (FULLY_ASYNC_CLIENT,)
 
     def present(self, source: str) -> bool:
         """Only where this file defines the client (verl 0.8.0); later it lives in llm_server.py."""
@@ -232,9 +254,6 @@ class VerlFullyAsyncRolloutRequestId(ConsistencyCodemod):
 
     def subject_text(self) -> str:
         return "subclass of LLMServerClient"
-
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _Surround(ctx, {}, _SUBCLASS_RULES)
 
 
 LIFT = "rl_msprobe_consistency.lift_request_id(field)"

@@ -35,6 +35,7 @@ advantage step) is left alone: matching is scoped by class and method.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -86,7 +87,7 @@ class _AtSite(MethodBlockTransformer):
         self.site, self.anchor = site, anchor
         self.done = False
 
-    def rewrite(self, body) -> list[cst.BaseStatement]:
+    def rewrite(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         statements: list[cst.BaseStatement] = []
         for stmt in body:
             if self.done or not m.matches(stmt, self.site.statement):
@@ -104,7 +105,11 @@ class ConsistencyCodemod(Codemod):
 
     project = "verl"
     helper_import = CONSISTENCY_IMPORT
-    switches = ("DUMP_ON", "PROMPTS_ONLY", "RL_MSPROBE_REQUEST_ID")  # the request-id lines' switches
+    switches: ClassVar[tuple[str, ...]] = (
+        "DUMP_ON",
+        "PROMPTS_ONLY",
+        "RL_MSPROBE_REQUEST_ID",
+    )  # the request-id lines' switches
 
 
 class _TrainerCodemod(ConsistencyCodemod):

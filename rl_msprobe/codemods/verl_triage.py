@@ -30,34 +30,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
-from rl_msprobe.codemods.base import Codemod, TransformContext, call_name
+from rl_msprobe.codemods import matchers
+from rl_msprobe.codemods.base import Codemod, TransformContext
 
 TRIAGE_IMPORT = "from verl.utils import rl_msprobe_triage"
 ANCHOR = "calculate_debug_metrics call"
 _EXPECTED = "`metrics.update(calculate_debug_metrics(<batch>))` (verl's rollout-vs-actor log-prob metrics)"
 
 
+# `<metrics>.update(calculate_debug_metrics(NAME))`, alone on its line: NAME is the batch measured
+MEASURES = matchers.one_line(
+    m.Expr(
+        value=m.Call(
+            func=m.Attribute(value=matchers.DOTTED, attr=m.Name("update")),
+            args=[
+                m.Arg(
+                    value=m.Call(
+                        func=m.Name("calculate_debug_metrics"), args=[m.Arg(value=matchers.saves(m.Name()))]
+                    )
+                )
+            ],
+        )
+    )
+)
+
+
 def measured_batch(stmt: cst.BaseStatement) -> str | None:
     """`metrics.update(calculate_debug_metrics(NAME))` -> NAME, else None."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    expr = stmt.body[0]
-    if not isinstance(expr, cst.Expr) or not isinstance(expr.value, cst.Call):
-        return None
-    outer = expr.value
-    name = call_name(outer)
-    if name is None or not name.endswith(".update") or len(outer.args) != 1:
-        return None
-    inner = outer.args[0].value
-    if (
-        call_name(inner) != "calculate_debug_metrics"
-        or not isinstance(inner, cst.Call)
-        or len(inner.args) != 1
-    ):
-        return None
-    arg = inner.args[0].value
-    return arg.value if isinstance(arg, cst.Name) else None
+    return matchers.saved_name(stmt, MEASURES)
 
 
 class _AfterMetrics(cst.CSTTransformer):
@@ -72,11 +74,11 @@ class _AfterMetrics(cst.CSTTransformer):
         self.params.append([p.name.value for p in node.params.params])
         return True
 
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.CSTNode:
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.BaseStatement:
         self.params.pop()
         return updated
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         return updated.with_changes(body=self._rewrite(updated.body))
 
     def _rewrite(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:

@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
+from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
     after_docstring,
-    call_name,
+    body_of,
     insert_before,
     with_body,
 )
@@ -41,21 +43,15 @@ def _params(function: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
 
 
+# `X, ... = self.actor.engine.get_per_tensor_param(...)` or `X = ...`: X is the weight stream
+STREAM = matchers.one_line(
+    m.Assign(targets=[m.AssignTarget(target=matchers.saves())], value=matchers.calls(GET_PARAMS))
+)
+
+
 def _stream_name(stmt: cst.BaseStatement) -> str | None:
     """`X, ... = self.actor.engine.get_per_tensor_param(...)` (or `X = ...`): X, else None."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    assign = stmt.body[0]
-    if (
-        not isinstance(assign, cst.Assign)
-        or len(assign.targets) != 1
-        or call_name(assign.value) != GET_PARAMS
-    ):
-        return None
-    target = assign.targets[0].target
-    if isinstance(target, cst.Tuple) and target.elements:
-        target = target.elements[0].value
-    return target.value if isinstance(target, cst.Name) else None
+    return matchers.saved_name(stmt, STREAM)
 
 
 class _SentTransformer(ScopedTransformer):
@@ -76,11 +72,11 @@ class _SentTransformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         self.steps.pop()
         return updated
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         if not self.steps or not self.qualname.startswith(f"{ACTOR}."):
             return updated
         body: list[cst.BaseStatement] = []
@@ -121,7 +117,7 @@ class _ReceivedTransformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname == f"{EXTENSION}.update_weights_from_ipc":
             self.ctx.hit(qualname)
             decorator = marked_decorator(self.ctx, "rl_msprobe_weights.engine_sync")
@@ -131,7 +127,7 @@ class _ReceivedTransformer(ScopedTransformer):
             if len(params) < 2:
                 self.ctx.fail(qualname)
             self.ctx.hit(qualname)
-            body: Sequence[cst.BaseStatement] = updated.body.body
+            body: Sequence[cst.BaseStatement] = body_of(updated)
             at = after_docstring(body)
             line = self.ctx.statement(f"rl_msprobe_weights.received(self, {params[1]})")
             return with_body(updated, [*body[:at], *insert_before(body[at], [line]), *body[at + 1 :]])

@@ -117,12 +117,12 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname.count(".") == 1 and qualname.startswith(CLASS + "."):
             self.method = None
         return updated
 
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.CSTNode:
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         if self.method not in ("__init__", *STEP_METHODS):
             return updated
         statements: list[cst.BaseStatement] = []

@@ -32,6 +32,7 @@ from rl_msprobe.codemods.base import (
     Codemod,
     ScopedTransformer,
     TransformContext,
+    body_of,
     contains_call,
     insert_before,
     with_body,
@@ -60,10 +61,10 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname == f"{CLASS}.__init__":
             self.ctx.hit(f"{CLASS}.__init__")
-            body = list(updated.body.body)
+            body = list(body_of(updated))
             return with_body(updated, [*body, self.ctx.statement("rl_msprobe_dump.init_runner(self)")])
         if qualname == f"{CLASS}.execute_model":
             self.ctx.hit(f"{CLASS}.execute_model")

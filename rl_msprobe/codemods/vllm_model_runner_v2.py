@@ -23,6 +23,7 @@ from rl_msprobe.codemods.base import (
     StatusReport,
     TransformContext,
     after_docstring,
+    body_of,
     insert_before,
     with_body,
 )
@@ -34,11 +35,11 @@ REQUIREMENT = "dumps need VLLM_USE_V2_MODEL_RUNNER=0: only the V1 runner is patc
 class _Transformer(ScopedTransformer):
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if qualname != "GPUModelRunner.__init__":
             return updated
         self.ctx.hit("GPUModelRunner.__init__")
-        body = list(updated.body.body)
+        body = list(body_of(updated))
         index = after_docstring(body)
         guard = self.ctx.statement("rl_msprobe_dump.refuse_v2_runner()")
         if index < len(body):

@@ -37,7 +37,7 @@ def unified_diff(changes: list[FileChange]) -> str:
 
 def summarize(diff_text: str) -> dict[str, Any]:
     """Files, hunks and +/- counts, read back from the diff with unidiff."""
-    from unidiff import PatchSet as UnidiffPatchSet
+    from unidiff.patch import PatchSet as UnidiffPatchSet
 
     parsed = UnidiffPatchSet(diff_text)
     files = [

@@ -174,7 +174,7 @@ def _git(repo: Any, *args: str, data: bytes | None = None, env: dict[str, str] |
 
 
 def _identity(repo: Any) -> dict[str, str]:
-    env = {}
+    env: dict[str, str] = {}
     reader = repo.config_reader()
     if not reader.has_option("user", "name"):
         env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")

@@ -452,7 +452,7 @@ def resolve(state: Path, root: Path, item: dict[str, Any]) -> Path:
             f"{state / JOURNAL / 'journal.json'}: names {rel!r}, which is not a path inside {base}; rl-msprobe "
             f"never writes outside the tree it patches. Nothing was written; remove {state / JOURNAL}."
         )
-    path = base / rel
+    path: Path = base / rel
     real, top = os.path.realpath(path), os.path.realpath(base)
     if os.path.commonpath([real, top]) != top:
         raise UserError(

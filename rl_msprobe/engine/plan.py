@@ -102,10 +102,10 @@ def plan_apply(target: Target, sets: list[PatchSet], entry_point: str | None = N
             plan.uncovered.append(
                 PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_COVERED, str(no_site))
             )
-    for rel, (before, after_text, labels) in texts.items():
-        if after_text is None:
+    for rel, (before, patched, labels) in texts.items():
+        if patched is None:
             continue
-        after = after_text.encode("utf-8")
+        after = patched.encode("utf-8")
         if after != before:
             plan.changes.append(FileChange(rel, before, after, tuple(labels)))
     plan.changes = [c for c in plan.changes if c.before != c.after]

@@ -43,7 +43,11 @@ class Transaction:
         journal.begin(self.tree.state, self.tree.root, self.op, list(self.entries), {"git": self.git})
         try:
             journal.checkpoint("journal")
-            out = steps() if steps is not None else write_entries(self.entries)
+            if steps is not None:
+                out = steps()
+            else:
+                write_entries(self.entries)
+                out = None
         except BaseException as exc:
             if not undo(self.tree, exc):
                 raise

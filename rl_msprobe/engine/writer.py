@@ -12,6 +12,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rl_msprobe.engine import git, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
@@ -94,7 +95,7 @@ def _tree_entries(root: Path, changes: list[FileChange]) -> list[journal.Entry]:
 
 def _fields(
     plan: Plan, recovered: Recovered | None, changed: list[str], git_commit: GitCommit | None
-) -> dict:
+) -> dict[str, Any]:
     """What an apply and a revert result share (the plan's reports, the tree's recovery)."""
     return {
         "tree": str(plan.target.root),
@@ -173,6 +174,7 @@ def _apply_git(
     allow_dirty: bool,
 ) -> GitCommit:
     repo = tree.repo
+    assert repo is not None  # a git tree
     # no file to change (only the record): the user's uncommitted work is never part of that commit
     git.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = git.repo_paths(repo, target.root, plan.changes)
@@ -210,6 +212,7 @@ def _apply_git(
 
 def _objects(tree: Tree, files: list[tuple[str, bytes | None]], message: str, parent: str) -> tuple[str, str]:
     """The commit as git objects, before any file is written (a full disk fails here, nothing changed)."""
+    assert tree.repo is not None  # a git tree
     try:
         return git.build_commit(tree.repo, files, message, parent)
     except git.git_error() as exc:
@@ -250,7 +253,9 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
     return RevertResult(**_fields(plan, recovered, changed, commit), notes=tuple(tree.notes))
 
 
-def _deleted_helpers(repo, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]) -> list[str]:
+def _deleted_helpers(
+    repo: Any, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]
+) -> list[str]:
     """Files a set adds that the user deleted but the branch still has: the revert commit removes them too."""
     out = []
     for _, piece in unique_pieces(sets):
@@ -267,6 +272,7 @@ def _revert_git(
     tree: Tree, target: Target, sets: list[PatchSet], plan: Plan, deleted: list[str], unrecord: bool
 ) -> GitCommit | None:
     repo = tree.repo
+    assert repo is not None  # a git tree
     paths = git.repo_paths(repo, target.root, plan.changes)
     gone = git.repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
     if paths:

@@ -577,7 +577,8 @@ class _Arith:
                 raise ValueError(TOO_COMPLEX)
             if isinstance(node.op, ast.LShift | ast.RShift) and right < 0:
                 raise ValueError("negative shift count")
-            return cls.OPS[type(node.op)](left, right)
+            result: int = cls.OPS[type(node.op)](left, right)
+            return result
         raise ValueError("not plain integer arithmetic")
 
 
@@ -645,7 +646,7 @@ class Scope:
             if match.group(2):
                 return [Value(str(len(var.items if var.items is not None else [var.value])))]
             value = var.value if var.items is None else (var.items[0] if var.items else Value(""))
-            return [Value(str(len(value.text)))] if value.known else [value]
+            return [Value(str(len(value.text)))] if value.text is not None else [value]
         match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?[-=+?])(.*)", body, re.S)
         if match:
             name, op, arg = match.groups()
@@ -764,7 +765,7 @@ class Scope:
                 if not part.quoted and split:
                     pieces: list[Value] = []
                     for value in values:
-                        if value.known and value.text.split() != [value.text]:
+                        if value.text is not None and value.text.split() != [value.text]:
                             pieces.extend(Value(t, (), value.assumed) for t in value.text.split())
                         else:
                             pieces.append(value)
@@ -885,7 +886,8 @@ def _split_statements(lines: LineIndex, tokens: list[Token]) -> list[Statement]:
                     current.clear()
                     depth += 1
                     i += 2
-                    if i < len(tokens) and isinstance(tokens[i], Word) and tokens[i].literal() == "{":
+                    after = tokens[i] if i < len(tokens) else None
+                    if isinstance(after, Word) and after.literal() == "{":
                         i += 1
                     continue
                 close()
@@ -1021,7 +1023,11 @@ def flatten(stmt: Statement, scope: Scope) -> list[tuple[Value, Word, bool, str]
                 sources = var.item_words
                 for index, value in enumerate(items):
                     src = sources[index] if index < len(sources) else word
-                    if not word.parts[0].quoted and value.known and value.text.split() != [value.text]:
+                    if (
+                        not word.parts[0].quoted
+                        and value.text is not None
+                        and value.text.split() != [value.text]
+                    ):
                         for piece in value.text.split():
                             out.append((Value(piece, (), value.assumed), src, False, f"array {name}"))
                     else:

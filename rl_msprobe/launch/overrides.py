@@ -177,7 +177,7 @@ def same_value(found: Any, required: Any) -> bool:
         )
     if isinstance(required, str) and not isinstance(found, (dict, list)):
         return found is not None and str(found) == required
-    return found == required
+    return bool(found == required)
 
 
 # ---------------------------------------------------------------- the command's overrides
@@ -214,12 +214,12 @@ class Overrides:
                 self.flags[pending_flag] = value.text
                 pending_flag = None
                 continue
-            if not value.known:
+            text = value.text
+            if text is None:
                 self.runtime.append((arg, value.runtime))
                 # a runtime value may still have a readable key: `key=$(cmd)`
                 self.items.append(Item(arg, None, "; ".join(value.runtime)))
                 continue
-            text = value.text
             match = _HYDRA_FLAGS.match(text)
             if match:
                 flag = match.group(1)
@@ -249,7 +249,8 @@ class Overrides:
         out = []
         for item in self.items:
             if item.override is None and item.problem:
-                text = item.arg.value.text if item.arg.value.known else item.arg.word.raw
+                known = item.arg.value.text
+                text = known if known is not None else item.arg.word.raw
                 if "=" in text and text.split("=", 1)[0].strip("'\"").lstrip("+~") == key:
                     out.append(item)
         return out

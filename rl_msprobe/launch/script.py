@@ -114,13 +114,9 @@ def _find_entry(values: list[Value]) -> tuple[int, str] | None:
         text = value.text
         if text is None:
             continue
-        if (
-            text == "-m"
-            and i + 1 < len(values)
-            and values[i + 1].text
-            and VERL_ENTRY_RE.match(values[i + 1].text)
-        ):
-            return i + 1, values[i + 1].text
+        module = values[i + 1].text if i + 1 < len(values) else None
+        if text == "-m" and module and VERL_ENTRY_RE.match(module):
+            return i + 1, module
         if (
             VERL_SCRIPT_RE.search(text)
             and i > 0

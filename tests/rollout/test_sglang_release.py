@@ -8,6 +8,7 @@ every release and re-checks the grouping (do that when an SGLang codemod changes
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -150,3 +151,44 @@ def test_status_tells_native_from_absent(tmp_path):
     old = scratch_copy("sglang", "0.5.10.post1", tmp_path / "old", with_git=False)
     code, out, _ = run_cli("patch", "status", "sglang-dump", "--tree", str(old), "--json")
     assert code == 1 and json.loads(out)["sets"][0]["status"] == "absent"
+
+
+@pytest.mark.parametrize("version", ["0.5.10.post1", "0.5.12"])
+def test_dispatch_log_with_either_debugger_and_separate_reverts(version, tmp_path):
+    """sglang-dispatch-log on real releases: on 0.5.10.post1 together with sglang-dump (both edit
+    model_runner.py; each reports applied, and the one applied first reverts alone), on 0.5.12 next
+    to SGLang's own msprobe_dump_config debugger. Byte-identical after both reverts."""
+    tree = scratch_copy("sglang", version, tmp_path / "sglang", with_git=False)
+    before = snapshot(tree)
+    sets = ["sglang-dump", "sglang-dispatch-log"] if version == "0.5.10.post1" else ["sglang-dispatch-log"]
+    for name in sets:
+        code, _, err = run_cli("patch", "apply", name, "--tree", str(tree))
+        assert code == 0, err
+    code, out, err = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
+    assert code == 0, err
+    assert [s["status"] for s in json.loads(out)["sets"]] == ["applied"] * len(sets)
+    source = (tree / "sglang/srt/model_executor/model_runner.py").read_text()
+    (runner,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner"]
+    (forward,) = [n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
+    first = source.splitlines()[forward.body[0].lineno - 1]  # its first statement: the log line
+    assert "rl_msprobe_dispatch.log_forward(self, forward_batch)" in first, first
+    for index, name in enumerate(sets):  # the first applied is reverted first: the other stays applied
+        code, _, err = run_cli("patch", "revert", name, "--tree", str(tree))
+        assert code == 0, err
+        code, out, _ = run_cli("patch", "status", *sets, "--tree", str(tree), "--json")
+        statuses = [s["status"] for s in json.loads(out)["sets"]]
+        assert statuses == ["absent"] * (index + 1) + ["applied"] * (len(sets) - index - 1), statuses
+    assert snapshot(tree) == before
+
+
+def test_dispatch_log_refused_where_forward_has_no_batch_parameter(tmp_path):
+    """A ModelRunner.forward without `forward_batch` (drift) is refused naming the anchor; nothing written."""
+    tree = scratch_copy("sglang", "0.5.12", tmp_path / "sglang", with_git=False)
+    runner = tree / "sglang/srt/model_executor/model_runner.py"
+    signature = "    def forward(\n        self,\n        forward_batch: ForwardBatch,\n"
+    assert signature in runner.read_text()
+    runner.write_text(runner.read_text().replace(signature, signature.replace("forward_batch:", "batch:"), 1))
+    before = snapshot(tree)
+    code, _, err = run_cli("patch", "apply", "sglang-dispatch-log", "--tree", str(tree))
+    assert code == 2 and "forward(self, forward_batch)" in err, err
+    assert snapshot(tree) == before

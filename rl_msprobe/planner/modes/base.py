@@ -230,6 +230,15 @@ class Requirements:
             self.settings.append(setting)
 
 
+def is_true(value: Any) -> bool:
+    """True as verl reads a bool from a script: `True`, or the text true in any case."""
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def is_false(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
+
+
 def is_abs_path(value: Any) -> bool:
     return isinstance(value, str) and os.path.isabs(value)
 

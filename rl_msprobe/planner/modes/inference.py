@@ -18,7 +18,6 @@ Rules (specification path B; DOMAIN §1, §4, §5):
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from packaging.version import Version
 
@@ -30,6 +29,7 @@ from rl_msprobe.planner.modes.base import (
     Setting,
     Violation,
     is_abs_path,
+    is_true,
 )
 from rl_msprobe.upstream.projects import project
 
@@ -38,10 +38,6 @@ VLLM_KEY_0_12 = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.
 SGLANG_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config"
 SGLANG_NATIVE = Version("0.5.11")
 ROLLOUT_ENV = "MSPROBE_ROLLOUT_CONFIG"
-
-
-def _is_true(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
 def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "generate") -> None:
@@ -56,7 +52,7 @@ def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "gener
             True,
             "",
             "never dump with CUDA/ACL graphs on: the rollout must run eagerly",
-            accept=_is_true,
+            accept=is_true,
         )
     )
     req.env.append(

@@ -19,7 +19,7 @@ from typing import Any
 
 from rl_msprobe.launch.detect import STAGES
 from rl_msprobe.launch.overrides import format_value
-from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path
+from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path, is_true
 from rl_msprobe.planner.modes.rules import From, Rule, VersionRule, apply, first_too_old
 from rl_msprobe.planner.msprobe_config import DUMP_PATH_RE
 
@@ -39,10 +39,6 @@ def _stages_ok(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(v in STAGES for v in value)
 
 
-def _true(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
-
-
 KL_KEYS = ("algorithm.use_kl_in_reward", "actor_rollout_ref.actor.use_kl_loss")
 
 
@@ -52,7 +48,7 @@ def _reference_runs(ctx: Context) -> bool | None:
     found = [ctx.value(key) for key in KL_KEYS]
     if any(origin == "runtime" for _, origin in found):
         return None
-    return any(_true(value) for value, _ in found)
+    return any(is_true(value) for value, _ in found)
 
 
 def _save_path_ok(value: Any) -> bool:
@@ -194,7 +190,7 @@ SETTINGS = (
         "actor_rollout_ref.actor.profiler.enable",
         True,
         "the actor role's profiler (also gates the ref in the fused worker)",
-        accept=_true,
+        accept=is_true,
     ),
     Rule(
         "training.ref_profiler",
@@ -202,7 +198,7 @@ SETTINGS = (
         True,
         "the ref role's profiler, for ref_compute_log_prob",
         when=lambda ctx: "ref_compute_log_prob" in _collected_stages(ctx),
-        accept=_true,
+        accept=is_true,
     ),
 )
 

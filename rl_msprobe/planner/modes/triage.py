@@ -18,18 +18,18 @@ from __future__ import annotations
 import os
 import shlex
 
-from rl_msprobe.planner.modes.base import Context, EnvVar, Requirements, Setting, is_abs_path
+from rl_msprobe.planner.modes.base import (
+    Context,
+    EnvVar,
+    Requirements,
+    Setting,
+    is_abs_path,
+    is_false,
+    is_true,
+)
 
 R = "actor_rollout_ref.rollout."
 TRIAGE_ENV = "RL_MSPROBE_TRIAGE"
-
-
-def _true(value: object) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
-
-
-def _false(value: object) -> bool:
-    return value is False or (isinstance(value, str) and value.strip().lower() == "false")
 
 
 def triage_dir(ctx: Context) -> str:
@@ -45,7 +45,7 @@ def requirements(ctx: Context) -> Requirements:
             True,
             "",
             "the rollout returns its log-probs, so verl compares them with the training recompute",
-            accept=_true,
+            accept=is_true,
         )
     )
     if ctx.detection.fully_async or ctx.overrides.get("algorithm.rollout_correction.bypass_mode") is not None:
@@ -56,7 +56,7 @@ def requirements(ctx: Context) -> Requirements:
                 False,
                 "",
                 "bypass mode reuses the rollout's log-probs as the training ones: no gap would be measured",
-                accept=_false,
+                accept=is_false,
             )
         )
     folder = triage_dir(ctx)
