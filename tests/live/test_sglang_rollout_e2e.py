@@ -22,8 +22,9 @@ Wall time (2 cores shared with 4 other sessions, 2026-12-02; the venv, ~3-4 min 
 the job 167 s and 308 s (load of other live tests), compares 24 s and 48 s, the module fixture
 245 s and 448 s (user venv copy, CLI, job, compares, revert); the tests on its results < 1 s
 each. The plain job alone (python -m tests.support.sglang_job DIR): 147 s. With `--weights` (the
-weight fingerprints on both trees, one more test): the job 230 s, the fixture 367 s (load 6-7,
-2026-12-02): no measurable cost beyond the load's swing; `weights compare` < 1 s.
+weight fingerprints on both trees, one more test): the job 230 s and 165 s, the fixture 367 s and
+254 s (2026-12-02, load 6-7 and ~4): no measurable cost beyond the load's swing; `weights compare`
+< 1 s.
 """
 
 from __future__ import annotations
