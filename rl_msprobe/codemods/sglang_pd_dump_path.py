@@ -17,7 +17,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rl_msprobe.codemods import matchers
-from rl_msprobe.codemods.base import Codemod, ScopedTransformer, TransformContext, with_body
+from rl_msprobe.codemods.base import Codemod, ScopedTransformer, TransformContext, body_of, with_body
 
 IMPORT = "from sglang.srt.model_executor import rl_msprobe_pd"
 CREATES = matchers.assigns("self.msprobe_debugger", m.Call())
@@ -28,11 +28,11 @@ class _Transformer(ScopedTransformer):
 
     def leave_function(
         self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.CSTNode:
+    ) -> cst.BaseStatement:
         if not qualname.startswith("ModelRunner.") or qualname.count(".") != 1:
             return updated
         body: list[cst.BaseStatement] = []
-        for stmt in updated.body.body:
+        for stmt in body_of(updated):
             body.append(stmt)
             if m.matches(stmt, CREATES):
                 if "self.msprobe_debugger = <call>" in self.ctx.found:  # a second one: which is it?

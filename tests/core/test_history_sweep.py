@@ -164,8 +164,9 @@ FIT_SHAPE = ("7ac7839", "0e583d1")  # FullyAsyncTrainer.fit takes the batch from
 
 
 def test_a_fully_async_trainer_without_its_site_blocks_only_fully_async(tmp_path, memo_codemods, monkeypatch):
-    """Wall time 46-65 s on the loaded 2-core box (the anchor commits of 7ac7839 … 0e583d1 and three
-    on each side, full cycle each; the whole file: verl 196 s, vLLM-Ascend 104 s)."""
+    """Wall time 46-65 s alone on the loaded 2-core box, 8 s after the verl sweep (shared memo) (the
+    anchor commits of 7ac7839 … 0e583d1 and three on each side, full cycle each; the whole file:
+    verl 115-196 s, vLLM-Ascend 48-104 s)."""
     before_issue_21(monkeypatch)
     repo = clone("verl", tmp_path / "verl")
     history = commits(repo)

@@ -78,14 +78,17 @@ def test_the_vllm_names_the_resident_side_reads_exist(version):
 
 SGLANG_FILES = {"sglang/srt/rl_msprobe_weights.py", "sglang/srt/model_executor/model_runner.py"}
 # full cycle: the oldest release, the last 0.4, the first with a flattened-bucket path, the newest
-# sglang-dump release and verl 0.9.1's pin; every other cached release: the diff applies
+# sglang-dump release and verl 0.9.1's pin; every other release the sglang sets' tests fetch (the
+# cached ones): the lines land where they should
 SGLANG_FULL = ["0.4.6.post5", "0.4.10.post2", "0.5.1", "0.5.10.post1", "0.5.12"]
 SGLANG_DIFF = [
     "0.4.7.post1",
     "0.4.8.post1",
     "0.4.9.post2",
     "0.5.2",
+    "0.5.3.post2",
     "0.5.3.post3",
+    "0.5.6",
     "0.5.6.post2",
     "0.5.9",
     "0.5.11",
