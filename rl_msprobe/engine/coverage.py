@@ -123,7 +123,7 @@ def require_entry(entry: str, missing: Iterable[NotCovered], describe: str) -> N
         "A newer rl-msprobe may know this shape (update it and apply again); the other entry points "
         "are listed by `rl-msprobe patch apply` without --for."
         if any(m.in_tree for m in gaps)
-        else f"this {describe} tree cannot run {entry}."
+        else f"This tree lacks the code {entry} runs: patch the tree that job runs, or pass the entry point it has."
     )
     raise CapabilityError(
         f"--for {entry}: {describe}: "

@@ -9,6 +9,7 @@ from rl_msprobe.codemods.base import top_level_classes
 from rl_msprobe.codemods.sglang_dispatch_log import SGLangDispatchLog
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
+from rl_msprobe.codemods.sglang_pd_dump_path import SGLangPdDumpPath
 from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, Probe
 from rl_msprobe.upstream.projects import project
 
@@ -44,6 +45,7 @@ DUMP_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_dump.py", na
 DISPATCH_FILE = NewFile(
     "sglang", "sglang/srt/model_executor/rl_msprobe_dispatch.py", name="sglang-dispatch-log-file"
 )
+PD_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_pd.py", name="sglang-pd-dump-path-file")
 ROOM_FILE = NewFile(
     "sglang", "sglang/srt/managers/rl_msprobe_bootstrap_room.py", name="sglang-bootstrap-room-file"
 )
@@ -117,4 +119,25 @@ SGLANG_DISPATCH_LOG = PatchSet(
     ),
 )
 
-SETS = (SGLANG_DUMP, SGLANG_DISPATCH_LOG, SGLANG_BOOTSTRAP_ROOM)
+SGLANG_PD_DUMP_PATH = PatchSet(
+    name="sglang-pd-dump-path",
+    project="sglang",
+    description="PD disaggregation with SGLang's own msprobe: dumps under <dump_path>/prefill and <dump_path>/decode",
+    pieces=(Piece(PD_FILE), Piece(SGLangPdDumpPath())),
+    capabilities=(
+        Capability(
+            "dump folder per PD role",
+            "the statement creating SGLang's own debugger (self.msprobe_debugger = ...) in ModelRunner, "
+            "sglang/srt/model_executor/model_runner.py (SGLang 0.5.11 and later)",
+            ("sglang-pd-dump-path",),
+        ),
+    ),
+    min_version=NATIVE_SINCE,
+    notes=(
+        "verl passes one engine_kwargs.sglang to the prefill and the decode servers: without this both write "
+        "step{N}/rank0 under one dump_path. Below 0.5.11 use sglang-dump with MSPROBE_PREFILL_CONFIG / "
+        "MSPROBE_DECODE_CONFIG instead.",
+    ),
+)
+
+SETS = (SGLANG_DUMP, SGLANG_DISPATCH_LOG, SGLANG_PD_DUMP_PATH, SGLANG_BOOTSTRAP_ROOM)

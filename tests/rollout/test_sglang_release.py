@@ -192,3 +192,27 @@ def test_dispatch_log_refused_where_forward_has_no_batch_parameter(tmp_path):
     code, _, err = run_cli("patch", "apply", "sglang-dispatch-log", "--tree", str(tree))
     assert code == 2 and "forward(self, forward_batch)" in err, err
     assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12"])
+def test_pd_dump_path_on_native_releases(version, tmp_path):
+    """sglang-pd-dump-path where SGLang creates its own debugger: one marked line right after it."""
+    tree = scratch_copy("sglang", version, tmp_path / "sglang", with_git=False)
+    before = snapshot(tree)
+    code, _, err = run_cli("patch", "apply", "sglang-pd-dump-path", "--tree", str(tree))
+    assert code == 0, err
+    lines = (tree / "sglang/srt/model_executor/model_runner.py").read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.rstrip().endswith("# rl-msprobe:sglang-pd-dump-path")]
+    assert "self.msprobe_debugger = PrecisionDebugger(" in lines[at - 3] and lines[at - 1].strip() == ")"
+    code, _, err = run_cli("patch", "revert", "sglang-pd-dump-path", "--tree", str(tree))
+    assert code == 0, err
+    assert snapshot(tree) == before
+
+
+def test_pd_dump_path_refused_below_native(tmp_path):
+    """Below 0.5.11 SGLang has no debugger of its own: the set names the missing site, writes nothing."""
+    tree = scratch_copy("sglang", "0.5.10.post1", tmp_path / "sglang", with_git=False)
+    before = snapshot(tree)
+    code, _, err = run_cli("patch", "apply", "sglang-pd-dump-path", "--tree", str(tree))
+    assert code == 2 and "self.msprobe_debugger" in err, err
+    assert snapshot(tree) == before

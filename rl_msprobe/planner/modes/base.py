@@ -264,110 +264,124 @@ class CheckResult:
 
 def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
     """Evaluate the requirements on the script."""
-    violations = list(req.violations)
-    unverifiable = list(req.unverifiable)
-    warnings: list[str] = []
+    result = CheckResult(list(req.violations), list(req.unverifiable), [])
     for setting in req.settings:
-        found = ctx.overrides.get(setting.key)
-        if found is None:
-            runtime = ctx.overrides.runtime_key(setting.key)
-            if runtime is not None:
-                unverifiable.append(f"{setting.key}: {runtime.problem}")
-                continue
-            value, origin = ctx.value(setting.key)
-            if setting.accepts(value) and origin in ("default", "config"):
-                continue
-            violations.append(
-                Violation(
-                    setting.rule,
-                    setting.key,
-                    _describe(value, origin),
-                    setting.required_text,
-                    f"add {setting.token} ({setting.why})",
-                )
-            )
-            continue
-        if not setting.accepts(found.value):
-            violations.append(
-                Violation(
-                    setting.rule,
-                    setting.key,
-                    format_value(found.value),
-                    setting.required_text,
-                    f"set {setting.token} ({setting.why})",
-                )
-            )
+        _check_setting(ctx, setting, result)
     for env in req.env:
-        via_ray = ctx.overrides.get(env.ray_key)
-        exported = None
-        if ctx.script.command is not None:
-            for item in reversed(ctx.script.command.env):
-                if item.name == env.name:
-                    exported = item
-                    break
-        ray_ok = via_ray is not None and env.accepts(str(via_ray.value))
-        if via_ray is not None and not isinstance(via_ray.value, str):
-            violations.append(
-                Violation(
-                    env.rule,
-                    env.ray_key,
-                    format_value(via_ray.value),
-                    f'"{env.value}" (a string)',
-                    f"quote the value for Hydra: '++{env.ray_key}=\"{env.value}\"' — Ray refuses non-string env_vars",
-                )
-            )
-            continue
-        export_ok = exported is not None and env.accepts(exported.value.text)
-        if exported is not None and not exported.value.known:
-            unverifiable.append(f"{env.name}: {'; '.join(exported.value.runtime)}")
-            continue
-        if ray_ok or export_ok:
-            if env.workers and not ray_ok:
-                unverifiable.append(
-                    f"{env.name} is exported but not in {RAY_ENV_PREFIX}*: it reaches the Ray workers only when "
-                    "this job starts its own Ray cluster (not with `ray start` beforehand or a Ray job submission)"
-                )
-            continue
-        found_text = (
-            exported.value.text
-            if exported is not None
-            else str(via_ray.value)
-            if via_ray is not None
-            else "not set"
-        )
-        if not env.required:
-            warnings.append(f"{env.name}={env.value} is recommended ({env.why}); found: {found_text}")
-            continue
-        violations.append(
-            Violation(
-                env.rule,
-                env.name,
-                found_text or "",
-                env.value,
-                f"export {env.name}={env.value} and add '++{env.ray_key}=\"{env.value}\"' ({env.why})",
-            )
-        )
+        _check_env(ctx, env, result)
     for extra in req.checks:
         more, unknown = extra(ctx, req)
-        violations.extend(more)
-        unverifiable.extend(unknown)
+        result.violations.extend(more)
+        result.unverifiable.extend(unknown)
     more, unknown, warned = _config_file_checks(ctx, req)
-    violations.extend(more)
-    unverifiable.extend(unknown)
-    warnings.extend(warned)
+    result.violations.extend(more)
+    result.unverifiable.extend(unknown)
+    result.warnings.extend(warned)
+    _check_command(ctx, req, result)
+    return CheckResult(result.violations, _unique(result.unverifiable), _unique(result.warnings))
+
+
+def _check_setting(ctx: Context, setting: Setting, result: CheckResult) -> None:
+    """A Hydra key: the script's override, else verl's default (or the config's value) must do."""
+    found = ctx.overrides.get(setting.key)
+    if found is None:
+        runtime = ctx.overrides.runtime_key(setting.key)
+        if runtime is not None:
+            result.unverifiable.append(f"{setting.key}: {runtime.problem}")
+            return
+        value, origin = ctx.value(setting.key)
+        if setting.accepts(value) and origin in ("default", "config"):
+            return
+        result.violations.append(
+            Violation(
+                setting.rule,
+                setting.key,
+                _describe(value, origin),
+                setting.required_text,
+                f"add {setting.token} ({setting.why})",
+            )
+        )
+        return
+    if not setting.accepts(found.value):
+        result.violations.append(
+            Violation(
+                setting.rule,
+                setting.key,
+                format_value(found.value),
+                setting.required_text,
+                f"set {setting.token} ({setting.why})",
+            )
+        )
+
+
+def _check_env(ctx: Context, env: EnvVar, result: CheckResult) -> None:
+    """An environment variable: exported by the script or passed to Ray's workers (as a string)."""
+    via_ray = ctx.overrides.get(env.ray_key)
+    exported = None
+    if ctx.script.command is not None:
+        for item in reversed(ctx.script.command.env):
+            if item.name == env.name:
+                exported = item
+                break
+    ray_ok = via_ray is not None and env.accepts(str(via_ray.value))
+    if via_ray is not None and not isinstance(via_ray.value, str):
+        result.violations.append(
+            Violation(
+                env.rule,
+                env.ray_key,
+                format_value(via_ray.value),
+                f'"{env.value}" (a string)',
+                f"quote the value for Hydra: '++{env.ray_key}=\"{env.value}\"' — Ray refuses non-string env_vars",
+            )
+        )
+        return
+    export_ok = exported is not None and env.accepts(exported.value.text)
+    if exported is not None and not exported.value.known:
+        result.unverifiable.append(f"{env.name}: {'; '.join(exported.value.runtime)}")
+        return
+    if ray_ok or export_ok:
+        if env.workers and not ray_ok:
+            result.unverifiable.append(
+                f"{env.name} is exported but not in {RAY_ENV_PREFIX}*: it reaches the Ray workers only when "
+                "this job starts its own Ray cluster (not with `ray start` beforehand or a Ray job submission)"
+            )
+        return
+    found_text = (
+        exported.value.text
+        if exported is not None
+        else str(via_ray.value)
+        if via_ray is not None
+        else "not set"
+    )
+    if not env.required:
+        result.warnings.append(f"{env.name}={env.value} is recommended ({env.why}); found: {found_text}")
+        return
+    result.violations.append(
+        Violation(
+            env.rule,
+            env.name,
+            found_text or "",
+            env.value,
+            f"export {env.name}={env.value} and add '++{env.ray_key}=\"{env.value}\"' ({env.why})",
+        )
+    )
+
+
+def _check_command(ctx: Context, req: Requirements, result: CheckResult) -> None:
+    """What the command line itself hides or breaks: Ray job submission, "$@", sweeps, bad overrides."""
     command = ctx.script.command
     if command is not None and req.env and any(w.literal() == "submit" for w in command.prefix_words):
-        unverifiable.append(
+        result.unverifiable.append(
             "the job goes through `ray job submit`: also put the environment variables into its --runtime-env / "
             "--runtime-env-json, since Ray may give the submission's runtime_env precedence over ray.init's"
         )
     if ctx.script.command is not None and ctx.script.command.extra_args:
-        unverifiable.append(
+        result.unverifiable.append(
             'the command passes the script\'s own arguments ("$@"): overrides given at run time are not checked'
         )
     for item in ctx.overrides.items:
         if item.override is not None and item.override.sweep:
-            violations.append(
+            result.violations.append(
                 Violation(
                     "hydra.sweep",
                     item.override.key,
@@ -378,7 +392,7 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
                 )
             )
     for item in ctx.overrides.invalid:
-        violations.append(
+        result.violations.append(
             Violation(
                 "hydra.syntax",
                 item.arg.word.raw,
@@ -387,7 +401,6 @@ def check_requirements(ctx: Context, req: Requirements) -> CheckResult:
                 item.problem or "",
             )
         )
-    return CheckResult(violations, _unique(unverifiable), _unique(warnings))
 
 
 def _config_file_checks(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str], list[str]]:

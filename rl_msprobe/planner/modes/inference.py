@@ -184,9 +184,13 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
             )
         )
         if pd:
+            # verl gives the prefill and decode servers one engine_kwargs.sglang: one config, and
+            # both are rank 0 of their own server, so both would write step{N}/rank0 under one dump_path
+            req.patch_sets.append("sglang-pd-dump-path")
             req.notes.append(
-                "PD disaggregation with native msprobe: prefill and decode servers share one config and dump_path; "
-                "tell them apart by process folder and rank."
+                "PD disaggregation with native msprobe: prefill and decode servers get the same "
+                "msprobe_dump_config and would both write step{N}/rank0 under one dump_path; the "
+                "sglang-pd-dump-path patch gives each role its folder (<dump_path>/prefill, <dump_path>/decode)."
             )
     else:
         req.patch_sets.append("sglang-dump")
