@@ -6,8 +6,8 @@ Rollout side: `{rollout}/{pid}/dispatch_log.jsonl`, one line per model step
 tensor-parallel rollout every TP worker (its own pid and rank) logs the same prefill: those are
 TP peers, and a pair carries all of them (a missing rank leaves the request unpaired, said why). Training side:
 `{train}/{pid}/update_actor_log.jsonl`, one line per micro-batch (`step` = msprobe's
-current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids; both
-sides are stripped before matching.
+current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids, and verl's
+SGLang PD replica sends `{id}_P` to its prefill server; both sides are stripped before matching.
 
 The logs are streamed line by line. What stays in memory is one small entry per request id
 that can still pair (or needs explaining), never one per line: a million decode lines cost
@@ -28,14 +28,18 @@ from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_fil
 from rl_msprobe.errors import UserError
 
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+# verl's SGLang PD replica sends a request to its prefill server as `{request_id}_P` (and to the
+# decode server as `{request_id}_D`, whose passes are decode, not the prefill that pairs)
+_VERL_PD_PREFILL = re.compile(r"_P$")
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
 USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
 
 
 def strip_request_id(request_id: str) -> str:
-    """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given."""
-    return _VLLM_SUFFIX.sub("", request_id)
+    """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given, and the
+    `_P` verl's SGLang PD replica appends for its prefill server."""
+    return _VERL_PD_PREFILL.sub("", _VLLM_SUFFIX.sub("", request_id))
 
 
 @dataclass(frozen=True)

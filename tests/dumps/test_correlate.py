@@ -19,6 +19,9 @@ def test_strip_request_id() -> None:
     assert strip_request_id("chatcmpl-abc-deadbeef") == "chatcmpl-abc"
     assert strip_request_id("plainid") == "plainid"
     assert strip_request_id("x-0123abc") == "x-0123abc"  # 7 hex: not vLLM's suffix
+    # verl's SGLang PD replica: `{id}_P` to the prefill server (that prefill pairs), `{id}_D` to decode
+    assert strip_request_id("9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_P") == "9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b"
+    assert strip_request_id("9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_D") == "9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_D"
     assert strip_request_id("x-0123ABCD") == "x-0123ABCD"  # vLLM writes lower-case hex
 
 
