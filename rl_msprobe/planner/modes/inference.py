@@ -23,7 +23,7 @@ from collections.abc import Callable
 from packaging.version import Version
 
 from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path, is_true
-from rl_msprobe.planner.modes.rules import EnvRule, From, Rule, apply
+from rl_msprobe.planner.modes.rules import Condition, EnvRule, From, Rule, apply
 from rl_msprobe.upstream.projects import project
 
 VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
@@ -65,11 +65,16 @@ def _pd(ctx: Context) -> bool:
     return bool(ctx.options.pd if ctx.options.pd is not None else ctx.detection.pd_disaggregation)
 
 
+def _writes_vllm_key(key: str) -> Condition:
+    """vLLM-Ascend runs (it reads additional_config) and its release reads this key."""
+    return lambda ctx: not _upstream_vllm(ctx) and _vllm_key(ctx) == key
+
+
 def _role_path(role: str) -> Callable[[Context], str]:
     return lambda ctx: os.path.join(ctx.config_dir, f"config_{role}.json")
 
 
-ROLLOUT = (
+ROLLOUT: tuple[Rule | EnvRule, ...] = (
     Rule(
         "inference.enforce_eager",
         "actor_rollout_ref.rollout.enforce_eager",
@@ -86,7 +91,7 @@ ROLLOUT = (
     ),
 )
 
-VLLM = (
+VLLM: tuple[Rule | EnvRule, ...] = (
     *(
         Rule(
             "inference.vllm_dump_config",
@@ -94,7 +99,7 @@ VLLM = (
             From(_generate_path),
             "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ "
             "is needed",
-            when=lambda ctx, key=key: not _upstream_vllm(ctx) and _vllm_key(ctx) == key,
+            when=_writes_vllm_key(key),
             prefix="++",
             accept=is_abs_path,
             required="an absolute path to the generate config",
@@ -118,7 +123,7 @@ VLLM = (
     ),
 )
 
-SGLANG = (
+SGLANG: tuple[Rule | EnvRule, ...] = (
     Rule(
         "inference.sglang_dump_config",
         SGLANG_KEY,
