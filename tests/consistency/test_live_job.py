@@ -18,6 +18,13 @@ so outputs are scaled, not ``.weight``), each step compared on its own (``--trai
 - ``tp2``: 2 ranks (FSDP2 world 2, one vLLM server with TP=2), tiny Qwen2, fp32, statistics:
   step 1 clean; step 2 layer 0 ``mlp.down_proj`` (row-parallel, MLP); step 3 layer 1
   ``input_layernorm`` (norm); step 4 layer 1 ``self_attn.qkv_proj`` on TP rank 1's shard only.
+  It also carries ``--weights`` (issue 22 on TP=2; this job used to run a second time for
+  tests/weights, ~5 min of CI): weight faults of their own at two added steps
+  (``tests/support/weights_plant.py``): sync 5 layer 1's ``k_proj`` x1.001 inside the engine's
+  load on TP rank 1 only (that tensor differs, stage ``resident``, faulty rank 1); sync 6 layer
+  0's ``up_proj`` x1.001 between the actor and the worker's ``_update_weights`` on every rank
+  (stage ``received``); every other sync EQUAL with every parameter of the checkpoint accounted
+  for. ``prepare --mode weights`` on the same script must ask for ``verl-weights`` alone.
 - ``qwen3``: 2 ranks TP=2, tiny Qwen3 (q_norm/k_norm, 3 layers), bf16 on both sides, identical
   weights: CONSISTENT, the bf16 noise floor in the header (and the largest clean error printed).
 - ``tensor``: 1 rank (TP=1), Qwen2, fp32, ``prepare --task tensor --level L0`` on FSDP2: step 1
@@ -34,7 +41,12 @@ EQUAL, 27 sent = 27 model tensors each) jobs 212 + 175 + 178 s, compares 40 + 12
 compare < 1 s, fixture 724 s (lock free). The fingerprints added no measurable time to the
 tensor job (178 s against 189-256 s before, within the load's noise). The module ran two TP=1
 jobs before (~410-520 s each under load), so the net cost in cold CI is about one TP=1 job,
-~4-5 min. The tests on its results take < 1 s each.
+~4-5 min. The tests on its results take < 1 s each. Run 4 (2026-12-02, 15 passed in 981 s, load
+4-6: tp2 with 6 steps, ``--weights`` and the weight faults, which used to be
+tests/weights/test_live_weights.py's own TP=2 job, 276-300 s + ~25 s of CLI): jobs tp2 325 s,
+qwen3 161 s, tensor 174 s, compares 74 + 18 + 16 s, both weights compares < 1 s, user venv 9 s,
+fixture 972 s (~2 min of it waiting for the lock). The two added steps and their compares cost
+~30-60 s (steps after the first take seconds; a compare ~10-15 s): net, one TP=2 job less, ~4 min.
 """
 
 from __future__ import annotations
