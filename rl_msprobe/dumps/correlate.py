@@ -242,6 +242,7 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
     bad: list[str] = []
     candidates: dict[str, _Candidate] = {}
     batched: dict[str, str] = {}  # id -> where it was prefilled together with others
+    cache_hits: dict[str, str] = {}  # id -> where its only prefill started from cached tokens
     strip = strip_request_id
 
     for log in rollout_logs:
@@ -267,6 +268,10 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 skipped["rollout: prefill continuing a request (type cached)"] += 1
                 if rid in candidates and _continues_prefill(req):
                     candidates[rid].chunked = True
+                elif rid not in candidates:  # no prefill from token 0: a prefix / radix cache hit
+                    cache_hits.setdefault(
+                        rid, f"{log.parent.name}/step{line.get('step')}, {req.get('tokens')} token(s)"
+                    )
                 continue
             pid = _pid(line, log, where)
             rank = _id(line.get("rank"), where, "rank", required=False)
@@ -314,9 +319,14 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             if cand is None:
                 skipped["train: no rollout match"] += 1
                 where = batched.pop(rid, None)
+                hit = cache_hits.get(rid)
                 why = (
                     f"the rollout prefilled it together with other requests ({where})"
                     if where
+                    else f"its rollout prefill ({hit}) started from cached tokens (a prefix / radix cache hit): "
+                    "the dump covers only the rest of the prompt; turn the cache off (vLLM "
+                    "enable_prefix_caching=False, SGLang engine_kwargs.sglang.disable_radix_cache=True)"
+                    if hit
                     else "no rollout prefill step with this id"
                 )
                 result.unmatched.append(Unmatched(rid, "train", why))
