@@ -35,7 +35,8 @@ adds the transport, FSDP's gathers and vLLM's weight loaders).
 same blocks (`_Crc`): the fingerprint alone with CRC-32, 10 interleaved rounds against the serial
 helper, min / median 0.142 / 0.170 s (serial 0.189 / 0.255 s; a clone of the model 0.132 / 0.148 s):
 a fingerprint now costs about one memcpy. The whole sync, `--repeat 9` (load average ~5): 1.83x
-[1.19-2.10] with CRC-32, 1.43x [1.20-1.71] statistics only. Interleaved with the serial helper in
+[1.19-2.10] with CRC-32, 1.43x [1.20-1.71] statistics only; again at load 3-5: 1.88x
+[1.40-3.03] / 1.67x [0.64-2.60]. Interleaved with the serial helper in
 one process (7 rounds): 1.43x vs 1.68x with CRC-32, while the statistics-only paths, identical code
 in both, read 1.16x vs 1.50x: on this machine the noise is as large as the gain. Still NOT 1.2x.
 

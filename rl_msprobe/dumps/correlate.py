@@ -6,8 +6,8 @@ Rollout side: `{rollout}/{pid}/dispatch_log.jsonl`, one line per model step
 tensor-parallel rollout every TP worker (its own pid and rank) logs the same prefill: those are
 TP peers, and a pair carries all of them (a missing rank leaves the request unpaired, said why). Training side:
 `{train}/{pid}/update_actor_log.jsonl`, one line per micro-batch (`step` = msprobe's
-current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids; both
-sides are stripped before matching.
+current_iter, `rank`, `request_ids`). vLLM >= 0.14 appends `-<8 hex>` to request ids, and verl's
+SGLang PD replica sends `{id}_P` to its prefill server; both sides are stripped before matching.
 
 The logs are streamed line by line. What stays in memory is one small entry per request id
 that can still pair (or needs explaining), never one per line: a million decode lines cost
@@ -28,14 +28,18 @@ from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_fil
 from rl_msprobe.errors import UserError
 
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+# verl's SGLang PD replica sends a request to its prefill server as `{request_id}_P` (and to the
+# decode server as `{request_id}_D`, whose passes are decode, not the prefill that pairs)
+_VERL_PD_PREFILL = re.compile(r"_P$")
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
 USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
 
 
 def strip_request_id(request_id: str) -> str:
-    """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given."""
-    return _VLLM_SUFFIX.sub("", request_id)
+    """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given, and the
+    `_P` verl's SGLang PD replica appends for its prefill server."""
+    return _VERL_PD_PREFILL.sub("", _VLLM_SUFFIX.sub("", request_id))
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,7 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
     bad: list[str] = []
     candidates: dict[str, _Candidate] = {}
     batched: dict[str, str] = {}  # id -> where it was prefilled together with others
+    cache_hits: dict[str, str] = {}  # id -> where its only prefill started from cached tokens
     strip = strip_request_id
 
     for log in rollout_logs:
@@ -263,6 +268,10 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 skipped["rollout: prefill continuing a request (type cached)"] += 1
                 if rid in candidates and _continues_prefill(req):
                     candidates[rid].chunked = True
+                elif rid not in candidates:  # no prefill from token 0: a prefix / radix cache hit
+                    cache_hits.setdefault(
+                        rid, f"{log.parent.name}/step{line.get('step')}, {req.get('tokens')} token(s)"
+                    )
                 continue
             pid = _pid(line, log, where)
             rank = _id(line.get("rank"), where, "rank", required=False)
@@ -310,9 +319,14 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             if cand is None:
                 skipped["train: no rollout match"] += 1
                 where = batched.pop(rid, None)
+                hit = cache_hits.get(rid)
                 why = (
                     f"the rollout prefilled it together with other requests ({where})"
                     if where
+                    else f"its rollout prefill ({hit}) started from cached tokens (a prefix / radix cache hit): "
+                    "the dump covers only the rest of the prompt; turn the cache off (vLLM "
+                    "enable_prefix_caching=False, SGLang engine_kwargs.sglang.disable_radix_cache=True)"
+                    if hit
                     else "no rollout prefill step with this id"
                 )
                 result.unmatched.append(Unmatched(rid, "train", why))

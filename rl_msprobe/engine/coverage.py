@@ -9,37 +9,12 @@ over the piece reports; the version number plays no part.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from rl_msprobe.codemods.base import AnchorError, Codemod, Status
-from rl_msprobe.engine.model import PieceReport
+from rl_msprobe.engine.model import NotCovered, PieceReport
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import CapabilityError, PatchSet, Piece, entry_points
-
-
-@dataclass(frozen=True)
-class NotCovered:
-    """An entry point without a capability it needs: its piece has no site here (`in_tree`: the
-    code is in the tree in a shape rl-msprobe does not know) or the tree lacks that code."""
-
-    entry_point: str  # `patch apply --for` name
-    set: str
-    capability: str
-    piece: str  # "" when the tree lacks the code
-    path: str
-    reason: str  # the anchor error (file, anchor, detected version, what was expected), or why absent
-    in_tree: bool
-
-    def to_json(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
-
-    def text(self) -> str:
-        head = f"{self.entry_point}: {self.set} capability '{self.capability}'"
-        if self.in_tree:
-            return f"{head} has no site: {self.piece}: {self.reason.rstrip('.')}"
-        return f"{head}: not in this tree ({self.reason.rstrip('.')})"
 
 
 def patched_text(piece: Piece, source: str, version: str | None) -> tuple[str, AnchorError | None]:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rl_msprobe.codemods.base import Status
 from rl_msprobe.patches import PatchSet, shape
 from rl_msprobe.upstream.trees import Target
-
-if TYPE_CHECKING:
-    from rl_msprobe.engine.coverage import NotCovered
 
 
 @dataclass(frozen=True)
@@ -31,6 +28,29 @@ class PieceReport:
 
     def to_json(self) -> dict[str, str]:
         return {"path": self.path, "codemod": self.piece, "status": self.status.value, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class NotCovered:
+    """An entry point without a capability it needs: its piece has no site here (`in_tree`: the
+    code is in the tree in a shape rl-msprobe does not know) or the tree lacks that code."""
+
+    entry_point: str  # `patch apply --for` name
+    set: str
+    capability: str
+    piece: str  # "" when the tree lacks the code
+    path: str
+    reason: str  # the anchor error (file, anchor, detected version, what was expected), or why absent
+    in_tree: bool
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def text(self) -> str:
+        head = f"{self.entry_point}: {self.set} capability '{self.capability}'"
+        if self.in_tree:
+            return f"{head} has no site: {self.piece}: {self.reason.rstrip('.')}"
+        return f"{head}: not in this tree ({self.reason.rstrip('.')})"
 
 
 @dataclass

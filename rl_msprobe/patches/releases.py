@@ -7,6 +7,7 @@ it), so the default a user sees is always a release the suite has patched, rever
 
 from __future__ import annotations
 
+from rl_msprobe.codemods.base import version_in_range
 from rl_msprobe.patches.model import PatchSet
 from rl_msprobe.upstream import projects
 
@@ -17,5 +18,10 @@ def newest_tested() -> dict[str, str]:
 
 
 def default_release(patch_set: PatchSet) -> str:
-    """The release `patch diff SET` reads when neither --tree nor --python is given."""
-    return projects.project(patch_set.project).newest_tested
+    """The release `patch diff SET` reads when neither --tree nor --python is given: the project's
+    newest tested release, or for a set that starts above it (SGLang's native-debugger sets) the
+    newest release those sets are tested on."""
+    row = projects.project(patch_set.project)
+    if version_in_range(row.newest_tested, patch_set.min_version, patch_set.max_version) or row.native_tested is None:
+        return row.newest_tested
+    return row.native_tested

@@ -243,7 +243,7 @@ def requirements(ctx: Context, mode: str) -> Requirements:
     wrong_entry = entry_violation(ctx.script, mode)
     if wrong_entry is not None:
         return Requirements(violations=[wrong_entry])
-    req = MODE_MODULES[mode].requirements(ctx)
+    req: Requirements = MODE_MODULES[mode].requirements(ctx)
     assert ctx.script.command is not None
     assumed = [a for arg in ctx.script.command.args for a in arg.value.assumed]
     req.notes.extend(f"assumed: {a}" for a in dict.fromkeys(assumed))
@@ -619,7 +619,7 @@ def plan(request: PlanRequest) -> Plan:
         notes.append(
             'The settings come after "$@" in the derived script: arguments given at run time cannot undo them.'
         )
-    common = dict(
+    common: dict[str, Any] = dict(
         mode=chosen,
         original=path,
         derived_path=layout.derived_path,

@@ -167,7 +167,8 @@ def validate(doc: Any, role: str | None = None) -> list[Problem]:
     level = doc.get("level", "L1")
     if level not in ALL_LEVELS:
         problems.append(Problem("level", f"level {level!r} is unknown; use mix, L0 or L1"))
-    section = doc.get(task) if isinstance(doc.get(task), dict) else {}
+    found = doc.get(task)
+    section: dict[str, Any] = found if isinstance(found, dict) else {}
     if level == "L2" and (task != "tensor" or len(section.get("list", [])) != 1):
         problems.append(Problem("level", "level L2 needs task tensor and a one-item list"))
     if "async_dump" in doc:

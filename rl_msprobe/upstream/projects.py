@@ -21,12 +21,16 @@ class Project:
     `newest_tested`: the newest release its patch sets are tested on (tests/**/test_*release*.py),
     also the default release of `patch diff` / `patch status` without a tree. `assumed`: the
     release the planner assumes when a script's version is unknown (None: `newest_tested`).
+    `native_tested`: the newest release the release tests cycle for sets that start where the
+    project dumps natively (above `newest_tested`); their default release, since
+    `newest_tested` is outside their range.
     """
 
     name: str  # the distribution name on the package index
     package: str  # the import package folder in a tree
     newest_tested: str
     assumed: str | None = None
+    native_tested: str | None = None
 
     @property
     def assumed_version(self) -> str:
@@ -37,7 +41,7 @@ PROJECTS: tuple[Project, ...] = (
     Project("verl", "verl", newest_tested="0.9.1"),
     # the sglang-dump set stops at the last release without native msprobe support; the planner
     # assumes the newest SGLang release, which dumps natively (server argument msprobe_dump_config)
-    Project("sglang", "sglang", newest_tested="0.5.10.post1", assumed="0.5.16"),
+    Project("sglang", "sglang", newest_tested="0.5.10.post1", assumed="0.5.16", native_tested="0.5.12"),
     Project("vllm", "vllm", newest_tested="0.33.0"),
     Project("vllm-ascend", "vllm_ascend", newest_tested="0.30.0rc2"),
 )

@@ -19,6 +19,9 @@ def test_strip_request_id() -> None:
     assert strip_request_id("chatcmpl-abc-deadbeef") == "chatcmpl-abc"
     assert strip_request_id("plainid") == "plainid"
     assert strip_request_id("x-0123abc") == "x-0123abc"  # 7 hex: not vLLM's suffix
+    # verl's SGLang PD replica: `{id}_P` to the prefill server (that prefill pairs), `{id}_D` to decode
+    assert strip_request_id("9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_P") == "9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b"
+    assert strip_request_id("9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_D") == "9b1d0c7e5f2a4e3b8c6d1a0f9e8d7c6b_D"
     assert strip_request_id("x-0123ABCD") == "x-0123ABCD"  # vLLM writes lower-case hex
 
 
@@ -141,3 +144,25 @@ def test_dump_symlinked_out_of_the_folder_is_not_paired(tmp_path: Path) -> None:
     (t / "300" / "step0" / "rank0").symlink_to(outside.parent)
     result = correlate(r, t)
     assert result.pairs == [] and any(u.why.startswith("missing dump") for u in result.unmatched)
+
+
+def test_a_cache_hit_prefill_is_named_as_such(tmp_path: Path) -> None:
+    """A request whose only prefill starts from cached tokens (seen live: SGLang's radix cache, the
+    second sample of a prompt: `cached`, 1 token) is unpaired with the cache named as the reason."""
+    rollout, train = tmp_path / "generate", tmp_path / "actor"
+    write_jsonl(
+        rollout / "7" / "dispatch_log.jsonl",
+        [
+            dispatch(7, 0, 0, "prefill", ("first", "new", 27)),
+            dispatch(7, 0, 5, "prefill", ("second", "cached", 1)),
+        ],
+    )
+    write_dump(rollout / "step0" / "rank0")
+    write_dump(rollout / "step5" / "rank0")
+    write_jsonl(train / "9" / "update_actor_log.jsonl", [update(9, 0, 0, "first"), update(9, 0, 1, "second")])
+    write_dump(train / "step0" / "rank0")
+    write_dump(train / "step1" / "rank0")
+    result = correlate(rollout, train)
+    assert [p.request_id for p in result.pairs] == ["first"]
+    why = _why(result, "second", "train")
+    assert "cache hit" in why and "step5, 1 token(s)" in why and "disable_radix_cache=True" in why

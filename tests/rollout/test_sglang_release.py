@@ -53,6 +53,9 @@ SHAPES = {
 }
 ALL_RELEASES = os.environ.get("RL_MSPROBE_SGLANG_ALL_RELEASES") == "1"
 FULL_CYCLE = VERSIONS if ALL_RELEASES else sorted(SHAPES, key=Version)
+# the releases with SGLang's own msprobe debugger the native-debugger sets (sglang-pd-dump-path)
+# cycle (apply, check, revert byte-exactly): the newest is their default release
+NATIVE_FULL_CYCLE = ["0.5.11", "0.5.12"]
 BOOTSTRAP_ROOM_SINCE = Version("0.5.2")
 DUMP_FILES = {"sglang/srt/model_executor/model_runner.py", "sglang/srt/model_executor/rl_msprobe_dump.py"}
 ROOM_FILES = {"sglang/srt/managers/io_struct.py", "sglang/srt/managers/rl_msprobe_bootstrap_room.py"}
@@ -194,7 +197,7 @@ def test_dispatch_log_refused_where_forward_has_no_batch_parameter(tmp_path):
     assert snapshot(tree) == before
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12"])
+@pytest.mark.parametrize("version", NATIVE_FULL_CYCLE)
 def test_pd_dump_path_on_native_releases(version, tmp_path):
     """sglang-pd-dump-path where SGLang creates its own debugger: one marked line right after it."""
     tree = scratch_copy("sglang", version, tmp_path / "sglang", with_git=False)

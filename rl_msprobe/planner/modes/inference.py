@@ -18,19 +18,12 @@ Rules (specification path B; DOMAIN §1, §4, §5):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from packaging.version import Version
 
-from rl_msprobe.planner.modes.base import (
-    ConfigSpec,
-    Context,
-    EnvVar,
-    Requirements,
-    Setting,
-    Violation,
-    is_abs_path,
-    is_true,
-)
+from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path, is_true
+from rl_msprobe.planner.modes.rules import Condition, EnvRule, From, Rule, apply
 from rl_msprobe.upstream.projects import project
 
 VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
@@ -40,30 +33,143 @@ SGLANG_NATIVE = Version("0.5.11")
 ROLLOUT_ENV = "MSPROBE_ROLLOUT_CONFIG"
 
 
+def _generate_path(ctx: Context) -> str:
+    return os.path.join(ctx.config_dir, "config_generate.json")
+
+
+def _ascend(ctx: Context) -> Version | None:
+    return ctx.version("vllm-ascend")
+
+
+def _upstream_vllm(ctx: Context) -> bool:
+    """trainer.device=cuda|cpu without vLLM-Ascend: vLLM's own model runner runs, which ignores
+    additional_config (the vllm-dump patch reads the config from the environment instead)."""
+    return ctx.detection.device in ("gpu", "cpu") and _ascend(ctx) is None
+
+
+def _vllm_key(ctx: Context) -> str:
+    """vLLM-Ascend 0.12 reads additional_config.dump_config; 0.13 renamed it dump_config_path."""
+    ascend = _ascend(ctx)
+    if ascend is not None and Version("0.12.0rc1") <= ascend < Version("0.13.0rc1"):
+        return VLLM_KEY_0_12
+    return VLLM_KEY
+
+
+def _sglang_native(ctx: Context) -> bool:
+    """SGLang >= 0.5.11 (or unknown: the newest is assumed) reads msprobe_dump_config itself."""
+    version = ctx.version("sglang")
+    return version is None or version >= SGLANG_NATIVE
+
+
+def _pd(ctx: Context) -> bool:
+    return bool(ctx.options.pd if ctx.options.pd is not None else ctx.detection.pd_disaggregation)
+
+
+def _writes_vllm_key(key: str) -> Condition:
+    """vLLM-Ascend runs (it reads additional_config) and its release reads this key."""
+    return lambda ctx: not _upstream_vllm(ctx) and _vllm_key(ctx) == key
+
+
+def _role_path(role: str) -> Callable[[Context], str]:
+    return lambda ctx: os.path.join(ctx.config_dir, f"config_{role}.json")
+
+
+ROLLOUT: tuple[Rule | EnvRule, ...] = (
+    Rule(
+        "inference.enforce_eager",
+        "actor_rollout_ref.rollout.enforce_eager",
+        True,
+        "never dump with CUDA/ACL graphs on: the rollout must run eagerly",
+        accept=is_true,
+    ),
+    EnvRule(
+        "inference.torchdynamo",
+        "TORCHDYNAMO_DISABLE",
+        "1",
+        "torch.compile would hide modules from msprobe",
+        required=False,
+    ),
+)
+
+VLLM: tuple[Rule | EnvRule, ...] = (
+    *(
+        Rule(
+            "inference.vllm_dump_config",
+            key,
+            From(_generate_path),
+            "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ "
+            "is needed",
+            when=_writes_vllm_key(key),
+            prefix="++",
+            accept=is_abs_path,
+            required="an absolute path to the generate config",
+        )
+        for key in (VLLM_KEY, VLLM_KEY_0_12)
+    ),
+    EnvRule(
+        "inference.vllm_gpu_config",
+        ROLLOUT_ENV,
+        _generate_path,
+        "read by the vllm-dump patch in upstream (GPU) vLLM's model runner",
+        required=_upstream_vllm,
+        accept=os.path.isabs,
+    ),
+    EnvRule(
+        "inference.vllm_v1_runner",
+        "VLLM_USE_V2_MODEL_RUNNER",
+        "0",
+        "the vllm-dump patch covers the V1 GPU model runner only; newer vLLM uses V2 by default",
+        required=_upstream_vllm,
+    ),
+)
+
+SGLANG: tuple[Rule | EnvRule, ...] = (
+    Rule(
+        "inference.sglang_dump_config",
+        SGLANG_KEY,
+        From(_generate_path),
+        "SGLang >= 0.5.11 starts msprobe from ServerArgs.msprobe_dump_config (forces CUDA graphs off)",
+        when=_sglang_native,
+        prefix="++",
+        accept=is_abs_path,
+        required="an absolute path to the generate config",
+    ),
+    *(
+        EnvRule(
+            f"inference.sglang_{role}_config",
+            env_name,
+            _role_path(role),
+            f"read by the sglang-dump patch in the {role} server (server_args.disaggregation_mode)",
+            when=lambda ctx: not _sglang_native(ctx) and _pd(ctx),
+            accept=os.path.isabs,
+        )
+        for role, env_name in (("prefill", "MSPROBE_PREFILL_CONFIG"), ("decode", "MSPROBE_DECODE_CONFIG"))
+    ),
+    EnvRule(
+        "inference.sglang_patch_config",
+        ROLLOUT_ENV,
+        _generate_path,
+        lambda ctx: (
+            f"read by the sglang-dump patch (SGLang {ctx.version('sglang')} < 0.5.11 has no msprobe_dump_config)"
+        ),
+        when=lambda ctx: not _sglang_native(ctx) and not _pd(ctx),
+        accept=os.path.isabs,
+    ),
+    EnvRule(
+        "inference.sglang_pd_health",
+        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+        "0",
+        "health-check generations would be dumped as if they were rollout requests",
+        when=_pd,
+    ),
+)
+
+
 def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "generate") -> None:
     """Everything the rollout side needs; shared by inference and consistency."""
     rollout = ctx.rollout
-    generate_path = os.path.join(ctx.config_dir, "config_generate.json")
     dump_root = os.path.join(ctx.dump_dir, role_dir)
-    req.add(
-        Setting(
-            "inference.enforce_eager",
-            "actor_rollout_ref.rollout.enforce_eager",
-            True,
-            "",
-            "never dump with CUDA/ACL graphs on: the rollout must run eagerly",
-            accept=is_true,
-        )
-    )
-    req.env.append(
-        EnvVar(
-            "inference.torchdynamo",
-            "TORCHDYNAMO_DISABLE",
-            "1",
-            "torch.compile would hide modules from msprobe",
-            required=False,
-        )
-    )
+    apply(ctx, req, ROLLOUT)
     if rollout not in ("vllm", "sglang"):
         req.violations.append(
             Violation(
@@ -76,18 +182,17 @@ def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "gener
         )
         return
     if rollout == "vllm":
-        _vllm(ctx, req, generate_path, dump_root)
+        _vllm(ctx, req, dump_root)
     else:
-        _sglang(ctx, req, generate_path, dump_root)
+        _sglang(ctx, req, dump_root)
     req.checks.append(_no_mixing)
     for key in _other_engine_keys(ctx):
         if ctx.overrides.get(key) is not None:
             req.removals.append((key, f"a {ctx.rollout} rollout never uses the other engine's msprobe key"))
 
 
-def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
-    ascend = ctx.version("vllm-ascend")
-    key = VLLM_KEY
+def _vllm(ctx: Context, req: Requirements, dump_root: str) -> None:
+    ascend = _ascend(ctx)
     if ascend is not None and ascend < Version("0.12.0rc1"):
         req.violations.append(
             Violation(
@@ -99,49 +204,16 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
             )
         )
     elif ascend is not None and ascend < Version("0.13.0rc1"):
-        key = VLLM_KEY_0_12
         req.notes.append(
             f"vLLM-Ascend {ascend} reads additional_config.dump_config (renamed dump_config_path in 0.13)."
         )
-    # trainer.device=cuda|cpu: vLLM's own model runner runs, which ignores additional_config
-    upstream = ctx.detection.device in ("gpu", "cpu") and ascend is None
+    upstream = _upstream_vllm(ctx)
+    key = _vllm_key(ctx)
     req.configs.append(
         ConfigSpec("generate", "config_generate.json", dump_root, None if upstream else key, ROLLOUT_ENV)
     )
-    if not upstream:
-        req.add(
-            Setting(
-                "inference.vllm_dump_config",
-                key,
-                path,
-                "++",
-                "vLLM-Ascend starts msprobe from additional_config; engine_kwargs.vllm is {} by default, so ++ "
-                "is needed",
-                accept=is_abs_path,
-                required="an absolute path to the generate config",
-            )
-        )
-    gpu = ctx.detection.device != "npu" and ascend is None
-    req.env.append(
-        EnvVar(
-            "inference.vllm_gpu_config",
-            ROLLOUT_ENV,
-            path,
-            "read by the vllm-dump patch in upstream (GPU) vLLM's model runner",
-            required=upstream,
-            accept=os.path.isabs,
-        )
-    )
-    req.env.append(
-        EnvVar(
-            "inference.vllm_v1_runner",
-            "VLLM_USE_V2_MODEL_RUNNER",
-            "0",
-            "the vllm-dump patch covers the V1 GPU model runner only; newer vLLM uses V2 by default",
-            required=upstream,
-        )
-    )
-    if gpu:
+    apply(ctx, req, VLLM)
+    if ctx.detection.device != "npu" and ascend is None:
         req.patch_sets.append("vllm-dump")
         req.notes.append(
             "Upstream (GPU) vLLM has no msprobe support and ignores additional_config.dump_config_path: apply the "
@@ -160,10 +232,9 @@ def _vllm(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         )
 
 
-def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
+def _sglang(ctx: Context, req: Requirements, dump_root: str) -> None:
     version = ctx.version("sglang")
-    pd = ctx.options.pd if ctx.options.pd is not None else ctx.detection.pd_disaggregation
-    native = version is None or version >= SGLANG_NATIVE
+    pd, native = _pd(ctx), _sglang_native(ctx)
     if version is None:
         req.notes.append(
             f"SGLang version unknown: assuming the newest release ({project('sglang').assumed_version}), which reads "
@@ -172,17 +243,6 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         )
     if native:
         req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, SGLANG_KEY))
-        req.add(
-            Setting(
-                "inference.sglang_dump_config",
-                SGLANG_KEY,
-                path,
-                "++",
-                "SGLang >= 0.5.11 starts msprobe from ServerArgs.msprobe_dump_config (forces CUDA graphs off)",
-                accept=is_abs_path,
-                required="an absolute path to the generate config",
-            )
-        )
         if pd:
             # verl gives the prefill and decode servers one engine_kwargs.sglang: one config, and
             # both are rank 0 of their own server, so both would write step{N}/rank0 under one dump_path
@@ -197,44 +257,15 @@ def _sglang(ctx: Context, req: Requirements, path: str, dump_root: str) -> None:
         req.checks.append(_no_native_key_below_0_5_11)
         if ctx.overrides.get(SGLANG_KEY) is not None:
             req.removals.append((SGLANG_KEY, f"SGLang {version} has no msprobe_dump_config"))
-        if pd:
-            for role, env_name in (
-                ("prefill", "MSPROBE_PREFILL_CONFIG"),
-                ("decode", "MSPROBE_DECODE_CONFIG"),
-            ):
-                role_path = os.path.join(ctx.config_dir, f"config_{role}.json")
+        for role, env_name in (("prefill", "MSPROBE_PREFILL_CONFIG"), ("decode", "MSPROBE_DECODE_CONFIG")):
+            if pd:
                 req.configs.append(
                     ConfigSpec(role, f"config_{role}.json", os.path.join(dump_root, role), None, env_name)
                 )
-                req.env.append(
-                    EnvVar(
-                        f"inference.sglang_{role}_config",
-                        env_name,
-                        role_path,
-                        f"read by the sglang-dump patch in the {role} server (server_args.disaggregation_mode)",
-                        accept=os.path.isabs,
-                    )
-                )
-        else:
+        if not pd:
             req.configs.append(ConfigSpec("generate", "config_generate.json", dump_root, None, ROLLOUT_ENV))
-            req.env.append(
-                EnvVar(
-                    "inference.sglang_patch_config",
-                    ROLLOUT_ENV,
-                    path,
-                    f"read by the sglang-dump patch (SGLang {version} < 0.5.11 has no msprobe_dump_config)",
-                    accept=os.path.isabs,
-                )
-            )
+    apply(ctx, req, SGLANG)
     if pd:
-        req.env.append(
-            EnvVar(
-                "inference.sglang_pd_health",
-                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
-                "0",
-                "health-check generations would be dumped as if they were rollout requests",
-            )
-        )
         req.notes.append(
             "PD + data parallel: the optional sglang-bootstrap-room patch (SGLang >= 0.5.2) pins bootstrap_room for "
             "reproducible routing: apply it and export MSPROBE_BOOTSTRAP_ROOM=<N> for the rollout. It pins batched "

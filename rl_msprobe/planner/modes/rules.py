@@ -54,10 +54,10 @@ class EnvRule:
     rule: str
     name: str
     value: str | Callable[[Context], str]
-    why: str
+    why: Text
     when: Condition = always
     workers: bool = True
-    required: bool = True
+    required: bool | Condition = True  # False: recommended only; a condition: required where it holds
     accept: Callable[[str], bool] | None = None
 
 
@@ -98,7 +98,8 @@ def apply(ctx: Context, req: Requirements, table: Iterable[Rule | EnvRule]) -> R
             continue
         if isinstance(row, EnvRule):
             value = row.value if isinstance(row.value, str) else row.value(ctx)
-            env = EnvVar(row.rule, row.name, value, row.why, row.workers, row.required, row.accept)
+            required = row.required if isinstance(row.required, bool) else row.required(ctx)
+            env = EnvVar(row.rule, row.name, value, _text(row.why, ctx), row.workers, required, row.accept)
             req.env = [e for e in req.env if e.name != row.name]
             req.env.append(env)
             continue
