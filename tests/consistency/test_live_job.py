@@ -18,6 +18,13 @@ so outputs are scaled, not ``.weight``), each step compared on its own (``--trai
 - ``tp2``: 2 ranks (FSDP2 world 2, one vLLM server with TP=2), tiny Qwen2, fp32, statistics:
   step 1 clean; step 2 layer 0 ``mlp.down_proj`` (row-parallel, MLP); step 3 layer 1
   ``input_layernorm`` (norm); step 4 layer 1 ``self_attn.qkv_proj`` on TP rank 1's shard only.
+  It also carries ``--weights`` (issue 22 on TP=2; this job used to run a second time for
+  tests/weights, ~5 min of CI): weight faults of their own at two added steps
+  (``tests/support/weights_plant.py``): sync 5 layer 1's ``k_proj`` x1.001 inside the engine's
+  load on TP rank 1 only (that tensor differs, stage ``resident``, faulty rank 1); sync 6 layer
+  0's ``up_proj`` x1.001 between the actor and the worker's ``_update_weights`` on every rank
+  (stage ``received``); every other sync EQUAL with every parameter of the checkpoint accounted
+  for. ``prepare --mode weights`` on the same script must ask for ``verl-weights`` alone.
 - ``qwen3``: 2 ranks TP=2, tiny Qwen3 (q_norm/k_norm, 3 layers), bf16 on both sides, identical
   weights: CONSISTENT, the bf16 noise floor in the header (and the largest clean error printed).
 - ``tensor``: 1 rank (TP=1), Qwen2, fp32, ``prepare --task tensor --level L0`` on FSDP2: step 1
@@ -34,7 +41,12 @@ EQUAL, 27 sent = 27 model tensors each) jobs 212 + 175 + 178 s, compares 40 + 12
 compare < 1 s, fixture 724 s (lock free). The fingerprints added no measurable time to the
 tensor job (178 s against 189-256 s before, within the load's noise). The module ran two TP=1
 jobs before (~410-520 s each under load), so the net cost in cold CI is about one TP=1 job,
-~4-5 min. The tests on its results take < 1 s each.
+~4-5 min. The tests on its results take < 1 s each. Run 4 (2026-12-02, 15 passed in 981 s, load
+4-6: tp2 with 6 steps, ``--weights`` and the weight faults, which used to be
+tests/weights/test_live_weights.py's own TP=2 job, 276-300 s + ~25 s of CLI): jobs tp2 325 s,
+qwen3 161 s, tensor 174 s, compares 74 + 18 + 16 s, both weights compares < 1 s, user venv 9 s,
+fixture 972 s (~2 min of it waiting for the lock). The two added steps and their compares cost
+~30-60 s (steps after the first take seconds; a compare ~10-15 s): net, one TP=2 job less, ~4 min.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -60,6 +73,16 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 PLANT_MODULE = "live_plant"
 PLANT_SOURCE = REPO / "tests" / "support" / "live_plant.py"
+WEIGHTS_PLANT = REPO / "tests" / "support" / "weights_plant.py"
+# the tp2 job's weight faults (tests/support/weights_plant.py), at syncs of their own after the
+# consistency plants: a loader fault on TP rank 1 at sync 5, a transfer fault on every rank at sync 6
+RESIDENT = "model.layers.1.self_attn.k_proj.weight"
+RECEIVED = "model.layers.0.mlp.up_proj.weight"
+RESIDENT_SYNC, RECEIVED_SYNC = 5, 6
+WEIGHT_FAULTS = (
+    {"sync": RESIDENT_SYNC, "stage": "resident", "name": RESIDENT, "factor": 1.001, "rank": 1},
+    {"sync": RECEIVED_SYNC, "stage": "received", "name": RECEIVED, "factor": 1.001, "rank": None},
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,7 @@ class Config:
     steps: int
     plants: tuple[Plant, ...] = ()
     prepare: tuple[str, ...] = ()
+    weight_faults: tuple[dict, ...] = ()  # tests/support/weights_plant.py's plan
 
 
 CONFIGS = (
@@ -90,12 +114,14 @@ CONFIGS = (
         2,
         "qwen2",
         "float32",
-        4,
+        6,
         (
             Plant(2, "model.layers.0.mlp.down_proj"),
             Plant(3, "model.layers.1.input_layernorm"),
             Plant(4, "model.layers.1.self_attn.qkv_proj", tp_rank=1),
         ),
+        ("--weights",),  # weight parity on TP=2 (issue 22): the weights module's job, folded in
+        WEIGHT_FAULTS,
     ),
     Config("qwen3", 2, "qwen3", "bfloat16", 1),
     Config(
@@ -150,6 +176,9 @@ class Run:
     plant_log: list[dict] = field(default_factory=list)
     # `weights compare --json` of <dump-dir>/weights, for a configuration prepared with --weights
     weights: tuple[subprocess.CompletedProcess, dict] | None = None
+    weights_report: Path | None = None  # its --out folder
+    weights_plant_log: list[dict] = field(default_factory=list)
+    model: Path | None = None  # the job's model folder (its checkpoint's tensor names)
 
     def compare(self, step: int) -> tuple[subprocess.CompletedProcess, dict]:
         return self.steps[step]
@@ -164,6 +193,7 @@ class Flow:
     identical: bool
     changed_files: list[str]
     seconds: dict[str, float]
+    weights_mode: dict  # `prepare --mode weights --json` on the tp2 script
 
 
 def _sets_from(prepare_out: str) -> list[str]:
@@ -219,25 +249,47 @@ def flow(tmp_path_factory) -> Flow:
         assert Path(prepared[c.name]["script"]).is_file(), text
         # the same consistency sets for every configuration; --weights adds its set on top
         sets += [s for s in _sets_from(text) if s not in sets]
+    # weight parity alone asks for the weights set only (the tp2 job then runs the consistency
+    # script, which carries the same set through --weights)
+    alone = root / "weights-mode"
+    weights_mode = as_json(
+        cli(
+            "prepare",
+            str(jobs["tp2"].script),
+            "--mode",
+            "weights",
+            "--python",
+            str(python),
+            "--out",
+            str(alone),
+            "--dump-dir",
+            str(alone / "dump"),
+            "--json",
+        )
+    )
     applied = ok(cli("patch", "apply", *sets, "--python", str(python)))
     assert applied
     plant_dir = root / "plant"
     plant_dir.mkdir()
     shutil.copyfile(PLANT_SOURCE, plant_dir / f"{PLANT_MODULE}.py")
+    shutil.copyfile(WEIGHTS_PLANT, plant_dir / WEIGHTS_PLANT.name)
     runs: dict[str, Run] = {}
     try:
         for c in CONFIGS:
             job = replace(jobs[c.name], python=python)  # the derived script's python3 is the user's
             script = Path(prepared[c.name]["script"])
             log = root / f"plant-{c.name}.jsonl"
+            weights_log = root / f"weights-plant-{c.name}.jsonl"
             t0 = time.monotonic()
             result = live_job.run(
                 job,
                 script,
                 pythonpath=(plant_dir,),
-                worker_modules=(PLANT_MODULE,),
+                worker_modules=(PLANT_MODULE, WEIGHTS_PLANT.stem),
                 RL_MSPROBE_PLANT=json.dumps([p.to_json() for p in c.plants]),
                 RL_MSPROBE_PLANT_LOG=str(log),
+                RL_MSPROBE_WEIGHTS_PLANT=json.dumps(list(c.weight_faults)),
+                RL_MSPROBE_WEIGHTS_PLANT_LOG=str(weights_log),
             )
             seconds[c.name] = time.monotonic() - t0
             seconds[f"{c.name}_job"] = result.wall_s
@@ -246,13 +298,19 @@ def flow(tmp_path_factory) -> Flow:
             check = cli("dumps", "check", *sides, "--mode", "consistency")
             correlate = as_json(cli("dumps", "correlate", *sides, "--json"))
             run = Run(c, result, dump, prepared[c.name], check, correlate)
+            run.model = job.model
             run.plant_log = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+            if weights_log.exists():
+                run.weights_plant_log = [json.loads(x) for x in weights_log.read_text().splitlines()]
             t0 = time.monotonic()
             _compare_steps(run, python, root / f"compare-{c.name}")
             seconds[f"{c.name}_compare"] = time.monotonic() - t0
             if "--weights" in c.prepare:
                 t0 = time.monotonic()
-                proc = cli("weights", "compare", str(dump / "weights"), "--json")
+                run.weights_report = root / f"weights-{c.name}"
+                proc = cli(
+                    "weights", "compare", str(dump / "weights"), "--out", str(run.weights_report), "--json"
+                )
                 run.weights = (proc, as_json(proc))
                 seconds[f"{c.name}_weights_compare"] = time.monotonic() - t0
             runs[c.name] = run
@@ -266,7 +324,9 @@ def flow(tmp_path_factory) -> Flow:
         for step, (_, doc) in sorted(run.steps.items()):
             print(f"live consistency {name} step {step}: {doc.get('verdict', doc)}")
     print(f"live consistency flow (s): {json.dumps({k: round(v) for k, v in seconds.items()})}")
-    return Flow(root, python, runs, "".join(ok(r) for r in reverts), before == after, changed, seconds)
+    return Flow(
+        root, python, runs, "".join(ok(r) for r in reverts), before == after, changed, seconds, weights_mode
+    )
 
 
 def _ran(run: Run) -> None:
@@ -427,3 +487,97 @@ def test_compare_without_matplotlib_writes_the_report(flow: Flow, tmp_path: Path
 
 def test_revert_leaves_the_venv_byte_identical(flow: Flow) -> None:
     assert flow.identical, flow.changed_files[:20]
+
+
+# --- weight parity on the tp2 job (prepare --weights; the faults of WEIGHT_FAULTS, syncs 5 and 6) ---
+
+
+def _safetensors_names(model: Path) -> set[str]:
+    """The tensor names of the model's checkpoint (the safetensors header; no torch needed)."""
+    with (model / "model.safetensors").open("rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(size))
+    return {k for k in header if k != "__metadata__"}
+
+
+def _tp2_weights(flow: Flow) -> tuple[Run, dict]:
+    run = flow.runs["tp2"]
+    _ran(run)
+    assert run.weights is not None
+    doc = run.weights[1]
+    assert "error" not in doc, doc
+    return run, doc
+
+
+def _differs(doc: dict, sync: int) -> list[tuple[str, str]]:
+    return [
+        (row["name"], stage)
+        for row in doc["tensors"]
+        if row["sync"] == sync
+        for stage in ("received", "resident")
+        if row[stage]["status"] == "differs"
+    ]
+
+
+def test_weights_mode_asks_for_the_weights_set_only(flow: Flow) -> None:
+    assert flow.weights_mode.get("written") and flow.weights_mode["patch_sets"] == ["verl-weights"], (
+        flow.weights_mode
+    )
+    assert "verl-weights" in _sets_from(flow.runs["tp2"].prepared["out"])  # --weights on consistency
+
+
+def test_tp2_weight_faults_were_planted_where_asked(flow: Flow) -> None:
+    log = flow.runs["tp2"].weights_plant_log
+    resident = {(e["sync"], e["rank"], e["name"]) for e in log if e["stage"] == "resident"}
+    received = {(e["sync"], e["rank"], e["name"]) for e in log if e["stage"] == "received"}
+    assert resident == {(RESIDENT_SYNC, 1, RESIDENT)}
+    assert received == {(RECEIVED_SYNC, 0, RECEIVED), (RECEIVED_SYNC, 1, RECEIVED)}
+
+
+def test_tp2_clean_syncs_are_equal_with_every_parameter_accounted_for(flow: Flow) -> None:
+    """Syncs 1-4 carry the consistency plants (outputs scaled, weights untouched): EQUAL."""
+    run, doc = _tp2_weights(flow)
+    steps = {s["sync"]: s for s in doc["steps"]}
+    assert set(range(1, run.config.steps + 1)) <= set(steps), steps.keys()
+    assert run.model is not None
+    checkpoint = _safetensors_names(run.model)
+    for sync, step in steps.items():
+        assert step["tp_size"] == 2 and step["model_tensors"] == step["sent_tensors"], step
+        rows = {r["name"]: r for r in doc["tensors"] if r["sync"] == sync}
+        # every tensor of the checkpoint, plus lm_head: tied to the embedding, sent by the actor under
+        # its own name, held by vLLM as the embedding
+        assert set(rows) == checkpoint | {"lm_head.weight"}, sorted(set(rows) ^ checkpoint)
+        assert rows["lm_head.weight"]["resident"]["status"] == "tied"
+        assert step["resident_how"].get("loader-written", 0) > 0, step  # vLLM CPU repacks the linears
+        if sync not in (RESIDENT_SYNC, RECEIVED_SYNC):
+            assert step["verdict"] == "EQUAL", step
+            assert _differs(doc, sync) == []
+
+
+def test_tp2_a_loader_fault_on_one_rank_is_exactly_that_tensor_stage_resident(flow: Flow) -> None:
+    run, doc = _tp2_weights(flow)
+    assert _differs(doc, RESIDENT_SYNC) == [(RESIDENT, "resident")]
+    row = next(r for r in doc["tensors"] if r["sync"] == RESIDENT_SYNC and r["name"] == RESIDENT)
+    assert row["received"]["status"] == "equal" and row["how"] == "loader-written"
+    assert 2e-4 < row["resident"]["norm_rel"] < 1e-3  # x1.001 on one of the two shards: ~5e-4
+    # the faulty rank by name: rank 1's k_proj shard against its chunk of what it received
+    planted = {e["rank"] for e in run.weights_plant_log if e["stage"] == "resident"}
+    assert row["resident"]["faulty_ranks"] == sorted(planted) == [1], row["resident"]
+
+
+def test_tp2_a_transfer_fault_is_exactly_that_tensor_stage_received(flow: Flow) -> None:
+    _, doc = _tp2_weights(flow)
+    assert _differs(doc, RECEIVED_SYNC) == [(RECEIVED, "received")]
+    row = next(r for r in doc["tensors"] if r["sync"] == RECEIVED_SYNC and r["name"] == RECEIVED)
+    assert row["received"]["ranks"] == [0, 1] and row["resident"]["status"] == "equal"
+
+
+def test_tp2_weights_verdict_first_difference_exit_code_and_report(flow: Flow) -> None:
+    run, doc = _tp2_weights(flow)
+    assert doc["verdict"] == "DIFFERENT" and run.weights is not None and run.weights[0].returncode == 1
+    first = doc["first_difference"]
+    assert (first["sync"], first["name"], first["stage"]) == (RESIDENT_SYNC, RESIDENT, "resident")
+    assert first["faulty_ranks"] == [1], first
+    assert run.weights_report is not None
+    md = (run.weights_report / "weights.md").read_text()
+    assert RESIDENT in md and RECEIVED in md and "on rank 1 (of [0, 1])" in md

@@ -33,13 +33,16 @@ def _wanted(items: list[pytest.Item]) -> list[list[str]]:
     commands = []
     if len(e2e) > len(sglang_tests) and not job_venv.VENV.is_ready():
         commands.append(["tests.support.job_venv", "build"])
+    # in the order the tests first need them: the job venv (tests/consistency runs first), then the
+    # SGLang engine venvs (tests/live/test_sglang_inference_e2e.py), then the SGLang job venv
+    # (tests/live/test_sglang_rollout_e2e.py, after it)
     if sglang_tests and not os.environ.get("RL_MSPROBE_SKIP_SGLANG_E2E"):
-        if sglang_job_tests and not sglang_job_venv.VENV.is_ready():
-            commands.append(["tests.support.sglang_job_venv", "build"])
         if len(sglang_tests) > len(sglang_job_tests):
             shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
             if shapes:
                 commands.append(["tests.support.sglang_venv", "build", *shapes])
+        if sglang_job_tests and not sglang_job_venv.VENV.is_ready():
+            commands.append(["tests.support.sglang_job_venv", "build"])
     return commands
 
 
