@@ -200,7 +200,7 @@ def repro_run(triage_run, user_python):
         )
     finally:
         for apply in reversed(applied):
-            proc = live_flow.cli("patch", "revert", *apply[3:])
+            proc = live_flow.cli("patch", "revert", *_revert_args(apply[3:]))
             assert proc.returncode == 0, live_flow.describe(proc)
     after = tree_digest(site)
     check, compare, compare_proc = live_flow.check_and_compare(dump, user_python, derived.parent / "compare")
@@ -253,3 +253,13 @@ def test_its_compare_points_at_the_planted_layer(repro_run):
 
 def test_revert_leaves_the_user_venv_byte_identical(repro_run):
     assert not repro_run.changed, repro_run.changed[:20]
+
+
+def _revert_args(apply_args: list[str]) -> list[str]:
+    """The printed apply line's sets and tree, without `--for ENTRY`: the entry point decides what
+    apply must cover; revert removes every piece of the set, whichever entry point it was for."""
+    args = list(apply_args)
+    if "--for" in args:
+        at = args.index("--for")
+        del args[at : at + 2]
+    return args
