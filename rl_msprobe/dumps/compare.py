@@ -24,7 +24,7 @@ from rl_msprobe.dumps import inputs
 from rl_msprobe.dumps.correlate import Correlation, Pair, Side
 from rl_msprobe.dumps.layout import DUMP_FILE, find_dumps
 from rl_msprobe.dumps.runners import ProcessRunner, WorkerRunner, interpreter
-from rl_msprobe.dumps.summary import PairSummary, summarize, with_tp_findings
+from rl_msprobe.dumps.summary import PairSummary, Row, summarize, with_tp_findings
 from rl_msprobe.errors import UserError
 
 BACKENDS = ("fsdp", "megatron")
@@ -77,7 +77,7 @@ class PairResult:
             f"modules matched a training module ({s.coverage:.0%} < {self.min_coverage:.0%})"
         )
 
-    def to_json(self, rows: bool = False) -> dict:
+    def to_json(self, rows: bool = False) -> dict[str, object]:
         return {
             "number": self.number,
             "status": self.status,
@@ -119,8 +119,8 @@ class CompareRun:
             out.update(r.summary.floors() if r.summary else {})
         return out
 
-    def to_json(self) -> dict:
-        doc = {
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {
             "out": str(self.out),
             "backend": self.backend,
             "consistent": self.consistent,
@@ -139,7 +139,7 @@ class CompareRun:
         return doc
 
 
-def _where(row) -> str:
+def _where(row: Row) -> str:
     return f"{row.module} {row.tensor}".strip()
 
 
@@ -168,8 +168,9 @@ def verdict(run: CompareRun) -> str:
     diverging = [r for r in run.results if r.status == "divergent"]
     unmatched = [r for r in run.results if r.status == "not compared"]
     if run.consistent:
-        rows = sum(r.summary.matched_rows for r in run.results)  # type: ignore[union-attr]
-        modules = sum(len(r.summary.judgements) for r in run.results)  # type: ignore[union-attr]
+        summaries = [r.summary for r in run.results if r.summary is not None]  # all: none failed
+        rows = sum(s.matched_rows for s in summaries)
+        modules = sum(len(s.judgements) for s in summaries)
         return (
             f"CONSISTENT: {n} pair(s), {rows} matched row(s), {modules} module output(s) judged; none exceeds "
             f"its input's error and the noise floor ({_floor_text(run)})"

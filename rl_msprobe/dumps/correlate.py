@@ -22,10 +22,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, overload
 
 from rl_msprobe import bounded
 from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_files
 from rl_msprobe.errors import UserError
+from rl_msprobe.jsontypes import JsonObject
 
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 # verl's SGLang PD replica sends a request to its prefill server as `{request_id}_P` (and to the
@@ -49,7 +51,7 @@ class Side:
     step: int | str | None
     dump: str | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"pid": self.pid, "rank": self.rank, "step": self.step, "dump": self.dump}
 
 
@@ -65,7 +67,7 @@ class Pair:
         """Every TP rank of the rollout step, lowest first."""
         return (self.rollout, *self.peers)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "request_id": self.request_id,
             "rollout": self.rollout.to_json(),
@@ -80,7 +82,7 @@ class Unmatched:
     side: str  # rollout | train
     why: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"request_id": self.request_id, "side": self.side, "why": self.why}
 
 
@@ -88,7 +90,7 @@ class Unmatched:
 class Correlation:
     pairs: list[Pair] = field(default_factory=list)
     unmatched: list[Unmatched] = field(default_factory=list)
-    skipped: Counter = field(default_factory=Counter)  # reason -> log lines not considered for a pair
+    skipped: Counter[str] = field(default_factory=Counter)  # reason -> log lines not considered for a pair
     logs: dict[str, list[str]] = field(default_factory=dict)
 
     def skipped_lines(self) -> dict[str, int]:
@@ -107,7 +109,7 @@ class Correlation:
                 out[key] = out.get(key, 0) + 1
         return out
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "pairs": [p.to_json() for p in self.pairs],
             "per_rank": self.per_rank(),
@@ -136,7 +138,7 @@ def find_logs(root: Path, name: str) -> list[Path]:
     return logs
 
 
-def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, dict]]:
+def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, JsonObject]]:
     """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'
     (a line cut short by a killed process is expected); JSON nested too deeply is bad input."""
     loads = json.loads
@@ -159,7 +161,7 @@ def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, dict]]:
                 bad.append(f"{path}:{n}: not a JSON object")
 
 
-def _continues_prefill(request: dict) -> bool:
+def _continues_prefill(request: JsonObject) -> bool:
     """A `cached` entry scheduling more than one token: the rest of a chunked prompt (or speculative
     tokens). One token is a plain decode riding along in a mixed step."""
     if request.get("type") != "cached":
@@ -173,6 +175,10 @@ def _continues_prefill(request: dict) -> bool:
 _ID_LIMIT = 10**18  # pids, steps and ranks become folder names; past this they are not a run's
 
 
+@overload
+def _id(value: object, where: str, key: str, required: Literal[True] = True) -> int: ...
+@overload
+def _id(value: object, where: str, key: str, required: bool) -> int | None: ...
 def _id(value: object, where: str, key: str, required: bool = True) -> int | None:
     """A pid / step / rank from a log: digits only (they become folder names), else bad input."""
     if value is None and not required:
@@ -191,14 +197,14 @@ def _id(value: object, where: str, key: str, required: bool = True) -> int | Non
     return int(value)
 
 
-def _pid(line: dict, log: Path, where: str) -> int | None:
+def _pid(line: JsonObject, log: Path, where: str) -> int | None:
     """The line's pid, else its {pid} folder's name, else None (a log straight in the root)."""
     if "pid" in line:
         return _id(line["pid"], where, "pid")
     return int(log.parent.name) if _DIGITS.match(log.parent.name) else None
 
 
-def _requests(line: dict, where: str) -> list[dict]:
+def _requests(line: JsonObject, where: str) -> list[JsonObject]:
     requests = line.get("requests")
     if requests is None:
         return []
@@ -210,20 +216,24 @@ def _requests(line: dict, where: str) -> list[dict]:
     return requests
 
 
+# (pid, rank, step, where) of one rank's one-request prefill
+_Prefill = tuple[int | None, int | None, int, str]
+
+
 # A rollout candidate: (pid, rank, step, where) of the one-request prefill; `chunked` once a
 # later prefill of the same id shows the prompt was split over several steps.
 @dataclass
 class _Candidate:
-    pid: object
-    rank: object
-    step: object
+    pid: int | None
+    rank: int | None
+    step: int
     where: str
     matched: bool = False
     chunked: bool = False
     tp_size: int | None = None
-    peers: list[tuple] = field(default_factory=list)  # (pid, rank, step, where) of other TP ranks
+    peers: list[_Prefill] = field(default_factory=list)  # of the other TP ranks
 
-    def ranks(self) -> list[tuple]:
+    def ranks(self) -> list[_Prefill]:
         return sorted([(self.pid, self.rank, self.step, self.where), *self.peers], key=lambda p: p[1] or 0)
 
     def peer_of(self, pid: object, rank: object) -> bool:
@@ -277,10 +287,10 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             rank = _id(line.get("rank"), where, "rank", required=False)
             step = _id(line.get("step"), where, "step")
             if rid in candidates:
-                cand = candidates[rid]
-                if cand.peer_of(pid, rank):
+                first = candidates[rid]
+                if first.peer_of(pid, rank):
                     skipped["rollout: one-request prefill (TP peer rank)"] += 1
-                    cand.peers.append((pid, rank, step, where))
+                    first.peers.append((pid, rank, step, where))
                 else:
                     skipped["rollout: repeated prefill of a request"] += 1
                 continue
@@ -318,11 +328,11 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             cand = candidates.get(rid)
             if cand is None:
                 skipped["train: no rollout match"] += 1
-                where = batched.pop(rid, None)
+                batched_at = batched.pop(rid, None)
                 hit = cache_hits.get(rid)
                 why = (
-                    f"the rollout prefilled it together with other requests ({where})"
-                    if where
+                    f"the rollout prefilled it together with other requests ({batched_at})"
+                    if batched_at
                     else f"its rollout prefill ({hit}) started from cached tokens (a prefix / radix cache hit): "
                     "the dump covers only the rest of the prompt; turn the cache off (vLLM "
                     "enable_prefix_caching=False, SGLang engine_kwargs.sglang.disable_radix_cache=True)"
@@ -366,13 +376,12 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 sides.append(Side(r_pid, r_rank, r_step, str(r_dump)))
             t_dump = train_index.find(pid, step, rank)
             if len(sides) < len(cand.ranks()) or t_dump is None:
-                side, idx, key = (
-                    ("rollout", rollout_index, cand.ranks()[len(sides)][:3])
-                    if len(sides) < len(cand.ranks())
-                    else ("train", train_index, (pid, step, rank))
-                )
-                key = (key[0], key[2], key[1]) if side == "rollout" else key
-                result.unmatched.append(Unmatched(rid, side, f"missing dump: {idx.expected(*key)}"))
+                if len(sides) < len(cand.ranks()):
+                    r_pid, r_rank, r_step, _ = cand.ranks()[len(sides)]
+                    side, missing = "rollout", rollout_index.expected(r_pid, r_step, r_rank)
+                else:
+                    side, missing = "train", train_index.expected(pid, step, rank)
+                result.unmatched.append(Unmatched(rid, side, f"missing dump: {missing}"))
                 continue
             result.pairs.append(Pair(rid, sides[0], Side(pid, rank, step, str(t_dump)), tuple(sides[1:])))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from rl_msprobe.dumps.tp_merge import COLUMN, STATS, is_tensor, merge_stats
+from rl_msprobe.jsontypes import JsonObject
 
 _KEY = re.compile(r"^Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<call>forward\.\d+)$")
 WRAP = "_fsdp_wrapped_module."
@@ -29,27 +30,31 @@ def _parse(key: str) -> tuple[str, str, str] | None:
     return (m.group("name"), m.group("cls"), m.group("call")) if m else None
 
 
-def _first(entry: dict, role: str):
+def _first(entry: JsonObject, role: str) -> JsonObject | None:
     items = entry.get(role)
     return items[0] if isinstance(items, list) and items and is_tensor(items[0]) else None
 
 
-def _same(a: dict | None, b: dict | None) -> bool:
-    return bool(a and b) and list(a["shape"]) == list(b["shape"]) and all(a.get(k) == b.get(k) for k in STATS)
+def _same(a: JsonObject | None, b: JsonObject | None) -> bool:
+    if not a or not b:
+        return False
+    return list(a["shape"]) == list(b["shape"]) and all(a.get(k) == b.get(k) for k in STATS)
 
 
-def _width(leaf: dict | None) -> int | None:
+def _width(leaf: JsonObject | None) -> int | None:
     return int(leaf["shape"][-1]) if leaf and leaf.get("shape") else None
 
 
-def fuse(train: dict, rollout: dict) -> tuple[dict, list[str]]:
+def fuse(train: JsonObject, rollout: JsonObject) -> tuple[JsonObject, list[str]]:
     """(training data with fused entries where the rollout has fused modules, notes)."""
-    plain = {}  # module name without FSDP wrappers -> (key, entry), forward entries only
+    # module name without FSDP wrappers -> (key, entry), forward entries only
+    plain: dict[str, tuple[str, JsonObject]] = {}
     for key, entry in train.items():
         parsed = _parse(key.replace(WRAP, ""))
         if parsed and isinstance(entry, dict) and parsed[2] == "forward.0":
             plain.setdefault(parsed[0], (key, entry))
-    replace: dict[str, tuple[str, dict] | None] = {}  # training key -> fused (key, entry), or None: dropped
+    # training key -> fused (key, entry), or None: dropped
+    replace: dict[str, tuple[str, JsonObject] | None] = {}
     notes = []
     for rkey, rentry in rollout.items():
         parsed = _parse(rkey)
@@ -72,13 +77,15 @@ def fuse(train: dict, rollout: dict) -> tuple[dict, list[str]]:
             continue
         entries = [e for _, _, e in parts]
         fused = dict(entries[0])
-        outs = [_first(e, "output") for e in entries]
+        outs = [leaf for e in entries if (leaf := _first(e, "output")) is not None]
+        assert len(outs) == len(entries), "_parts takes only siblings whose output is a tensor"
         fused["output"] = [merge_stats(outs, len(outs[0]["shape"]) - 1)]
-        params = {}
+        params: JsonObject = {}
         for pname in ("weight", "bias"):
             leaves = [(e.get("parameters") or {}).get(pname) for e in entries]
-            if all(is_tensor(x) for x in leaves):
-                params[pname] = merge_stats(leaves, 0)
+            tensors = [x for x in leaves if is_tensor(x)]
+            if len(tensors) == len(leaves):
+                params[pname] = merge_stats(tensors, 0)
         if params:
             fused["parameters"] = params
         replace[first_key] = (fused_key, fused)
@@ -90,29 +97,36 @@ def fuse(train: dict, rollout: dict) -> tuple[dict, list[str]]:
         )
     if not replace:
         return train, []
-    out = {}
+    out: JsonObject = {}
     for key, entry in train.items():
         if key in replace:
-            if replace[key] is not None:
-                out[replace[key][0]] = replace[key][1]
+            fused_entry = replace[key]
+            if fused_entry is not None:
+                out[fused_entry[0]] = fused_entry[1]
             continue
         out[key] = entry
     return out, notes
 
 
-def _parts(siblings: list[tuple[str, str, dict]], width: int | None) -> list[tuple[str, str, dict]]:
+def _parts(
+    siblings: list[tuple[str, str, JsonObject]], width: int | None
+) -> list[tuple[str, str, JsonObject]]:
     """The first siblings in forward order that take one input and whose output widths add up to
     WIDTH (others between them, e.g. an activation, are passed over)."""
     if not width:
         return []
     for start in range(len(siblings)):
         head = _first(siblings[start][2], "input_args")
-        run, total = [], 0
+        run: list[tuple[str, str, JsonObject]] = []
+        total = 0
         for item in siblings[start:]:
-            if not _same(head, _first(item[2], "input_args")) or _width(_first(item[2], "output")) is None:
+            if not _same(head, _first(item[2], "input_args")):
+                continue
+            item_width = _width(_first(item[2], "output"))
+            if item_width is None:
                 continue
             run.append(item)
-            total += _width(_first(item[2], "output"))  # type: ignore[operator]
+            total += item_width
             if total >= width:
                 break
         if total == width and len(run) > 1:

@@ -39,6 +39,7 @@ from pathlib import Path
 from rl_msprobe.dumps.fused import fuse
 from rl_msprobe.dumps.layout import DUMP_FILE, load_json
 from rl_msprobe.dumps.tp_merge import Disagreement, merge
+from rl_msprobe.jsontypes import JsonObject
 
 FSDP1_WRAPPER = "_fsdp_wrapped_module."
 _LAYER = re.compile(r"(\.layers\.\d+\.)")
@@ -71,11 +72,13 @@ def needs_fsdp1_names(names: list[str]) -> bool:
     return bool(modules) and not any(FSDP1_WRAPPER in n for n in modules)
 
 
-def module_rows_only(data: dict) -> dict:
+def module_rows_only(data: JsonObject) -> JsonObject:
     return {k: v for k, v in data.items() if k.startswith("Module.")}
 
 
-def _transform(doc: dict, side: str, backend: str, notes: list[str], renamed: dict[str, str]) -> dict | None:
+def _transform(
+    doc: JsonObject, side: str, backend: str, notes: list[str], renamed: dict[str, str]
+) -> JsonObject | None:
     """The changed dump document, or None when msprobe can take it as it is."""
     data = doc.get("data")
     if not isinstance(data, dict):
@@ -124,7 +127,7 @@ def _link_tree(src: Path, dest: Path, renamed: dict[str, str] | None = None) -> 
                 shutil.copy2(entry.path, target)
 
 
-def _merge_ranks(doc: dict, peers: tuple[Path, ...], train_doc: object, result: Prepared) -> dict:
+def _merge_ranks(doc: JsonObject, peers: tuple[Path, ...], train_doc: object, result: Prepared) -> JsonObject:
     """The rollout document with every TP rank's statistics merged (tp_merge)."""
     from rl_msprobe.errors import UserError
 
@@ -134,10 +137,8 @@ def _merge_ranks(doc: dict, peers: tuple[Path, ...], train_doc: object, result: 
             ".pt shards (that needs torch in the training interpreter). Dump statistics (the default) for a "
             "tensor-parallel rollout, or compare with rollout TP=1."
         )
-    datas = [doc.get("data") or {}]
-    for peer in peers:
-        other = load_json(peer)
-        datas.append(other.get("data") or {} if isinstance(other, dict) else {})
+    datas = [_data(doc)]
+    datas.extend(_data(load_json(peer)) for peer in peers)
     datas = [module_rows_only(d) if any(k.startswith("Module.") for k in d) else d for d in datas]
     train_data = train_doc.get("data") if isinstance(train_doc, dict) else None
     merged = merge(datas, train_data if isinstance(train_data, dict) else None)
@@ -156,21 +157,30 @@ def _merge_ranks(doc: dict, peers: tuple[Path, ...], train_doc: object, result: 
     return {**doc, "data": merged.data}
 
 
+def _data(doc: object) -> JsonObject:
+    """The `data` of a dump document ({} when there is none to merge)."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
 def prepare(train: Path, rollout: Path, dest: Path, backend: str, peers: tuple[Path, ...] = ()) -> Prepared:
     """Write the copies msprobe needs under DEST/{train,rollout}/ (only where something changes).
     PEERS: the dump.json of the rollout's other TP ranks, merged into one rollout dump."""
     result = Prepared(train, rollout)
-    docs = {"train": load_json(train), "rollout": load_json(rollout)}
-    changed: dict[str, dict | None] = {"train": None, "rollout": None}
-    if isinstance(docs["rollout"], dict) and peers:
-        docs["rollout"] = changed["rollout"] = _merge_ranks(docs["rollout"], peers, docs["train"], result)
-    t_data = docs["train"].get("data") if isinstance(docs["train"], dict) else None
-    r_data = docs["rollout"].get("data") if isinstance(docs["rollout"], dict) else None
-    if isinstance(t_data, dict) and isinstance(r_data, dict):
-        fused_data, notes = fuse(t_data, r_data)
-        if notes:
-            docs["train"] = changed["train"] = {**docs["train"], "data": fused_data}
-            result.notes.extend(notes)
+    docs: dict[str, object] = {"train": load_json(train), "rollout": load_json(rollout)}
+    changed: dict[str, JsonObject | None] = {"train": None, "rollout": None}
+    train_doc, rollout_doc = docs["train"], docs["rollout"]
+    if isinstance(rollout_doc, dict) and peers:
+        docs["rollout"] = changed["rollout"] = rollout_doc = _merge_ranks(
+            rollout_doc, peers, train_doc, result
+        )
+    if isinstance(train_doc, dict) and isinstance(rollout_doc, dict):
+        t_data, r_data = train_doc.get("data"), rollout_doc.get("data")
+        if isinstance(t_data, dict) and isinstance(r_data, dict):
+            fused_data, notes = fuse(t_data, r_data)
+            if notes:
+                docs["train"] = changed["train"] = {**train_doc, "data": fused_data}
+                result.notes.extend(notes)
     renamed: dict[str, str] = {}
     for side, path in (("train", train), ("rollout", rollout)):
         doc = docs[side]

@@ -22,6 +22,10 @@ Pure functions over `summary.Row`s; no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # summary imports this module
+    from rl_msprobe.dumps.summary import Row
 
 # Noise floors (relative error, fraction) for identical weights on both sides, by the coarser dtype
 # of the two, measured on the live verl 0.9.1 jobs (tests/consistency/test_live_job.py, 2026-12-01,
@@ -47,8 +51,12 @@ _ORDER = ("fp32", "fp16", "bf16")  # coarser last
 
 def precision_of(*dtypes: str) -> str:
     """The coarsest floating precision among msprobe's dtype strings (`a;b` joins aggregated rows)."""
-    found = {DTYPE_NAMES.get(d.strip()) for text in dtypes for d in (text or "").split(";")}
-    found.discard(None)
+    found = {
+        name
+        for text in dtypes
+        for d in (text or "").split(";")
+        if (name := DTYPE_NAMES.get(d.strip())) is not None
+    }
     return max(found, key=_ORDER.index) if found else "fp32"
 
 
@@ -80,7 +88,7 @@ class Judgement:
         """Output error over what came in (or the floor, whichever is larger)."""
         return self.error / max(self.received, self.floor)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "module": self.module,
             "tensor": self.tensor,
@@ -95,10 +103,10 @@ class Judgement:
         }
 
 
-def judge(rows: list, floors: dict[str, float] | None = None) -> list[Judgement]:
+def judge(rows: list[Row], floors: dict[str, float] | None = None) -> list[Judgement]:
     """Judge every module output in forward order (`rows`: summary.Row, msprobe's order)."""
     floors = floors or NOISE_FLOOR
-    by_module: dict[str, list] = {}
+    by_module: dict[str, list[Row]] = {}
     order: list[str] = []
     for r in rows:
         if r.module not in by_module:
@@ -108,28 +116,29 @@ def judge(rows: list, floors: dict[str, float] | None = None) -> list[Judgement]
     carried = 0.0
     for module in order:
         group = by_module[module]
-        measured = [r for r in group if r.comparable and r.matched and r.error is not None]
-        inputs = [r.error for r in measured if r.tensor.startswith(("input", "kwargs"))]
-        outputs = [r for r in measured if r.tensor.startswith("output")]
+        # (row, its error) of the rows with a number to judge
+        measured = [(r, r.error) for r in group if r.comparable and r.matched and r.error is not None]
+        inputs = [e for r, e in measured if r.tensor.startswith(("input", "kwargs"))]
+        outputs = [(r, e) for r, e in measured if r.tensor.startswith("output")]
         if not outputs:
             continue
         received = max(inputs) if inputs else carried
-        worst = max(outputs, key=lambda r: r.error)
+        worst, error = max(outputs, key=lambda re: re[1])
         precision = precision_of(worst.train_dtype, worst.rollout_dtype)
         floor = floors.get(precision, floors["fp32"])
-        divergent = worst.error > FLOOR_FACTOR * floor and worst.error > GAIN * received
+        divergent = error > FLOOR_FACTOR * floor and error > GAIN * received
         out.append(
             Judgement(
                 worst.index,
                 module,
                 worst.tensor,
                 worst.layer,
-                worst.error,
+                error,
                 received,
                 floor,
                 precision,
                 divergent,
             )
         )
-        carried = worst.error
+        carried = error
     return sorted(out, key=lambda j: j.index)

@@ -15,6 +15,9 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
+
+from rl_msprobe.jsontypes import JsonObject
 
 DUMP_FILE = "dump.json"
 DISPATCH_LOG = "dispatch_log.jsonl"
@@ -74,8 +77,9 @@ def parse_dump_path(root: Path, path: Path) -> DumpRef | None:
     proc = _number(rank_m.group(2), MAX_PID, where, "proc (pid)") if rank_m.group(2) else None
     prefix = parts[:-3]
     pid = global_step = stage = None
-    if len(prefix) >= 2 and _GLOBAL_STEP.match(prefix[-2]):
-        global_step = _number(_GLOBAL_STEP.match(prefix[-2]).group(1), MAX_STEP, where, "global step")
+    global_m = _GLOBAL_STEP.match(prefix[-2]) if len(prefix) >= 2 else None
+    if global_m:
+        global_step = _number(global_m.group(1), MAX_STEP, where, "global step")
         stage = prefix[-1]
         prefix = prefix[:-2]
     if prefix and _PID.match(prefix[-1]):
@@ -168,12 +172,21 @@ class DumpIndex:
 
 
 # ------------------------------------------------------------------------------------ check
+class GroupCount(TypedDict):
+    """What one group of dumps (a pid, a training step's stage) holds."""
+
+    dumps: int
+    steps: int
+    step_range: list[int]  # [lowest, highest]
+    ranks: list[str]  # rank labels, in rank order
+
+
 @dataclass
 class LayoutReport:
     mode: str
     roots: list[str]
     dumps: int = 0
-    counts: dict[str, dict] = field(default_factory=dict)  # group -> dumps, steps, ranks
+    counts: dict[str, GroupCount] = field(default_factory=dict)
     logs: dict[str, list[str]] = field(default_factory=dict)  # log name -> paths
     problems: list[dict[str, str]] = field(default_factory=list)  # {"where", "what", "fix"}
 
@@ -181,7 +194,7 @@ class LayoutReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {**asdict(self), "ok": self.ok}
 
 
@@ -305,6 +318,7 @@ def _check_training(root: Path, refs: list[DumpRef], report: LayoutReport) -> No
                 }
             )
             continue
+        assert r.global_step is not None, "parse_dump_path reads the stage with its step_{G}"
         stages_by_step[r.global_step].add(r.stage)
         if r.stage not in TRAINING_STAGES:
             report.problems.append(
@@ -380,7 +394,7 @@ def check_layout(roots: list[Path], mode: str | None = None, jobs: int = 1) -> L
     return report
 
 
-def _first_line(log: Path) -> dict:
+def _first_line(log: Path) -> JsonObject:
     try:
         with open(log, "rb") as f:
             doc = json.loads(f.readline() or b"{}")
@@ -394,7 +408,7 @@ def _check_tp_group(root: Path, logs: list[Path], report: LayoutReport) -> None:
     the dispatch log) has a pid folder with its log, and all of them dumped the same number of
     steps (every TP worker runs every model step)."""
     ranks: dict[int, list[str]] = defaultdict(list)  # rank -> pid folders
-    sizes = set()
+    sizes: set[int] = set()
     for log in logs:
         line = _first_line(log)
         rank = line.get("tp_rank", line.get("rank"))
@@ -415,7 +429,7 @@ def _check_tp_group(root: Path, logs: list[Path], report: LayoutReport) -> None:
                 "fix": "every TP worker writes its own {pid} folder; copy the missing rank's folder too, or re-run",
             }
         )
-    counts = {}
+    counts: dict[tuple[int, str], int] = {}
     for rank, pids in ranks.items():
         for pid in pids:
             counts[(rank, pid)] = len(find_dumps(root / pid)) if (root / pid).is_dir() else 0

@@ -16,14 +16,20 @@ Protocol, one JSON object per line: the worker prints {"ready": true, "import_s"
 {"args": [...], "log": PATH} on stdin answers {"rc": N, "seconds": S}.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the checker: the worker needs nothing beyond the standard library at run time
+    from collections.abc import Callable
 
 
-def _run_pair(main, args, log):
+def _run_pair(main: Callable[[], object], args: list[str], log: str) -> int:
     """msprobe's command line entry for one pair, its output in LOG; returns the exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -51,7 +57,7 @@ def _run_pair(main, args, log):
     return rc
 
 
-def serve():
+def serve() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints between pairs must not reach the reply channel
     start = time.monotonic()

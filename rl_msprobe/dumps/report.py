@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from rl_msprobe.dumps.compare import CompareRun, PairResult, first_divergences, verdict
+from rl_msprobe.dumps.correlate import Side
 from rl_msprobe.dumps.judge import FLOOR_FACTOR, GAIN, Judgement
 from rl_msprobe.dumps.summary import LayerPoint, Row
 from rl_msprobe.reporting.html import CSS, h, html_table
@@ -63,11 +64,11 @@ def floor_line(run: CompareRun) -> str:
 
 def inputs_line(run: CompareRun) -> str:
     """The header line on input identity (token ids / positions from the integer rows)."""
-    done = [r for r in run.results if r.summary]
-    differ = [r for r in done if r.summary.input_mismatch]  # type: ignore[union-attr]
+    done = [r.summary for r in run.results if r.summary]
+    differ = [s.input_mismatch for s in done if s.input_mismatch]
     if differ:
-        return f"inputs DIFFER in {len(differ)} of {len(done)} pair(s): {differ[0].summary.input_mismatch}"  # type: ignore[union-attr]
-    checked = sorted({w for r in done for w in r.summary.inputs_checked})  # type: ignore[union-attr]
+        return f"inputs DIFFER in {len(differ)} of {len(done)} pair(s): {differ[0]}"
+    checked = sorted({w for s in done for w in s.inputs_checked})
     if not checked:
         return "inputs: not checked (no integer input row was matched)"
     return f"inputs identical in every pair ({', '.join(checked)})"
@@ -91,10 +92,11 @@ def first_lines(run: CompareRun) -> list[str]:
     """Every divergent pair's first divergence, with its numbers and msprobe's own word on it."""
     out = []
     for r in run.results:
-        first = r.summary.first_divergence if r.summary and r.status == "divergent" else None
-        if first is None:
+        summary = r.summary if r.status == "divergent" else None
+        first = summary.first_divergence if summary else None
+        if summary is None or first is None:
             continue
-        j = r.summary.first_judgement  # type: ignore[union-attr]
+        j = summary.first_judgement
         numbers = (
             f"output error {_pct(j.error)} ({j.floor_ratio:.3g}x the {j.precision} floor, {j.gain:.3g}x what it "
             f"received: {_pct(j.received)})"
@@ -122,34 +124,34 @@ def _series(points: list[LayerPoint], attr: str) -> tuple[list[int], list[float]
 def plot_png(run: CompareRun) -> tuple[bytes | None, str | None]:
     """Per-layer worst output error along depth (and, in tensor mode, the worst cosine above it),
     one line per pair; (PNG bytes, None) or (None, why there is no plot)."""
-    done = [r for r in run.results if r.summary and r.summary.layers]
+    done = [(r, s) for r in run.results if (s := r.summary) is not None and s.layers]
     if not done:
         return None, None
     plt, why = pyplot()
     if plt is None:
         return None, why
-    tensor = any(r.summary.mode == "tensor" for r in done)  # type: ignore[union-attr]
+    tensor = any(s.mode == "tensor" for _, s in done)
     if tensor:  # cosine only exists in tensor mode: its panel is absent, not empty, otherwise
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.2), sharex=True, dpi=110)
-        axes = (ax1, ax2)
     else:
         fig, ax2 = plt.subplots(1, 1, figsize=(9, 3.6), dpi=110)
-        ax1, axes = None, (ax2,)
+        ax1 = None
+    axes = (ax2,) if ax1 is None else (ax1, ax2)
     labels: dict[int, str] = {}
-    for r in done:
-        for p in r.summary.layers:  # type: ignore[union-attr]
+    for _, s in done:
+        for p in s.layers:
             labels[p.depth] = p.layer
     panels = [("max_abs_err", ax2, max)] + ([("cosine", ax1, min)] if ax1 is not None else [])
     if len(done) <= MAX_LINES:
-        for r in done:
+        for r, s in done:
             name = f"#{r.number} {r.pair.request_id[:16]}"
             for attr, ax, _ in panels:
-                ax.plot(*_series(r.summary.layers, attr), marker="o", ms=3, lw=1.4, label=name)  # type: ignore[union-attr]
+                ax.plot(*_series(s.layers, attr), marker="o", ms=3, lw=1.4, label=name)
     else:
         for attr, ax, worst in panels:
             by_depth: dict[int, list[float]] = {}
-            for r in done:
-                for x, y in zip(*_series(r.summary.layers, attr)):  # type: ignore[union-attr]
+            for _, s in done:
+                for x, y in zip(*_series(s.layers, attr)):
                     by_depth.setdefault(x, []).append(y)
             xs = sorted(by_depth)
             ax.plot(
@@ -162,8 +164,8 @@ def plot_png(run: CompareRun) -> tuple[bytes | None, str | None]:
                 color="C0",
                 label="median",
             )
-    for r in done:
-        first = r.summary.first_divergence  # type: ignore[union-attr]
+    for _, s in done:
+        first = s.first_divergence
         if first is not None and first.layer is not None:
             for ax in axes:
                 ax.axvline(first.layer, color="C3", ls="--", lw=0.8, alpha=0.6)
@@ -173,7 +175,7 @@ def plot_png(run: CompareRun) -> tuple[bytes | None, str | None]:
         ax1.legend(fontsize=7, loc="lower left")
     axes[0].set_title(f"rollout vs training, msprobe consistency compare ({run.backend})", fontsize=10)
     ax2.set_ylabel("max abs error" if tensor else "|max diff| (statistics)")
-    ys = [y for r in done for y in _series(r.summary.layers, "max_abs_err")[1]]  # type: ignore[union-attr]
+    ys = [y for _, s in done for y in _series(s.layers, "max_abs_err")[1]]
     if any(y > 0 for y in ys):
         floor = min(y for y in ys if y > 0) / 10
         ax2.set_yscale("log")
@@ -205,7 +207,7 @@ def plot_png(run: CompareRun) -> tuple[bytes | None, str | None]:
 
 
 # --------------------------------------------------------------------------------- markdown
-def _side(side, dump: str | None) -> str:
+def _side(side: Side, dump: str | None) -> str:
     return (
         f"{side.pid}/step{side.step}/rank{side.rank}"
         if side.pid is not None
@@ -305,13 +307,14 @@ RANK_TITLE = "Module outputs ranked by rl-msprobe's judgement (msprobe's own res
 
 def set_aside(run: CompareRun) -> list[list[str]]:
     """[reason, rows over all pairs, example row] for rows not read as divergence."""
-    seen: dict[str, list] = {}
+    counts: dict[str, int] = {}  # note -> rows, in the order first seen
+    examples: dict[str, str] = {}  # note -> its first row
     for r in run.results:
         for row in r.summary.rows if r.summary else ():
             if row.note:
-                entry = seen.setdefault(row.note, [0, _row_where(row)])
-                entry[0] += 1
-    return [[note, str(n), example] for note, (n, example) in sorted(seen.items(), key=lambda kv: -kv[1][0])]
+                examples.setdefault(row.note, _row_where(row))
+                counts[row.note] = counts.get(row.note, 0) + 1
+    return [[note, str(n), examples[note]] for note, n in sorted(counts.items(), key=lambda kv: -kv[1])]
 
 
 SET_ASIDE_HEAD = ["not read as divergence because", "rows", "e.g."]

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from rl_msprobe.errors import UserError
+from rl_msprobe.jsontypes import JsonObject
 
 WORKER = Path(__file__).with_name("msprobe_worker.py")
 START_TIMEOUT = 300.0  # seconds for msprobe's import in a fresh worker
@@ -92,11 +93,11 @@ class WorkerRunner:
     def __init__(self, python: list[str], stderr_log: Path):
         self.python = python
         self.stderr_log = stderr_log
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[str] | None = None
         self.import_seconds: float | None = None  # msprobe's import in the current worker
         self.pair_seconds: float | None = None  # the last pair, measured inside the worker
 
-    def _read(self, timeout: float | None) -> dict | None:
+    def _read(self, timeout: float | None) -> JsonObject | None:
         """The next reply line, or None when the worker died or `timeout` passed."""
         assert self.proc is not None and self.proc.stdout is not None
         out = self.proc.stdout

@@ -36,16 +36,23 @@ import json
 import math
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TypeAlias
 
 from rl_msprobe.dumps.judge import Judgement, is_integer, judge
+from rl_msprobe.dumps.tp_merge import Disagreement
 
 NPU, BENCH = "NPU Name", "Bench Name"  # msprobe: NPU = -tp = training, Bench = -gp = rollout
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _CALL = re.compile(r"\.(forward|backward)(?:\.\d+)?\.")
 _FSDP = "_fsdp_wrapped_module."
 DIVERGENT = ("error", "warning")
+
+
+# one row of msprobe's compare_result CSV: column -> cell (None where a row is short)
+Record: TypeAlias = Mapping[str, str | None]
 
 
 def _number(text: str | None) -> float | None:
@@ -114,7 +121,7 @@ class Row:
     def msprobe_flagged(self) -> bool:
         return self.comparable and self.result in DIVERGENT and not self.note
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             k: v
             for k, v in asdict(self).items()
@@ -130,7 +137,7 @@ class LayerPoint:
     max_abs_err: float | None  # worst (highest) error of the layer's outputs
     divergent: int  # rows msprobe marked warning/error in this layer (comparable only)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -219,9 +226,9 @@ class PairSummary:
         )
         return sorted(measured, key=key)[:n]
 
-    def to_json(self, rows: bool = False) -> dict:
+    def to_json(self, rows: bool = False) -> dict[str, object]:
         first = self.first_divergence
-        doc = {
+        doc: dict[str, object] = {
             "mode": self.mode,
             "consistent": self.consistent,
             "counts": self.counts,
@@ -280,7 +287,7 @@ WEIGHT_TOLERANCE = 1.0  # NormRelativeErr, percent: bf16 vs fp32 copies of one w
 WEIGHT_MESSAGE = "rl-msprobe: the engines hold different weights"
 
 
-def weights_differ(rec: dict, tensor: str, mode: str, rel: float | None) -> str:
+def weights_differ(rec: Record, tensor: str, mode: str, rel: float | None) -> str:
     """rl-msprobe's complaint about a module's weight (module doc), '' when there is none."""
     if (
         mode != "statistics"
@@ -314,7 +321,7 @@ def _squeeze(shape: str) -> str:
     return ",".join(p.strip() for p in shape.strip().strip("[]").split(",") if p.strip() not in ("1", ""))
 
 
-def _shape_waiver(items: list[str], rec: dict, rollout: str) -> str:
+def _shape_waiver(items: list[str], rec: Record, rollout: str) -> str:
     """msprobe's statistics checkers compare shapes as they are, where its tensor consistency
     checker squeezes 1-dims ([1, T, H] vs [T, H]) and skips the fused qkv / gate_up rows; read
     a shape-only complaint the way the consistency checker would."""
@@ -327,7 +334,7 @@ def _shape_waiver(items: list[str], rec: dict, rollout: str) -> str:
     return ""
 
 
-def convention_waiver(rec: dict, rollout: str, mode: str) -> str:
+def convention_waiver(rec: Record, rollout: str, mode: str) -> str:
     """Why a row msprobe flagged differs only by engine convention ('' when it does not):
     Required_Grad alone (any mode), or shape-only complaints msprobe's tensor checker would not
     raise (statistics mode). Any other complaint (numbers, dtype) keeps the row divergent."""
@@ -444,12 +451,14 @@ def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
     return mode, apply_engine_conventions(rows)
 
 
-def _abs(rec: dict, key: str) -> float | None:
+def _abs(rec: Record, key: str) -> float | None:
     v = _number(rec.get(key))
     return abs(v) if v is not None else None
 
 
-def _relative_error(rec: dict, mode: str, norm_rel_percent: float | None) -> tuple[float | None, bool | None]:
+def _relative_error(
+    rec: Record, mode: str, norm_rel_percent: float | None
+) -> tuple[float | None, bool | None]:
     """(relative error as a fraction, whether every statistic is equal) from msprobe's columns
     (judge module doc); (None, None) where msprobe gave no number."""
     scale = max((v for v in (_abs(rec, "Bench max"), _abs(rec, "Bench min")) if v is not None), default=None)
@@ -569,7 +578,7 @@ def summarize(csv_path: Path) -> PairSummary:
 TP_MESSAGE = "rl-msprobe: a replicated tensor differs between tensor-parallel ranks"
 
 
-def with_tp_findings(summary: PairSummary, disagreements: list) -> PairSummary:
+def with_tp_findings(summary: PairSummary, disagreements: list[Disagreement]) -> PairSummary:
     """The summary with a finding row for each replicated tensor that differs between TP ranks
     (tp_merge.Disagreement), placed before that module's first row (forward order)."""
     if not disagreements:

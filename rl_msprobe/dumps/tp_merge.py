@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeGuard
+
+from rl_msprobe.jsontypes import JsonObject
 
 COLUMN = ("QKVParallelLinear", "MergedColumnParallelLinear", "ColumnParallelLinear", "QKVCrossParallelLinear")
 ROW = ("RowParallelLinear",)
@@ -47,13 +51,13 @@ class Disagreement:
     ranks: list[int]  # the ranks that differ from the lowest rank
     error: float  # largest relative difference of a statistic
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"key": self.key, "tensor": self.tensor, "ranks": self.ranks, "error": self.error}
 
 
 @dataclass
 class Merged:
-    data: dict
+    data: JsonObject
     sharded: dict[str, int] = field(default_factory=dict)  # class -> tensors merged from shards
     disagreements: list[Disagreement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -107,7 +111,7 @@ def _squeezed(shape: list[int]) -> list[int]:
     return [int(x) for x in shape if int(x) != 1]
 
 
-def is_tensor(leaf: object) -> bool:
+def is_tensor(leaf: object) -> TypeGuard[JsonObject]:
     """A dump.json leaf that describes a tensor (a shape and msprobe statistics), not a scalar or a list."""
     return isinstance(leaf, dict) and "shape" in leaf and any(k in leaf for k in STATS)
 
@@ -116,7 +120,7 @@ def _count(shape: list[int]) -> int:
     return math.prod(int(x) for x in shape) if shape else 1
 
 
-def merge_stats(shards: list[dict], dim: int) -> dict:
+def merge_stats(shards: list[JsonObject], dim: int) -> JsonObject:
     """The statistics of the tensor the shards make when concatenated on `dim` (exact for max,
     min and the L2 norm; the mean weighted by element count, exact up to float round-off)."""
     out = dict(shards[0])
@@ -134,7 +138,7 @@ def merge_stats(shards: list[dict], dim: int) -> dict:
     return out
 
 
-def _differ(a: dict, b: dict) -> float:
+def _differ(a: JsonObject, b: JsonObject) -> float:
     """Largest relative difference of the statistics of two copies of one tensor (0 when equal)."""
     worst = 0.0
     if list(a.get("shape") or []) != list(b.get("shape") or []):
@@ -148,7 +152,7 @@ def _differ(a: dict, b: dict) -> float:
     return worst
 
 
-def _leaves(entry: dict):
+def _leaves(entry: JsonObject) -> Iterator[tuple[str, int | str, object]]:
     """(role, index, leaf) of one dump entry's tensors."""
     for role in ("input_args", "output"):
         items = entry.get(role)
@@ -171,11 +175,11 @@ def _label(role: str, index: int | str) -> str:
     ] + f".{index}"
 
 
-def _set(entry: dict, role: str, index: int | str, value: object) -> None:
+def _set(entry: JsonObject, role: str, index: int | str, value: object) -> None:
     entry[role][index] = value
 
 
-def training_shapes(train: dict) -> dict[tuple[str, str], list[int]]:
+def training_shapes(train: JsonObject) -> dict[tuple[str, str], list[int]]:
     """(module name without FSDP wrappers, tensor label) -> shape, from the training dump's data."""
     out: dict[tuple[str, str], list[int]] = {}
     for key, entry in train.items():
@@ -188,7 +192,7 @@ def training_shapes(train: dict) -> dict[tuple[str, str], list[int]]:
     return out
 
 
-def merge(ranks: list[dict], train: dict | None = None) -> Merged:
+def merge(ranks: list[JsonObject], train: JsonObject | None = None) -> Merged:
     """Merge the `data` of each TP rank's dump.json (lowest rank first) into one (module doc)."""
     import copy
 
@@ -202,12 +206,12 @@ def merge(ranks: list[dict], train: dict | None = None) -> Merged:
             continue
         m = _KEY.match(key)
         cls, name = (m.group("cls"), m.group("name")) if m else ("", key)
-        peers = [r.get(key) if isinstance(r.get(key), dict) else None for r in ranks]
+        peers: list[JsonObject | None] = [r.get(key) if isinstance(r.get(key), dict) else None for r in ranks]
         spread: list[tuple[str, str, list[int], float]] = []  # unsharded tensors that differ across ranks
         for role, index, leaf in list(_leaves(entry)):
             if not is_tensor(leaf):
                 continue
-            copies = []
+            copies: list[object] = []
             for p in peers:
                 try:
                     copies.append(p[role][index] if p is not None else None)
@@ -227,8 +231,13 @@ def merge(ranks: list[dict], train: dict | None = None) -> Merged:
                     == [x for i, x in enumerate(leaf["shape"]) if i != dim]
                     for c in present
                 )
-                whole = want is not None and _squeezed(want) == _squeezed(leaf["shape"])
-                if not others_agree or (whole and _squeezed(want) != _squeezed(merged_shape)):
+                # the training tensor of this name is whole as this rank holds it, yet not merged
+                whole_here = (
+                    want is not None
+                    and _squeezed(want) == _squeezed(leaf["shape"])
+                    and _squeezed(want) != _squeezed(merged_shape)
+                )
+                if not others_agree or whole_here:
                     result.notes.append(
                         f"{key} {label}: {cls} shards it by design, but the shapes say it is whole "
                         f"(ranks {[c['shape'] for c in present]}, training {want}); compared as replicated"

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, html_table
 from rl_msprobe.reporting.plot import pyplot
 from rl_msprobe.triage.propose import Growth, Proposal
-from rl_msprobe.triage.stream import QUANTITIES, Triage
+from rl_msprobe.triage.stream import QUANTITIES, Gap, Triage
 
 LABEL = {"dlogp": "|Δ log p|", "dp": "|Δp|"}
 POSITION_BUCKETS = 16
@@ -273,11 +274,12 @@ def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         xs = list(range(len(steps)))
         for ax, q in zip(axes, QUANTITIES):
-            for label, get in (
+            getters: tuple[tuple[str, Callable[[Gap], float]], ...] = (
                 ("mean", lambda g: g.mean()),
                 ("p99", lambda g: g.quantile(0.99)),
                 ("max", lambda g: g.peak),
-            ):
+            )
+            for label, get in getters:
                 ax.plot(xs, [get(s.gaps[q]) for s in steps], marker="o", label=label)
             ax.set_yscale("log")
             ax.set_xticks(xs, [str(s.step) for s in steps], rotation=0 if len(xs) < 20 else 90)

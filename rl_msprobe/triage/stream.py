@@ -24,14 +24,17 @@ import heapq
 import json
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rl_msprobe import bounded
 from rl_msprobe.dumps.layout import walk_files
 from rl_msprobe.errors import UserError
+from rl_msprobe.jsontypes import JsonObject
 
 LOG_NAME = "triage.jsonl"
 CHUNK = 1024  # lines reduced together
@@ -49,7 +52,8 @@ MAX_TOKEN_ID = 1 << 24  # 16.7M; the largest vocabularies are ~256k
 _SCALARS = (str, int, float, type(None))
 
 
-def _np():
+def _np() -> ModuleType:
+    """numpy, imported on first use (its arrays are `Any` to the checker here)."""
     try:
         import numpy
     except ModuleNotFoundError:  # pragma: no cover - numpy is a dependency
@@ -99,7 +103,8 @@ def bin_upper(b: int) -> float:
     import struct
 
     key = _LOW_KEY + b
-    return struct.unpack("<d", struct.pack("<q", key << _SHIFT))[0]
+    upper: float = struct.unpack("<d", struct.pack("<q", key << _SHIFT))[0]
+    return upper
 
 
 @dataclass
@@ -208,7 +213,7 @@ class _Accumulator:
         self._tokens, self._token_count = [], 0
 
     def _reset(self) -> None:
-        self.docs: list[dict] = []
+        self.docs: list[JsonObject] = []
         self.where: list[tuple[str, int]] = []
         self.tails: list[tuple[bytes, bytes, bytes] | None] = []  # the array texts of a fast line
         self.raws: list[bytes] = []
@@ -260,7 +265,7 @@ class _Accumulator:
         self._token_count += int(known.sum())
         if self._token_count >= TOKEN_BATCH:
             self.fold_tokens()
-        line_stats = {}
+        line_stats: dict[str, tuple[Any, Any]] = {}  # quantity -> (sum, peak) per line
         for q, g in gaps.items():
             gv = valid_gaps[q]
             bins = _bins(np, gv)
@@ -366,12 +371,13 @@ class _Accumulator:
 
     def _validate_slowly(self) -> tuple[Any, Any, Any]:
         """Line by line: a line that is not an object with the two arrays becomes a bad line."""
-        good, where = [], []
+        good: list[tuple[JsonObject, tuple[int, int, int]]] = []
+        where: list[tuple[str, int]] = []
         for doc, at in zip(self.docs, self.where):
             try:
-                lengths = (len(doc["rollout_log_probs"]), len(doc["train_log_probs"]))
+                rollout_n, train_n = len(doc["rollout_log_probs"]), len(doc["train_log_probs"])
                 tokens = doc.get("response_ids")
-                lengths += (-1 if tokens is None else len(tokens),)
+                lengths = (rollout_n, train_n, -1 if tokens is None else len(tokens))
             except (KeyError, TypeError, AttributeError) as exc:
                 self.result.bad_count += 1
                 if len(self.result.bad_lines) < 5:
@@ -381,7 +387,10 @@ class _Accumulator:
             where.append(at)
         self.docs, self.where = [d for d, _ in good], where
         np = self.np
-        return tuple(np.asarray([n[k] for _, n in good], np.int64).reshape(-1) for k in range(3))  # type: ignore[return-value]
+        rollout, train, response = (
+            np.asarray([n[k] for _, n in good], np.int64).reshape(-1) for k in range(3)
+        )
+        return rollout, train, response
 
     def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Any, int]) -> None:
         np = self.np
@@ -409,7 +418,19 @@ class _Accumulator:
         found.update(first.values())
         return sorted(i for i in found if peak[i] >= 0)
 
-    def _worst(self, stats, counts, starts, lengths, gaps, tokens, r, t) -> None:
+    def _worst(
+        self,
+        stats: dict[str, tuple[Any, Any]],
+        counts: Any,
+        starts: Any,
+        lengths: Any,
+        gaps: dict[str, Any],
+        tokens: Any,
+        r: Any,
+        t: Any,
+    ) -> None:
+        """Offer the chunk's candidate lines to the worst-request heap and each step's worst
+        (`stats`: quantity -> (sum, peak) per line; the rest numpy arrays of the chunk)."""
         np = self.np
         sum_l, peak_l = stats["dlogp"]
         sum_p, _ = stats["dp"]
@@ -512,7 +533,7 @@ def _as_stored(np: Any, values: Any, dtypes: list[Any], lengths: Any) -> Any:
     return out
 
 
-def _column(np: Any, docs: list[dict], key: str, total: int, dtype: Any, missing: Any) -> Any:
+def _column(np: Any, docs: list[JsonObject], key: str, total: int, dtype: Any, missing: Any) -> Any:
     """One key's arrays of every line, end to end (a null or a non-number becomes `missing`)."""
     try:
         return np.fromiter(chain.from_iterable([d[key] for d in docs]), dtype, total)
@@ -547,7 +568,8 @@ _TAIL = b', "response_ids": ['
 _ROLLOUT = b'], "rollout_log_probs": ['
 _TRAIN = b'], "train_log_probs": ['
 _PROMPT = b', "prompt_ids": ['
-_scan = json.JSONDecoder().scan_once  # json's own C scanner, without loads' checks for a BOM and spaces
+# json's own C scanner, without loads' checks for a BOM and spaces (typeshed omits the attribute)
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def split_tail(raw: bytes) -> tuple[bytes, tuple[bytes, bytes, bytes], bytes | None] | None:
@@ -590,7 +612,8 @@ class PromptText(bytes):
     """A line's prompt ids, still as text: parsed only for the worst requests that show them."""
 
     def ids(self) -> list[int]:
-        return json.loads(b"[" + self + b"]")
+        ids: list[int] = json.loads(b"[" + self + b"]")  # split_tail: digits and commas, no strings
+        return ids
 
 
 def _prompt_ids(value: Any) -> Any:
@@ -600,7 +623,7 @@ def _prompt_ids(value: Any) -> Any:
         return None
 
 
-def _head(text: bytes) -> dict:
+def _head(text: bytes) -> JsonObject:
     """The head of a split line as a dict (ValueError when it is not exactly one JSON object)."""
     try:
         decoded = text.decode("utf-8")
