@@ -197,7 +197,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         os.environ[helper.ENV] = folder
-        for label, hash_on in (("with CRC-32", "1"), ("statistics only", "0")):
+        for label, hash_on in (("with checksum (k64)", "1"), ("statistics only", "0")):
             os.environ[helper.HASH_ENV] = hash_on
             sync(weights, worker, True)  # warm-up: allocations, first touches
             plain, marked = [], []

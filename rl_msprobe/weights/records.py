@@ -1,7 +1,9 @@
 """Reading what a job wrote under `<dump-dir>/weights/`: `{stage}-{host}-{pid}.jsonl`, one JSON
 object per line (see verl/utils/rl_msprobe_weights.py, added by the verl-weights set).
 
-Every line is checked; a bad one is an error naming the file, the line and the key.
+Every line is checked; a bad one is an error naming the file, the line and the key. Hashes of
+two kinds in one folder (a k64 checksum "k64:<hex>" from the current helper, a bare CRC-32 from
+helpers before FORMAT 2) are never compared with each other: such a folder is refused.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ class Run:
         return sorted({s for stage in self.entries.values() for s in stage} | set(self.meta))
 
 
+def hash_kind(value: str) -> str:
+    """The checksum that made a hash string: its prefix ("k64:..."), or "crc32" for a bare one."""
+    kind, sep, _ = value.partition(":")
+    return kind if sep else "crc32"
+
+
 def _bad(path: Path, line: int, what: str) -> UserError:
     return UserError(f"{path}:{line}: {what}; {FIX}.")
 
@@ -91,7 +99,7 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
             index=_whole(doc, "index", path, line, INDEX_LIMIT, default=-1),
             dtype=str(doc.get("dtype", "")),
             fp=Fingerprint.from_dict(doc["fp"]),
-            hash=doc.get("hash"),
+            hash=_hash(doc.get("hash")),
             step=doc.get("step"),
             how=doc.get("how"),
             engine_name=doc.get("engine_name"),
@@ -103,6 +111,22 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None
     except (TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
+
+
+def _hash(value) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"hash is {json.dumps(value)[:40]}, not a string")
+    return value
+
+
+def _one_hash_kind(kinds: dict[str, str], folder: Path) -> None:
+    if len(kinds) > 1:
+        (a, where_a), (b, where_b) = sorted(kinds.items())[:2]
+        raise UserError(
+            f"{folder}: hashes of two kinds, {a} ({where_a}) and {b} ({where_b}): the trees were patched by "
+            "different rl-msprobe versions; re-apply the patch sets prepare prints with this rl-msprobe "
+            "(patch revert, then patch apply) and rerun the job."
+        )
 
 
 def read_run(folder: Path) -> Run:
@@ -117,6 +141,7 @@ def read_run(folder: Path) -> Run:
             "applied and RL_MSPROBE_WEIGHTS_DIR set to this folder (rl-msprobe prepare SCRIPT --mode weights)."
         )
     run = Run(folder)
+    kinds: dict[str, str] = {}  # hash kind -> the first line that has it
     for path in paths:
         process = path.stem.split("-", 1)[1] if "-" in path.stem else path.stem
         run.files += 1
@@ -138,5 +163,8 @@ def read_run(folder: Path) -> Run:
                 if doc.get("stage") not in STAGES:
                     raise _bad(path, number, f"stage {doc.get('stage')!r} is not one of {', '.join(STAGES)}")
                 entry = _entry(doc, path, number, process)
+                if entry.hash:
+                    kinds.setdefault(hash_kind(entry.hash), f"{path.name}:{number}")
                 run.entries[entry.stage][entry.sync].setdefault(process, {})[entry.name] = entry
+    _one_hash_kind(kinds, folder)
     return run

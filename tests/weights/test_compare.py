@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 
@@ -82,10 +83,37 @@ def test_a_bit_flip_the_statistics_miss_is_caught_by_the_hash(tmp_path):
     folder = synthetic.write(tmp_path / "w", syncs=1)
     path = folder / "received-host-201.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    lines[3]["hash"] = "0" * 32
+    lines[3]["hash"] = "k64:" + "0" * 16
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     first = doc_of(folder)["first_difference"]
     assert first["stage"] == "received" and first["ranks"] == [1] and "hash" in first["what"]
+
+
+def _rewrite_hashes(folder, new_hash) -> None:
+    for path in folder.glob("*.jsonl"):
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        for line in lines:
+            if line.get("hash"):
+                line["hash"] = new_hash(line)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_crc32_folders_of_older_helpers_still_compare_and_are_never_mixed_with_k64(tmp_path):
+    """FORMAT 1 helpers wrote bare CRC-32s (8 hex): such a folder compares as before, bit flips
+    included; a folder holding both kinds is refused, naming a line of each, never compared."""
+    old = synthetic.write(tmp_path / "old", syncs=1)
+    _rewrite_hashes(old, lambda line: f"{zlib.crc32(line['name'].encode()):08x}")  # one per tensor
+    assert doc_of(old)["verdict"] == "EQUAL"
+    path = old / "received-host-201.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[3]["hash"] = "0" * 8
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert "hash" in doc_of(old)["first_difference"]["what"]
+    mixed = synthetic.write(tmp_path / "mixed", syncs=1)
+    _rewrite_hashes(mixed, lambda line: line["hash"] if line["stage"] == "sent" else "1234abcd")
+    with pytest.raises(UserError) as err:
+        read_run(mixed)
+    assert "crc32 (received-host-" in str(err.value) and "k64 (sent-host-" in str(err.value)
 
 
 def test_a_tensor_never_sent_is_never_equal(tmp_path):
