@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
+from rl_msprobe.jsontypes import JsonObject
 from rl_msprobe.weights.fingerprint import Fingerprint
 
 STAGES = ("sent", "received", "resident")
@@ -55,7 +56,7 @@ class Run:
     entries: dict[str, dict[int, dict[str, dict[str, Entry]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
-    meta: dict[int, dict[str, dict]] = field(
+    meta: dict[int, dict[str, JsonObject]] = field(
         default_factory=lambda: defaultdict(dict)
     )  # sync -> process -> meta
     files: int = 0
@@ -74,7 +75,7 @@ def _bad(path: Path, line: int, what: str) -> UserError:
     return UserError(f"{path}:{line}: {what}; {FIX}.")
 
 
-def _whole(doc: dict, key: str, path: Path, line: int, limit: int, default: int | None = None) -> int:
+def _whole(doc: JsonObject, key: str, path: Path, line: int, limit: int, default: int | None = None) -> int:
     """DOC[KEY] as a whole number within 0..LIMIT (DEFAULT where it is absent), else UserError naming it."""
     if key not in doc and default is not None:
         return default
@@ -88,7 +89,7 @@ def _whole(doc: dict, key: str, path: Path, line: int, limit: int, default: int 
     return bounded.bounded_int(value, limit, f"{path}:{line}", key)
 
 
-def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
+def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
     try:
         return Entry(
             stage=doc["stage"],
@@ -113,7 +114,7 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
         raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
 
 
-def _hash(value) -> str | None:
+def _hash(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"hash is {json.dumps(value)[:40]}, not a string")
     return value
