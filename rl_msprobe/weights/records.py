@@ -89,6 +89,31 @@ def _whole(doc: JsonObject, key: str, path: Path, line: int, limit: int, default
     return bounded.bounded_int(value, limit, f"{path}:{line}", key)
 
 
+def _text(doc: JsonObject, key: str, path: Path, line: int) -> str | None:
+    """DOC[KEY] when it is a string (None where it is absent or null), else UserError naming it."""
+    value = doc.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _bad(path, line, f"{key} is {json.dumps(value)[:40]}, not a string")
+
+
+def _optional_whole(doc: JsonObject, key: str, path: Path, line: int, limit: int) -> int | None:
+    return None if doc.get(key) is None else _whole(doc, key, path, line, limit)
+
+
+def _check_meta(doc: JsonObject, path: Path, line: int) -> None:
+    """A resident-meta line's TP size, tied names and held names as the helpers write them."""
+    _optional_whole(doc, "tp_size", path, line, RANK_LIMIT)
+    aliases = doc.get("aliases")
+    if aliases is not None and not (
+        isinstance(aliases, dict) and all(isinstance(v, str) for v in aliases.values())
+    ):
+        raise _bad(path, line, f"aliases is {json.dumps(aliases)[:40]}, not an object of tensor names")
+    holds = doc.get("holds")
+    if holds is not None and not isinstance(holds, list):
+        raise _bad(path, line, f"holds is {json.dumps(holds)[:40]}, not a list of tensor names")
+
+
 def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
     try:
         return Entry(
@@ -101,9 +126,9 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             dtype=str(doc.get("dtype", "")),
             fp=Fingerprint.from_dict(doc["fp"]),
             hash=_hash(doc.get("hash")),
-            step=doc.get("step"),
-            how=doc.get("how"),
-            engine_name=doc.get("engine_name"),
+            step=_optional_whole(doc, "step", path, line, SYNC_LIMIT),
+            how=_text(doc, "how", path, line),
+            engine_name=_text(doc, "engine_name", path, line),
             unreadable=bool(doc.get("unreadable", False)),
             shape=tuple(int(n) for n in doc["shape"]) if isinstance(doc.get("shape"), list) else None,
             shards={int(d): Fingerprint.from_dict(fp) for d, fp in (doc.get("shard_fp") or {}).items()},
@@ -159,6 +184,7 @@ def read_run(folder: Path) -> Run:
                 if not isinstance(doc, dict):
                     raise _bad(path, number, "not a JSON object")
                 if doc.get("stage") == META:
+                    _check_meta(doc, path, number)
                     run.meta[_whole(doc, "sync", path, number, SYNC_LIMIT, default=0)][process] = doc
                     continue
                 if doc.get("stage") not in STAGES:
