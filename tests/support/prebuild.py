@@ -6,7 +6,8 @@ shape). Built on first use, that time adds to the tests'; started right after co
 background process, it overlaps with the tests that come first. Nothing waits twice: each venv is
 built behind its own file lock and stamp (tests/support/venvs.py), so a test that needs a venv
 still being built waits on that lock and then finds it ready. The background process goes with
-the session (a half-built venv has no stamp and is rebuilt next time).
+the session (a half-built venv has no stamp and is rebuilt next time). The venvs and their build
+order: tests/support/cached_venvs.py.
 
 While a build is due, the modules with no e2e test run first, then the e2e modules in the order
 the venvs are built (job venv, SGLang engine venvs, SGLang job venv), so no test waits on a cold
@@ -25,10 +26,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.cached_venvs import JOB_VENV, NO_VENV, SGLANG_JOB_VENV, SGLANG_VENVS, builds
 
-# what an item needs, in the order the background process builds it
-NO_VENV, JOB_VENV, SGLANG_VENVS, SGLANG_JOB_VENV = range(4)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _need(item: pytest.Item) -> int:
@@ -44,23 +44,7 @@ def _need(item: pytest.Item) -> int:
 
 def _wanted(items: list[pytest.Item]) -> list[list[str]]:
     """The build commands (module + arguments) for the venvs the collected e2e tests use."""
-    from tests.support import job_venv, sglang_job_venv, sglang_venv
-
-    needs = {_need(item) for item in items}
-    commands = []
-    if JOB_VENV in needs and not job_venv.VENV.is_ready():
-        commands.append(["tests.support.job_venv", "build"])
-    # in the order the tests first need them (see venv_free_first): the job venv, then the SGLang
-    # engine venvs (tests/live/test_sglang_inference_e2e.py), then the SGLang job venv
-    # (tests/live/test_sglang_rollout_e2e.py)
-    if not os.environ.get("RL_MSPROBE_SKIP_SGLANG_E2E"):
-        if SGLANG_VENVS in needs:
-            shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
-            if shapes:
-                commands.append(["tests.support.sglang_venv", "build", *shapes])
-        if SGLANG_JOB_VENV in needs and not sglang_job_venv.VENV.is_ready():
-            commands.append(["tests.support.sglang_job_venv", "build"])
-    return commands
+    return builds({_need(item) for item in items})
 
 
 def venv_free_first(items: list[pytest.Item]) -> list[pytest.Item]:
