@@ -49,7 +49,9 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module_name, attr, _ = COMMANDS[cmd_name]
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command), f"COMMANDS names {module_name}.{attr}, not a click command"
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):

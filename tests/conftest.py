@@ -6,8 +6,9 @@ import os
 
 from hypothesis import settings
 
-# the cached test venvs start building in the background right after collection
-from tests.support.prebuild import pytest_collection_finish  # noqa: F401
+# the cached test venvs start building in the background right after collection, and the tests
+# that need none of them run first
+from tests.support.prebuild import pytest_collection_finish, pytest_collection_modifyitems  # noqa: F401
 
 # the CI skip gate: a skip for any reason but a missing accelerator fails the run under CI
 from tests.support.skip_gate import (  # noqa: F401  (pytest finds the hooks here)

@@ -339,19 +339,22 @@ class TransformContext:
 # ---------------------------------------------------------------------- small CST helpers
 
 
-def body_of(node: cst.CSTNode) -> Sequence[cst.BaseStatement]:
+def _block(node: cst.CSTNode) -> cst.IndentedBlock:
     body = getattr(node, "body", None)
     if isinstance(body, cst.IndentedBlock):
-        return body.body
+        return body
     raise TypeError(f"{type(node).__name__} has no indented block")
+
+
+def body_of(node: cst.CSTNode) -> Sequence[cst.BaseStatement]:
+    return _block(node).body
 
 
 NodeT = TypeVar("NodeT", bound=cst.CSTNode)
 
 
 def with_body(node: NodeT, statements: Iterable[cst.BaseStatement]) -> NodeT:
-    block = node.body  # type: ignore[attr-defined]
-    return node.with_changes(body=block.with_changes(body=tuple(statements)))
+    return node.with_changes(body=_block(node).with_changes(body=tuple(statements)))
 
 
 def is_import(stmt: cst.BaseStatement) -> bool:

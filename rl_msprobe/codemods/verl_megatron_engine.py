@@ -46,7 +46,10 @@ def _is_forward_assign(stmt: cst.BaseStatement) -> bool:
 
 
 def _forward_callee(stmt: cst.SimpleStatementLine) -> str:
-    return call_name(stmt.body[0].value)  # type: ignore[attr-defined,return-value]
+    assign = stmt.body[0]
+    callee = call_name(assign.value) if isinstance(assign, cst.Assign) else None
+    assert callee is not None, "FORWARD_ASSIGN matched the statement: an assignment of a named call"
+    return callee
 
 
 class _Transformer(ScopedTransformer):

@@ -6,13 +6,15 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import click
 
 from rl_msprobe.errors import UserError
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., Any])  # a command function, as click decorators take and give it
+P = ParamSpec("P")
+R = TypeVar("R")
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 
@@ -22,15 +24,15 @@ def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=False, default=str))
 
 
-def handles_user_errors(func: F) -> F:
+def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn a UserError into its message on stderr and exit code 2 (no traceback)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

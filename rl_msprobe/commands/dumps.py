@@ -7,17 +7,25 @@ Library imports stay inside the functions so `rl-msprobe --help` stays light.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
+from rl_msprobe.commands.common import F, emit_json, handles_user_errors, json_option
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
+
+    from rl_msprobe.dumps.compare import PairResult
+    from rl_msprobe.dumps.correlate import Correlation
 
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
 SHOW = 40  # lines per list on the terminal
 
 
-def jobs_option(what: str):
+def jobs_option(what: str) -> Callable[[F], F]:
     return click.option(
         "--jobs",
         "-j",
@@ -117,7 +125,7 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
     sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
 
 
-def _hard_problems(result) -> bool:
+def _hard_problems(result: Correlation) -> bool:
     return any(u.why.startswith("missing dump") or ": not a JSON" in u.why for u in result.unmatched)
 
 
@@ -244,33 +252,42 @@ def compare(
             click.echo(f"msprobe runs in {python} (recorded by prepare in {record})", err=True)
     roots = (train.resolve() if train.is_dir() else None, rollout.resolve() if rollout.is_dir() else None)
     _warm_report_imports()
-    options = dict(
-        python=python,
-        per_process=per_process,
-        roots=roots,
-        min_coverage=MIN_COVERAGE if min_coverage is None else min_coverage,
-        timeout=timeout,
-    )
+
+    def compare_all(on_done: Callable[[PairResult], None] | None = None) -> list[PairResult]:
+        return compare_pairs(
+            pairs,
+            out,
+            backend,
+            jobs,
+            on_done,
+            python=python,
+            per_process=per_process,
+            roots=roots,
+            min_coverage=MIN_COVERAGE if min_coverage is None else min_coverage,
+            timeout=timeout,
+        )
+
     if as_json:
-        run.results = compare_pairs(pairs, out, backend, jobs, **options)
+        run.results = compare_all()
     else:
         what = "msprobe process(es) per pair" if per_process else "msprobe worker(s)"
         click.echo(f"{len(pairs)} pair(s), {jobs} {what} -> {out}", err=True)
         tally: dict[str, int] = {}
 
-        with click.progressbar(
+        progress: ProgressBar[PairResult] = click.progressbar(
             length=len(pairs),
             label="msprobe compare",
             file=sys.stderr,
             show_pos=True,
             item_show_func=lambda _x: _running_verdict(tally),
-        ) as bar:
+        )
+        with progress as bar:
 
-            def done(r) -> None:
+            def done(r: PairResult) -> None:
                 tally[r.status] = tally.get(r.status, 0) + 1
                 bar.update(1, r)
 
-            run.results = compare_pairs(pairs, out, backend, jobs, on_done=done, **options)
+            run.results = compare_all(done)
     paths = write_report(run, force)
     if as_json:
         emit_json(run.to_json())

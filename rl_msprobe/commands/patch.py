@@ -11,7 +11,12 @@ import click
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from rl_msprobe.engine import ApplyResult, Recovered, RevertResult
+    from rl_msprobe.engine.model import NotCovered
+    from rl_msprobe.patches.model import PatchSet
+    from rl_msprobe.upstream.trees import Target
 
 tree_option = click.option(
     "--tree",
@@ -27,7 +32,9 @@ python_option = click.option(
 sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
 
 
-def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str | None):
+def _target_and_sets(
+    set_names: tuple[str, ...], tree: str | None, python: str | None
+) -> tuple[Target, list[PatchSet]]:
     from rl_msprobe.patches import resolve_sets
     from rl_msprobe.patches.releases import default_release
     from rl_msprobe.upstream.trees import resolve_target
@@ -37,7 +44,9 @@ def _target_and_sets(set_names: tuple[str, ...], tree: str | None, python: str |
     return resolve_target(tree, python, sets[0].project, default_version=default), sets
 
 
-def _groups(set_names: tuple[str, ...], tree: str | None, python: str | None):
+def _groups(
+    set_names: tuple[str, ...], tree: str | None, python: str | None
+) -> list[tuple[Target, list[PatchSet]]]:
     """(target, sets) per tree: with --python (and no --tree) one per project, in the order named, since
     one interpreter imports every project's tree; else the one tree of `_target_and_sets`."""
     from rl_msprobe.patches import get_set
@@ -96,7 +105,7 @@ def list_sets(as_json: bool) -> None:
     from rl_msprobe.patches import all_sets
     from rl_msprobe.patches.releases import default_release
 
-    doc = [
+    doc: list[dict[str, object]] = [
         {
             "name": s.name,
             "project": s.project,
@@ -120,12 +129,17 @@ def list_sets(as_json: bool) -> None:
     if as_json:
         emit_json(doc)
         return
-    header = {"name": "SET", "project": "PROJECT", "versions": "VERSIONS", "default_release": "DEFAULT"}
+    header: dict[str, object] = {
+        "name": "SET",
+        "project": "PROJECT",
+        "versions": "VERSIONS",
+        "default_release": "DEFAULT",
+    }
     rows = [header, *doc]
     widths = {key: max(len(str(row[key])) for row in rows) for key in header}
     for row in rows:
         cells = [f"{row[key]:<{widths[key]}}" for key in header]
-        click.echo("  ".join([*cells, row.get("description", "DESCRIPTION")]).rstrip())
+        click.echo("  ".join([*cells, str(row.get("description", "DESCRIPTION"))]).rstrip())
 
 
 @patch.command()
@@ -263,7 +277,7 @@ def _check_entry_point(name: str, projects: list[str]) -> None:
     get_entry_point(having[0] if having else projects[0], name)
 
 
-def _echo_not_covered(missing, by_entry: dict[str, bool], indent: str = "") -> None:
+def _echo_not_covered(missing: Iterable[NotCovered], by_entry: dict[str, bool], indent: str = "") -> None:
     """Every piece left without a site, and which entry points are covered: never silent."""
     for gap in missing:
         click.echo(
@@ -274,7 +288,7 @@ def _echo_not_covered(missing, by_entry: dict[str, bool], indent: str = "") -> N
         click.echo(f"{indent}entry points: {shown}")
 
 
-def _echo_applied(target, result: ApplyResult) -> None:
+def _echo_applied(target: Target, result: ApplyResult) -> None:
     _echo_recovered(result.recovered)
     if result.noop:
         click.echo(f"{', '.join(result.sets)}: already applied to {target.describe()}; no file changed.")
@@ -323,7 +337,7 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
         _echo_reverted(target, result)
 
 
-def _echo_reverted(target, result: RevertResult) -> None:
+def _echo_reverted(target: Target, result: RevertResult) -> None:
     _echo_recovered(result.recovered)
     for note in result.notes:
         click.echo(f"note: {note}")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
-from rl_msprobe.errors import UserError
+from rl_msprobe.commands.prepare_flags import PrepareFlags
 
 
 def _read_script(path: str) -> tuple[str, str]:
@@ -20,18 +21,6 @@ def _read_script(path: str) -> tuple[str, str]:
 
     abs_path = os.path.abspath(path)
     return bounded.read_text(abs_path, "verl launch script", bounded.LAUNCH_SCRIPT), abs_path
-
-
-def _int_list(text: str | None, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.replace(" ", "").strip("[]").split(",") if v]
-    except ValueError:
-        raise UserError(f"{option} {text}: write numbers separated by commas, e.g. {option} 1,2.") from None
-    if any(v < 0 for v in values):
-        raise UserError(f"{option} {text}: numbers must not be negative.")
-    return values
 
 
 def _echo_list(title: str, items: list[str]) -> None:
@@ -228,62 +217,26 @@ def detect(
 )
 @json_option
 @handles_user_errors
-def prepare(
-    script: str,
-    mode: str | None,
-    hint: str | None,
-    out_dir: str | None,
-    dump_dir: str | None,
-    level: str,
-    steps: str | None,
-    ranks: str | None,
-    task: str,
-    stages: str | None,
-    backend: str | None,
-    train_backend: str | None,
-    pd: bool | None,
-    trees: tuple[str, ...],
-    python: str | None,
-    command: int | None,
-    no_env_check: bool,
-    with_weights: bool,
-    force: bool,
-    as_json: bool,
-) -> None:
+def prepare(**params: Any) -> None:
     """Write a derived launch script and its msprobe configs; never touch SCRIPT.
 
     Prints the diff original -> derived and what is left to do (patch sets to apply).
     Exit 0 when written and the derived script passes `check`, 1 when refused or rules
     remain unmet, 2 on bad input.
     """
-    from rl_msprobe.planner import PlanRequest
-    from rl_msprobe.planner.modes.base import Options
     from rl_msprobe.planner.prepare import MsprobeMissing
     from rl_msprobe.planner.prepare import prepare as prepare_plan
 
-    text, path = _read_script(script)
-    request = PlanRequest(
-        text,
-        path,
-        mode=mode,
-        hint=hint,
-        out_dir=out_dir,
-        dump_dir=dump_dir,
-        options=Options(
-            level=level,
-            steps=_int_list(steps, "--steps"),
-            ranks=_int_list(ranks, "--ranks"),
-            stages=[s.strip() for s in stages.split(",") if s.strip()] if stages else None,
-            backend=backend,
-            pd=pd,
-            train_backend=train_backend,
-            python=python,
-        ),
-        command=command,
-        task=task,
-        with_weights=with_weights,
+    flags = PrepareFlags(**params)
+    as_json = flags.as_json
+    text, path = _read_script(flags.script)
+    result = prepare_plan(
+        flags.request(text, path),
+        flags.trees,
+        env_check=not flags.no_env_check,
+        force=flags.force,
+        argv=sys.argv[1:],
     )
-    result = prepare_plan(request, trees, env_check=not no_env_check, force=force, argv=sys.argv[1:])
     if isinstance(result, MsprobeMissing):
         if as_json:
             emit_json(result.to_json())

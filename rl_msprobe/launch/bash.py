@@ -162,7 +162,9 @@ class _Lexer:
         while self.pos < len(text):
             c = text[self.pos]
             if c in " \t\r":
-                self.pos = _BLANKS.match(text, self.pos).end()  # type: ignore[union-attr]
+                blanks = _BLANKS.match(text, self.pos)
+                assert blanks is not None, "text[pos] is a blank"
+                self.pos = blanks.end()
             elif c == "\\" and _continuation(text, self.pos):
                 self.pos += _continuation(text, self.pos)
             elif c == "\n":
@@ -993,7 +995,9 @@ def environment(stmt: Statement, scope: Scope) -> tuple[list[EnvSetting], Scope]
     cmd_scope = scope.copy()
     env: list[EnvSetting] = []
     for w in stmt.assignments:
-        name = _ASSIGN_RE.match(w.unquoted_prefix).group(1)  # type: ignore[union-attr]
+        assignment = _ASSIGN_RE.match(w.unquoted_prefix)
+        assert assignment is not None, "stmt.assignments holds the words that are assignments"
+        name = assignment.group(1)
         value = _assignment_value(cmd_scope, w)
         env.append(EnvSetting(name, value, "command prefix", stmt.line))
     for name, var in scope.vars.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rl_msprobe.launch.overrides import Overrides, render_override, shell_quote
@@ -82,7 +83,7 @@ def render(
     tokens: list[Token],
     env: list[tuple[str, str, str]],
     header: list[str],
-    removals: list[str] = (),  # type: ignore[assignment]
+    removals: Sequence[str] = (),
 ) -> str:
     """The derived script text. `env`: (name, value, why) triples; `removals`: keys to take out."""
     command = script.command

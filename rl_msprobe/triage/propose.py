@@ -16,10 +16,13 @@ import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_msprobe.report_folder import ReportFolder
-from rl_msprobe.triage.stream import Triage, Worst
+from rl_msprobe.triage.stream import Scalar, Triage, Worst
+
+if TYPE_CHECKING:
+    from rl_msprobe.launch.script import LaunchScript
 
 JUMP = 3.0  # a step's mean |Δp| at least this many times the median before it is a jump
 
@@ -28,7 +31,7 @@ JUMP = 3.0  # a step's mean |Δp| at least this many times the median before it 
 class Growth:
     first: float
     last: float
-    jump_step: Any = None
+    jump_step: Scalar = None
     jump_ratio: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -56,7 +59,7 @@ def growth(result: Triage) -> Growth | None:
 
 @dataclass
 class Proposal:
-    step: Any
+    step: Scalar
     why: str
     request: Worst | None
     data_file: str | None = None
@@ -76,11 +79,12 @@ class Proposal:
         }
 
 
-def choose(result: Triage, step_worst: dict[Any, Worst]) -> Proposal | None:
+def choose(result: Triage, step_worst: dict[Scalar, Worst]) -> Proposal | None:
     g = growth(result)
     steps = result.step_list()
     if g is None or not steps:
         return None
+    step: Scalar
     if g.jump_step is not None:
         step = g.jump_step
         why = f"the mean |Δp| jumps at step {step} ({g.jump_ratio:.1f}x the median of the steps before)"
@@ -124,7 +128,7 @@ def write_proposal(
         proposal.notes.append(f"no request with response tokens was logged at step {proposal.step}")
         return
     row, has_prompt = data_row(worst)
-    tag = (worst.request_id or worst.uid or f"row{worst.index}")[:12]
+    tag = str(worst.request_id or worst.uid or f"row{worst.index}")[:12]  # ids may be numbers
     data = out.write(
         f"repro_step{_safe(str(proposal.step))}_{_safe(tag)}.jsonl",
         json.dumps(row, ensure_ascii=False) + "\n",
@@ -136,8 +140,9 @@ def write_proposal(
             "job's tokenizer into the chat messages of a `prompt` field before using it as data"
         )
     tree = target_args(verl_tree, python)
-    parsed = _read_script(script) if script is not None else None
+    parsed = None
     if script is not None:
+        parsed = _read_script(script)
         derived = write_repro_script(script, parsed, data, out, proposal.step)
         proposal.script = str(derived)
         proposal.commands.append(f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency{tree}")
@@ -156,7 +161,7 @@ def write_proposal(
     )
 
 
-def trained_weights_note(step: int, freq: Any) -> str:
+def trained_weights_note(step: int, freq: object) -> str:
     """Step N > 1 sampled with weights trained for N-1 steps; the reproduction starts from the
     script's model. Say what that shows, and how to dump the trained weights instead: the full
     HF model verl saves under global_step_K/actor/huggingface as the model (a resume would also
@@ -181,15 +186,16 @@ def trained_weights_note(step: int, freq: Any) -> str:
     )
 
 
-def _read_script(script: Path) -> Any:
+def _read_script(script: Path) -> LaunchScript:
     """The user's launch script, parsed once for the reproduction script and its save_freq."""
     from rl_msprobe import bounded, planner
 
     return planner.read(bounded.read_text(script, "verl launch script", bounded.LAUNCH_SCRIPT), str(script))
 
 
-def save_freq(parsed: Any) -> Any:
-    """trainer.save_freq as the parsed launch script sets it (None: not set, verl's default -1)."""
+def save_freq(parsed: LaunchScript) -> object:
+    """trainer.save_freq as the parsed launch script sets it (None: not set, verl's default -1;
+    anything else verl's config would read, as the script wrote it)."""
     from rl_msprobe.launch.overrides import Overrides
 
     found = Overrides(parsed.command.args).get("trainer.save_freq") if parsed.command else None
@@ -206,7 +212,9 @@ def target_args(verl_tree: str | None, python: str | None) -> str:
     return args + (f" --tree {shlex.quote(verl_tree)}" if verl_tree else "")
 
 
-def write_repro_script(script: Path, parsed: Any, data: Path, out: ReportFolder, step: Any) -> Path:
+def write_repro_script(
+    script: Path, parsed: LaunchScript, data: Path, out: ReportFolder, step: Scalar
+) -> Path:
     """A copy of the user's launch script (`parsed`: as `_read_script` read it) with the one-prompt
     data and one training step."""
     from rl_msprobe.launch.overrides import Overrides

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 from rl_msprobe import bounded
 from rl_msprobe.dumps.layout import walk_files
@@ -50,6 +50,8 @@ QUANTITIES = ("dlogp", "dp")  # |Δ log p|, |Δp|
 MAX_STEP = 10_000_000
 MAX_TOKEN_ID = 1 << 24  # 16.7M; the largest vocabularies are ~256k
 _SCALARS = (str, int, float, type(None))
+# a line's step or id as check_head lets it through: a string or a number (None: absent)
+Scalar: TypeAlias = str | int | float | None
 
 
 def _np() -> ModuleType:
@@ -109,7 +111,7 @@ def bin_upper(b: int) -> float:
 
 @dataclass
 class StepStats:
-    step: Any
+    step: Scalar
     requests: int = 0
     gaps: dict[str, Gap] = field(default_factory=dict)
 
@@ -126,11 +128,11 @@ class Worst:
     """One of the worst requests: ranked by its largest |Δ log p|, then its mean."""
 
     key: tuple[float, float]
-    step: Any = field(compare=False)
-    request_id: str | None = field(compare=False)
-    uid: str | None = field(compare=False)
-    index: int | None = field(compare=False)
-    prompt_len: int | None = field(compare=False)
+    step: Scalar = field(compare=False)
+    request_id: Scalar = field(compare=False)
+    uid: Scalar = field(compare=False)
+    index: Scalar = field(compare=False)
+    prompt_len: Scalar = field(compare=False)
     response_len: int = field(compare=False)
     mean_dlogp: float = field(compare=False)
     mean_dp: float = field(compare=False)
@@ -140,7 +142,7 @@ class Worst:
     sample: dict[str, Any] | None = field(compare=False, default=None)
 
     def to_json(self, full: bool = False) -> dict[str, Any]:
-        doc = {
+        doc: dict[str, Any] = {
             "step": self.step,
             "request_id": self.request_id,
             "uid": self.uid,
@@ -175,13 +177,13 @@ class Triage:
     by_position: dict[str, Any] = field(default_factory=dict)  # q -> (sum, count) numpy arrays
     by_token: dict[str, Any] = field(default_factory=dict)  # q -> (sum, count) numpy arrays
     worst: list[Worst] = field(default_factory=list)  # the worst requests, worst first
-    step_worst: dict[Any, Worst] = field(default_factory=dict)  # each step's worst request
+    step_worst: dict[Scalar, Worst] = field(default_factory=dict)  # each step's worst request
 
     def step_list(self) -> list[StepStats]:
         return [self.steps[k] for k in sorted(self.steps, key=_step_order)]
 
 
-def _step_order(step: Any) -> tuple[int, Any]:
+def _step_order(step: Scalar) -> tuple[int, float | str]:
     return (0, step) if isinstance(step, (int, float)) else (1, str(step))
 
 
@@ -243,7 +245,7 @@ class _Accumulator:
         p_t = _as_stored(np, np.exp(t), [d.get("train_dtype") for d in docs], lengths)
         p_r = _as_stored(np, np.exp(r), [d.get("rollout_dtype") for d in docs], lengths)
         gaps = {"dlogp": np.abs(t - r), "dp": np.abs(p_t - p_r)}
-        local: dict[Any, int] = {}  # this chunk's steps -> local ids
+        local: dict[Scalar, int] = {}  # this chunk's steps -> local ids
         line_step = np.fromiter(
             [local.setdefault(d.get("step"), len(local)) for d in docs], np.int64, len(docs)
         )
@@ -392,7 +394,7 @@ class _Accumulator:
         )
         return rollout, train, response
 
-    def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Any, int]) -> None:
+    def _steps(self, q: str, gv: Any, bins: Any, vstep: Any, local: dict[Scalar, int]) -> None:
         np = self.np
         for step, k in local.items():
             stats = self.result.steps.get(step)
@@ -404,7 +406,7 @@ class _Accumulator:
             sel = vstep == k if len(local) > 1 else slice(None)
             _fold(np, gap, gv[sel], bins[sel])
 
-    def _candidates(self, np: Any, peak: Any, counts: Any, steps: list[Any]) -> list[int]:
+    def _candidates(self, np: Any, peak: Any, counts: Any, steps: list[Scalar]) -> list[int]:
         """The only lines of a chunk that can enter the worst list: its `keep` largest peaks, and
         each step's largest (if above the heap's floor or that step's worst so far)."""
         peak = np.where(counts > 0, peak, -1.0)

@@ -1,11 +1,17 @@
 """Releases fetched from the package index into the user cache (`release:verl==0.9.1`, read-only).
 
 Only the package folder and its version metadata are kept: rl-msprobe reads and patches Python
-sources, never runs them, so nothing is built.
+sources, never runs them, so nothing is built. Fetches of one release are serialised across
+processes by a lock file beside it (two commands at once, or a test session and its background
+prefetch): the second waits and finds the release in place. Nothing is half-written: pip downloads
+into a private folder whose archive is moved into the shared `downloads/` whole, and the release
+folder appears by one rename.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import shutil
@@ -13,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rl_msprobe.errors import UserError
@@ -112,28 +120,72 @@ def fetch_release(project: str, version: str) -> Path:
     dest = release_dir(project, version)
     if (dest / package / "__init__.py").is_file():
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _fetch_lock(dest):
+        if not (dest / package / "__init__.py").is_file():  # or another process fetched it meanwhile
+            _fetch_locked(project, version, package, dest)
+    return dest
+
+
+@contextmanager
+def _fetch_lock(dest: Path) -> Iterator[None]:
+    """Hold `.NAME-VERSION.lock` beside the release while fetching it (waits for another fetch).
+
+    The file stays (removing a lock file lets a waiting process lock a file no longer there).
+    """
+    lock = dest.parent / f".{dest.name}.lock"
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(lock, flags, 0o644)
+    except OSError as exc:
+        why = (
+            "is a symlink (rl-msprobe never opens its lock through a link)"
+            if exc.errno == errno.ELOOP
+            else exc.strerror
+        )
+        raise UserError(
+            f"{lock}: cannot hold the release cache's lock: {why}. Remove it and run again."
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _fetch_locked(project: str, version: str, package: str, dest: Path) -> None:
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     spec = f"{project}=={version}"
     archive = _find_download(downloads, project, version)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=dest.parent))
+    # pip writes into a private folder; a finished archive is then renamed into `downloads/`
+    work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=downloads))
+    private = work / "downloads"
+    private.mkdir()
     try:
         source = None
         if archive is None and project not in SOURCE_FROM_SDIST:
             _pip_download(
-                ["--only-binary", ":all:", "--python-version", "3.11", "-d", str(downloads), spec], downloads
+                ["--only-binary", ":all:", "--python-version", "3.11", "-d", str(private), spec], private
             )
-            archive = _find_download(downloads, project, version)
+            archive = _keep(_find_download(private, project, version), downloads)
         if archive is None:
-            source, stderr = _sdist_source_tree(spec, package, downloads, work)
-            archive = _find_download(downloads, project, version)
+            source, stderr = _sdist_source_tree(spec, package, private, work)
+            archive = _keep(_find_download(private, project, version), downloads)
             if archive is None and source is None:
                 raise UserError(f"could not fetch {spec} from the package index: {stderr.strip()[-400:]}")
         _unpack_release(archive, source, dest, package)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return dest
+
+
+def _keep(download: Path | None, downloads: Path) -> Path | None:
+    """Move a finished download into the shared folder in one rename (None stays None)."""
+    if download is None:
+        return None
+    kept = downloads / download.name
+    os.replace(download, kept)
+    return kept
 
 
 def _unpack_release(archive: Path | None, source: Path | None, dest: Path, package: str) -> None:

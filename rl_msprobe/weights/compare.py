@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
 from rl_msprobe.weights.fingerprint import Delta, combine_ranks, compare, unit_roundoff
 from rl_msprobe.weights.records import Entry, Run
 
@@ -31,14 +32,14 @@ class Finding:
     why: str = ""
     faulty_ranks: list[int] | None = None  # resident: the ranks whose own part differs, where that is known
 
-    def to_dict(self) -> dict:
-        doc: dict = {"status": self.status}
+    def to_dict(self) -> FindingDoc:
+        doc: FindingDoc = {"status": self.status}
         if self.ranks:
             doc["ranks"] = self.ranks
         if self.faulty_ranks:
             doc["faulty_ranks"] = self.faulty_ranks
         if self.delta is not None:
-            doc.update(self.delta.to_dict())
+            doc = {**doc, **self.delta.to_dict()}
         if self.why:
             doc["why"] = self.why
         return doc
@@ -169,7 +170,7 @@ def _meta(run: Run, sync: int) -> tuple[dict[str, str], int | None, list[str]]:
     return aliases, tp, list(holds)
 
 
-def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
+def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
     sent_procs = run.entries["sent"].get(sync, {})
     sent_proc = (
         min(sent_procs, key=lambda p: (next(iter(sent_procs[p].values())).rank, p)) if sent_procs else None
@@ -179,7 +180,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
     replicas_resident = _by_rank(run.entries["resident"].get(sync, {})) or [{}]
     aliases, tp, holds = _meta(run, sync)
     step = next((e.step for e in sent.values() if e.step is not None), None)
-    rows: list[dict] = []
+    rows: list[TensorRow] = []
     for replica in range(max(len(replicas_received), len(replicas_resident))):
         received = replicas_received[replica] if replica < len(replicas_received) else {}
         resident = replicas_resident[replica] if replica < len(replicas_resident) else {}
@@ -196,7 +197,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
                 res, replicas, how = Finding("not-compared", [], why=why), None, None
             else:
                 res, replicas, how = _resident(reference, resident, name, aliases, received, tp)
-            row = {
+            row: TensorRow = {
                 "sync": sync,
                 "step": step,
                 "index": entry.index if entry else None,
@@ -219,10 +220,10 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
     model = {
         n for row in rows for n in [row["name"]] if row["resident"]["status"] in ("equal", "differs", "tied")
     }
-    how = defaultdict(int)
+    hows: dict[str, int] = defaultdict(int)  # resident fingerprints by where they come from
     for row in rows:
         if row.get("how"):
-            how[row["how"]] += 1
+            hows[row["how"]] += 1
     if not sent or not any(replicas_resident):
         verdict = NOT_COMPARED
     elif counts["differs"]:
@@ -231,7 +232,7 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
         verdict = NOT_COMPARED
     else:
         verdict = EQUAL
-    summary = {
+    summary: SyncSummary = {
         "sync": sync,
         "step": step,
         "verdict": verdict,
@@ -240,30 +241,33 @@ def compare_sync(run: Run, sync: int) -> tuple[dict, list[dict]]:
         "tp_size": tp,
         "replicas": max(len(replicas_received), len(replicas_resident)),
         "counts": counts,
-        "resident_how": dict(how),
+        "resident_how": dict(hows),
     }
     return summary, rows
 
 
-def _first_difference(rows: list[dict]) -> dict | None:
+def _first_difference(rows: list[TensorRow]) -> FirstDifference | None:
     for row in sorted(rows, key=lambda r: (r["sync"], r["order"], r.get("replica", 0))):
         for stage in ("received", "resident"):
             finding = row[stage]
             if finding["status"] == "differs":
-                return {
+                first: FirstDifference = {
                     "step": row["step"],
                     "sync": row["sync"],
                     "name": row["name"],
                     "stage": stage,
                     "index": row["index"],
-                    **{k: v for k, v in finding.items() if k != "status"},
+                    **finding,
                 }
+                del first["status"]  # `differs`: said by being the first difference
+                return first
     return None
 
 
-def compare_run(run: Run) -> dict:
+def compare_run(run: Run) -> WeightsDoc:
     """The whole comparison document (what `weights compare --json` prints)."""
-    steps, rows = [], []
+    steps: list[SyncSummary] = []
+    rows: list[TensorRow] = []
     for sync in run.syncs():
         summary, sync_rows = compare_sync(run, sync)
         steps.append(summary)

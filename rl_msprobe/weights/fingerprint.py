@@ -11,8 +11,11 @@ dealt with where the fingerprint is taken (the padded rows are never fingerprint
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from rl_msprobe.weights.document import DeltaDoc
 
 # unit roundoff of each dtype a weight can have: what one rounding to it may change, relatively
 UNIT_ROUNDOFF = {
@@ -39,7 +42,8 @@ class Fingerprint:
     inf: int = 0
 
     @classmethod
-    def from_dict(cls, doc: Mapping) -> Fingerprint:
+    def from_dict(cls, doc: Mapping[str, Any]) -> Fingerprint:
+        """From a parsed line's `fp` (TypeError / ValueError / KeyError where it is not one)."""
         return cls(
             int(doc["count"]),
             float(doc["sum"]),
@@ -50,7 +54,7 @@ class Fingerprint:
             int(doc.get("inf", 0)),
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, float | int | None]:
         return {
             "count": self.count,
             "sum": self.sum,
@@ -66,7 +70,7 @@ class Fingerprint:
         return math.sqrt(max(self.sumsq, 0.0))
 
 
-def _extreme(values: Iterable[float | None], pick) -> float | None:
+def _extreme(values: Iterable[float | None], pick: Callable[[list[float]], float]) -> float | None:
     present = [v for v in values if v is not None]
     return pick(present) if present else None
 
@@ -127,7 +131,7 @@ class Delta:
     norm_rel: float  # |‖got‖ - ‖ref‖| / ‖ref‖
     what: str  # the statistic that differs most, in words
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> DeltaDoc:
         return {"ratio": _finite(self.ratio), "norm_rel": _finite(self.norm_rel), "what": self.what}
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
+from rl_msprobe.jsontypes import JsonObject
 from rl_msprobe.weights.fingerprint import Fingerprint
 
 STAGES = ("sent", "received", "resident")
@@ -55,7 +56,7 @@ class Run:
     entries: dict[str, dict[int, dict[str, dict[str, Entry]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
     )
-    meta: dict[int, dict[str, dict]] = field(
+    meta: dict[int, dict[str, JsonObject]] = field(
         default_factory=lambda: defaultdict(dict)
     )  # sync -> process -> meta
     files: int = 0
@@ -74,7 +75,7 @@ def _bad(path: Path, line: int, what: str) -> UserError:
     return UserError(f"{path}:{line}: {what}; {FIX}.")
 
 
-def _whole(doc: dict, key: str, path: Path, line: int, limit: int, default: int | None = None) -> int:
+def _whole(doc: JsonObject, key: str, path: Path, line: int, limit: int, default: int | None = None) -> int:
     """DOC[KEY] as a whole number within 0..LIMIT (DEFAULT where it is absent), else UserError naming it."""
     if key not in doc and default is not None:
         return default
@@ -88,7 +89,32 @@ def _whole(doc: dict, key: str, path: Path, line: int, limit: int, default: int 
     return bounded.bounded_int(value, limit, f"{path}:{line}", key)
 
 
-def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
+def _text(doc: JsonObject, key: str, path: Path, line: int) -> str | None:
+    """DOC[KEY] when it is a string (None where it is absent or null), else UserError naming it."""
+    value = doc.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _bad(path, line, f"{key} is {json.dumps(value)[:40]}, not a string")
+
+
+def _optional_whole(doc: JsonObject, key: str, path: Path, line: int, limit: int) -> int | None:
+    return None if doc.get(key) is None else _whole(doc, key, path, line, limit)
+
+
+def _check_meta(doc: JsonObject, path: Path, line: int) -> None:
+    """A resident-meta line's TP size, tied names and held names as the helpers write them."""
+    _optional_whole(doc, "tp_size", path, line, RANK_LIMIT)
+    aliases = doc.get("aliases")
+    if aliases is not None and not (
+        isinstance(aliases, dict) and all(isinstance(v, str) for v in aliases.values())
+    ):
+        raise _bad(path, line, f"aliases is {json.dumps(aliases)[:40]}, not an object of tensor names")
+    holds = doc.get("holds")
+    if holds is not None and not isinstance(holds, list):
+        raise _bad(path, line, f"holds is {json.dumps(holds)[:40]}, not a list of tensor names")
+
+
+def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
     try:
         return Entry(
             stage=doc["stage"],
@@ -100,9 +126,9 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
             dtype=str(doc.get("dtype", "")),
             fp=Fingerprint.from_dict(doc["fp"]),
             hash=_hash(doc.get("hash")),
-            step=doc.get("step"),
-            how=doc.get("how"),
-            engine_name=doc.get("engine_name"),
+            step=_optional_whole(doc, "step", path, line, SYNC_LIMIT),
+            how=_text(doc, "how", path, line),
+            engine_name=_text(doc, "engine_name", path, line),
             unreadable=bool(doc.get("unreadable", False)),
             shape=tuple(int(n) for n in doc["shape"]) if isinstance(doc.get("shape"), list) else None,
             shards={int(d): Fingerprint.from_dict(fp) for d, fp in (doc.get("shard_fp") or {}).items()},
@@ -113,7 +139,7 @@ def _entry(doc: dict, path: Path, line: int, process: str) -> Entry:
         raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
 
 
-def _hash(value) -> str | None:
+def _hash(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"hash is {json.dumps(value)[:40]}, not a string")
     return value
@@ -158,6 +184,7 @@ def read_run(folder: Path) -> Run:
                 if not isinstance(doc, dict):
                     raise _bad(path, number, "not a JSON object")
                 if doc.get("stage") == META:
+                    _check_meta(doc, path, number)
                     run.meta[_whole(doc, "sync", path, number, SYNC_LIMIT, default=0)][process] = doc
                     continue
                 if doc.get("stage") not in STAGES:

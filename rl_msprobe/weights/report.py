@@ -9,6 +9,7 @@ from collections import defaultdict
 
 from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, h, html_table
+from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
@@ -27,7 +28,7 @@ def layer_of(name: str) -> str:
     return match.group(1) if match else "other"
 
 
-def _worst(rows: list[dict]) -> tuple[str, str]:
+def _worst(rows: list[TensorRow]) -> tuple[str, str]:
     """The worst status over ROWS and the stage it is in."""
     status, stage = "equal", ""
     for row in rows:
@@ -38,9 +39,9 @@ def _worst(rows: list[dict]) -> tuple[str, str]:
     return status, stage
 
 
-def picture(doc: dict) -> tuple[list[str], dict[int, dict[str, tuple[str, str]]]]:
+def picture(doc: WeightsDoc) -> tuple[list[str], dict[int, dict[str, tuple[str, str]]]]:
     """Columns (layers in model order, "other" last) and sync -> layer -> (worst status, stage)."""
-    cells: dict[int, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    cells: dict[int, dict[str, list[TensorRow]]] = defaultdict(lambda: defaultdict(list))
     for row in doc["tensors"]:
         cells[row["sync"]][layer_of(row["name"])].append(row)
     layers = sorted(
@@ -50,12 +51,12 @@ def picture(doc: dict) -> tuple[list[str], dict[int, dict[str, tuple[str, str]]]
     return layers, {sync: {layer: _worst(rows) for layer, rows in by.items()} for sync, by in cells.items()}
 
 
-def _how(step: dict, none: str) -> str:
+def _how(step: SyncSummary, none: str) -> str:
     """Where a sync's resident fingerprints come from: `12 loader-written, 5 parameter`."""
     return ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or none
 
 
-def summary_lines(doc: dict) -> list[str]:
+def summary_lines(doc: WeightsDoc) -> list[str]:
     lines = []
     for step in doc["steps"]:
         c, how = step["counts"], _how(step, "none")
@@ -82,7 +83,7 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
-def ranks_text(finding: dict) -> str:
+def ranks_text(finding: FindingDoc | FirstDifference) -> str:
     """`rank 1 (of [0, 1])` where the faulty rank is known, else the ranks involved."""
     faulty, ranks = finding.get("faulty_ranks"), finding.get("ranks")
     if faulty:
@@ -90,7 +91,7 @@ def ranks_text(finding: dict) -> str:
     return f"ranks {ranks}" if ranks else ""
 
 
-def _first_text(first: dict) -> str:
+def _first_text(first: FirstDifference) -> str:
     where = ranks_text(first) if first.get("faulty_ranks") else ""
     return f", on {where}" if where else ""
 
@@ -100,7 +101,7 @@ def _mark(status: str, stage: str) -> str:
     return MARK[status] + (f" {stage[:3]}" if status == "differs" else "")
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: WeightsDoc) -> str:
     layers, cells = picture(doc)
     out = [f"# Weight parity: {doc['verdict']}", "", f"Folder: `{doc['folder']}`", ""]
     out += [
@@ -147,7 +148,7 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def html_page(doc: dict) -> str:
+def html_page(doc: WeightsDoc) -> str:
     """The report as one self-contained page (the shared style of rl-msprobe's reports)."""
     layers, cells = picture(doc)
     head = "".join(f"<th>{h(layer)}</th>" for layer in layers)
@@ -212,7 +213,7 @@ def html_page(doc: dict) -> str:
     )
 
 
-def write_report(doc: dict, out: ReportFolder) -> list[str]:
+def write_report(doc: WeightsDoc, out: ReportFolder) -> list[str]:
     """weights.md, weights.html and weights.json into OUT (the shared --out folder: never over a
     file rl-msprobe did not write, unless --force)."""
     import json

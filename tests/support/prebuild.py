@@ -1,12 +1,19 @@
-"""Build the cached test venvs in the background as soon as the session knows it needs them.
+"""Build the cached test venvs in the background as soon as the session knows it needs them,
+and run the tests that need none of them first.
 
 A cold run spends minutes in pip for each cached venv (the job venv, one SGLang venv per code
 shape). Built on first use, that time adds to the tests'; started right after collection, in one
 background process, it overlaps with the tests that come first. Nothing waits twice: each venv is
 built behind its own file lock and stamp (tests/support/venvs.py), so a test that needs a venv
 still being built waits on that lock and then finds it ready. The background process goes with
-the session (a half-built venv has no stamp and is rebuilt next time).
-``RL_MSPROBE_NO_PREBUILD=1`` turns it off.
+the session (a half-built venv has no stamp and is rebuilt next time). The venvs and their build
+order: tests/support/cached_venvs.py.
+
+While a build is due, the modules with no e2e test run first, then the e2e modules in the order
+the venvs are built (job venv, SGLang engine venvs, SGLang job venv), so no test waits on a cold
+build while venv-free tests are left to run. A module moves whole (its module-scoped fixtures,
+e.g. a live job, are set up once); the order inside a module is kept.
+``RL_MSPROBE_NO_PREBUILD=1`` turns both off.
 """
 
 from __future__ import annotations
@@ -19,35 +26,48 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cached_venvs import JOB_VENV, NO_VENV, SGLANG_JOB_VENV, SGLANG_VENVS, builds
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _need(item: pytest.Item) -> int:
+    """Which cached venv an item needs (e2e tests run real upstream code in one)."""
+    if not item.get_closest_marker("e2e"):
+        return NO_VENV
+    if item.path.name.startswith("test_sglang_rollout"):  # the GRPO job with an SGLang rollout
+        return SGLANG_JOB_VENV
+    if item.path.name.startswith("test_sglang_"):
+        return SGLANG_VENVS
+    return JOB_VENV
 
 
 def _wanted(items: list[pytest.Item]) -> list[list[str]]:
     """The build commands (module + arguments) for the venvs the collected e2e tests use."""
-    from tests.support import job_venv, sglang_job_venv, sglang_venv
+    return builds({_need(item) for item in items})
 
-    e2e = [item for item in items if item.get_closest_marker("e2e")]
-    sglang_tests = [item for item in e2e if item.path.name.startswith("test_sglang_")]
-    # the GRPO job with an SGLang rollout runs in its own venv (verl + SGLang at verl's pin)
-    sglang_job_tests = [item for item in sglang_tests if item.path.name.startswith("test_sglang_rollout")]
-    commands = []
-    if len(e2e) > len(sglang_tests) and not job_venv.VENV.is_ready():
-        commands.append(["tests.support.job_venv", "build"])
-    # in the order the tests first need them: the job venv (tests/consistency runs first), then the
-    # SGLang engine venvs (tests/live/test_sglang_inference_e2e.py), then the SGLang job venv
-    # (tests/live/test_sglang_rollout_e2e.py, after it)
-    if sglang_tests and not os.environ.get("RL_MSPROBE_SKIP_SGLANG_E2E"):
-        if len(sglang_tests) > len(sglang_job_tests):
-            shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
-            if shapes:
-                commands.append(["tests.support.sglang_venv", "build", *shapes])
-        if sglang_job_tests and not sglang_job_venv.VENV.is_ready():
-            commands.append(["tests.support.sglang_job_venv", "build"])
-    return commands
+
+def venv_free_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """ITEMS with whole modules reordered by the latest venv any of their tests needs (stable)."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    ordered = sorted(modules.values(), key=lambda module: max(_need(item) for item in module))
+    return [item for module in ordered for item in module]
+
+
+def _prebuild_off(config: pytest.Config) -> bool:
+    return bool(os.environ.get("RL_MSPROBE_NO_PREBUILD")) or bool(config.option.collectonly)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _prebuild_off(config) and _wanted(items):
+        items[:] = venv_free_first(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if os.environ.get("RL_MSPROBE_NO_PREBUILD") or session.config.option.collectonly:
+    if _prebuild_off(session.config):
         return
     commands = _wanted(session.items)
     if not commands:

@@ -100,20 +100,24 @@ class CachedVenv:
         except (OSError, ValueError):
             return False
 
-    def build(self, venv: Path | None = None, free: float | None = None) -> Path:
+    def build(self, venv: Path | None = None, free_of: Callable[[Path], float] = free_gb) -> Path:
         """Build (or reuse) the venv and return its python. VenvUnavailable when the disk or the
         index cannot provide it, RuntimeError for any other failure."""
         venv = venv or self.venv_dir()
         if self.is_ready(venv):
             return self.python_of(venv)
-        free = free_gb(venv.parent) if free is None else free
-        if free < self.min_free_gb:
-            raise VenvUnavailable(
-                f"only {free:.1f} GiB free under {venv.parent}; the {self.name} venv needs {self.min_free_gb} GiB"
-            )
+        venv.parent.mkdir(parents=True, exist_ok=True)
         with (venv.parent / f"{venv.name}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
             if not self.is_ready(venv):
+                # the free space is read once the lock is held: a build in progress elsewhere
+                # (a background prebuild) must not make a waiting test skip for want of disk
+                free = free_of(venv.parent)
+                if free < self.min_free_gb:
+                    raise VenvUnavailable(
+                        f"only {free:.1f} GiB free under {venv.parent}; "
+                        f"the {self.name} venv needs {self.min_free_gb} GiB"
+                    )
                 self._build_locked(venv, venv.parent / f"{venv.name}.build.log")
         return self.python_of(venv)
 
@@ -140,7 +144,7 @@ class CachedVenv:
         with log.open("a") as fh:
             fh.write(f"\nready in {time.monotonic() - started:.0f} s\n")
 
-    def python_or_skip(self, free: float | None = None) -> Path:
+    def python_or_skip(self, free_of: Callable[[Path], float] = free_gb) -> Path:
         """The venv's python, built if needed; pytest.skip with a loud reason when this machine
         cannot provide it, or when the skip variable is set."""
         import pytest
@@ -148,7 +152,7 @@ class CachedVenv:
         if os.environ.get(self.skip_var):
             pytest.skip(f"SKIPPED ON PURPOSE: {self.skip_var} is set ({self.skip_label} not attempted)")
         try:
-            return self.build(free=free)
+            return self.build(free_of=free_of)
         except VenvUnavailable as exc:
             pytest.skip(
                 f"{self.skip_label} NOT DONE: the {self.name} test venv could not be built here: {exc}"

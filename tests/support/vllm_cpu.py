@@ -43,14 +43,13 @@ is_ready = VENV.is_ready
 def build(venv: Path | None = None) -> Path:
     """Build (or reuse) the venv and return its python (see tests/support/venvs.py)."""
     venv = venv or venv_dir()
-    return VENV.build(venv, free=None if VENV.is_ready(venv) else _free_gb(venv.parent))
+    return VENV.build(venv, free_of=lambda path: _free_gb(path))  # late-bound: tests replace _free_gb
 
 
 def venv_python_or_skip() -> Path:
     """The venv's python, building it if needed; pytest.skip with a loud reason when the disk or
     the package index cannot provide it. Set RL_MSPROBE_SKIP_JOB_E2E=1 to skip on purpose."""
-    venv = venv_dir()
-    return VENV.python_or_skip(free=None if VENV.is_ready(venv) else _free_gb(venv.parent))
+    return VENV.python_or_skip(free_of=lambda path: _free_gb(path))
 
 
 TINY_MODEL = {

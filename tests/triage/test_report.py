@@ -238,6 +238,24 @@ def test_flat_gap_proposes_the_largest_step_without_script(tmp_path):
     assert all(math.isfinite(s["dlogp"]["p99"]) for s in doc["steps"])
 
 
+def test_numeric_request_ids_name_the_data_file(tmp_path):
+    """check_head lets a number through as a request id; the proposal's file name is made of
+    its text (it used to slice the number: TypeError, a traceback)."""
+    log = tmp_path / "123" / "triage.jsonl"
+    lines = write_log(tmp_path, steps=2, per_step=4)
+    log.write_text(
+        "".join(json.dumps({**x, "request_id": 1000 + x["index"], "uid": None}) + "\n" for x in lines)
+    )
+    code, out, err = run_cli("mismatch", "report", str(tmp_path), "--json")
+    assert code == 0, err
+    proposal = json.loads(out)["proposal"]
+    assert (
+        Path(proposal["data_file"]).name
+        == f"repro_step{proposal['step']}_{proposal['request']['request_id']}.jsonl"
+    )
+    assert isinstance(proposal["request"]["request_id"], int)
+
+
 def test_a_checkpoint_the_triage_run_saved_is_named(tmp_path):
     notes = proposal_of(tmp_path, script_text=SCRIPT.replace("$@", "trainer.save_freq=3 $@"))["notes"]
     assert any("saved a checkpoint at step 3 (trainer.save_freq=3)" in n for n in notes), notes

@@ -157,3 +157,29 @@ def test_bad_input_names_file_and_line(tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli("weights", "compare", str(tmp_path / "empty"))
     assert code == 2 and "RL_MSPROBE_WEIGHTS_DIR" in err
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"how": ["loader-written"]}', r"how is \[\"loader-written\"\], not a string"),
+        ('{"engine_name": 7}', "engine_name is 7, not a string"),
+        ('{"step": "3"}', 'step is "3", not a whole number'),
+        ('{"stage": "resident-meta", "aliases": [1]}', r"aliases is \[1\], not an object of tensor names"),
+        (
+            '{"stage": "resident-meta", "aliases": {"lm_head.weight": 0}}',
+            "aliases is .*not an object of tensor names",
+        ),
+        ('{"stage": "resident-meta", "tp_size": "2"}', 'tp_size is "2", not a whole number'),
+        ('{"stage": "resident-meta", "holds": "x"}', 'holds is "x", not a list of tensor names'),
+    ],
+)
+def test_every_field_compare_reads_is_checked(tmp_path, line, message):
+    """A field of the wrong type is bad input naming file, line and key (it used to reach compare:
+    an unhashable `how` or a list of aliases was a traceback, a text tp_size a silent wrong shard)."""
+    folder = synthetic.write(tmp_path / "w", syncs=1)
+    first = (folder / "resident-host-200.jsonl").read_text().splitlines()[0]
+    with (folder / "resident-host-200.jsonl").open("a") as out:
+        out.write(json.dumps({**json.loads(first), **json.loads(line)}) + "\n")
+    with pytest.raises(UserError, match=rf"resident-host-200.jsonl:\d+: {message}"):
+        read_run(folder)
