@@ -238,17 +238,11 @@ def _head(repo: Repo) -> tuple[str | None, str | None]:
     return (symbolic.removeprefix("refs/heads/") or None), commit or None
 
 
-@contextmanager
-def _holding_index(repo: Repo, wait: float = 5.0) -> Iterator[int]:
-    """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
-    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
-    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
-    lock = index_lock(repo)
-    deadline = time.monotonic() + wait
+def _create_lock(lock: Path, repo: Repo, deadline: float) -> int:
+    """Create git's lock file as git does (O_EXCL), retrying until DEADLINE while another git holds it."""
     while True:
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-            break
+            return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         except FileExistsError:
             if time.monotonic() > deadline:
                 raise UserError(
@@ -256,6 +250,15 @@ def _holding_index(repo: Repo, wait: float = 5.0) -> Iterator[int]:
                     "for it. Run again when it has ended."
                 ) from None
             time.sleep(0.05)
+
+
+@contextmanager
+def _holding_index(repo: Repo, wait: float = 5.0) -> Iterator[int]:
+    """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
+    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
+    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
+    lock = index_lock(repo)
+    fd = _create_lock(lock, repo, time.monotonic() + wait)
     try:
         yield fd
     finally:
