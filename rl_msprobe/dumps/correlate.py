@@ -46,9 +46,11 @@ def strip_request_id(request_id: str) -> str:
 
 @dataclass(frozen=True)
 class Side:
-    pid: int | str | None
-    rank: int | str | None
-    step: int | str | None
+    """One side's dump of a pair: the validated ids from its log (None: not from a log), and the path."""
+
+    pid: int | None
+    rank: int | None
+    step: int | None
     dump: str | None
 
     def to_json(self) -> dict[str, object]:

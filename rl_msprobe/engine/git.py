@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_msprobe import __version__
 from rl_msprobe.engine import journal
@@ -21,8 +21,11 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.patches import PatchSet
 from rl_msprobe.upstream.trees import Target
 
+if TYPE_CHECKING:
+    from git import Repo  # GitPython, imported at run time only where a tree is opened
 
-def open_repo(root: Path) -> Any | None:
+
+def open_repo(root: Path) -> Repo | None:
     """The git repository holding the tree, or None (GitPython is imported only here)."""
     import git
 
@@ -34,7 +37,7 @@ def open_repo(root: Path) -> Any | None:
     return repo
 
 
-def _check_ownership(repo: Any) -> None:
+def _check_ownership(repo: Repo) -> None:
     """git refuses a repository another user owns ("dubious ownership"): say so, never "no commits"."""
     if repo.working_tree_dir is None:
         return
@@ -54,15 +57,22 @@ def git_error() -> type[Exception]:
     return git.GitCommandError
 
 
-def run(repo: Any, *args: str) -> subprocess.CompletedProcess[str]:
+def run(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["git", "-C", str(repo.working_tree_dir), *args], capture_output=True, text=True, check=False
     )
 
 
-def ignored_by(repo: Any, target: Target) -> bool:
+def work_tree(repo: Repo) -> Path:
+    """The repository's work tree (open_repo found the repository from a tree inside it)."""
+    top = repo.working_tree_dir
+    assert top is not None, "open_repo opens the repository a tree lies in: never a bare one"
+    return Path(top)
+
+
+def ignored_by(repo: Repo, target: Target) -> bool:
     """The package folder is ignored by the enclosing repo (a venv inside a project) and none of it is tracked."""
-    top = Path(repo.working_tree_dir).resolve()
+    top = work_tree(repo).resolve()
     try:
         rel = target.package_dir.resolve().relative_to(top).as_posix()
     except ValueError:
@@ -75,11 +85,11 @@ def ignored_by(repo: Any, target: Target) -> bool:
 # ---------------------------------------------------------------- git's index.lock
 
 
-def index_lock(repo: Any) -> Path:
+def index_lock(repo: Repo) -> Path:
     return Path(repo.git_dir) / "index.lock"
 
 
-def live_git_processes(repo: Any) -> list[str]:
+def live_git_processes(repo: Repo) -> list[str]:
     """Running git processes that may work in this repository ("PID" each; "PID?" where this user may
     not look at its folder, so it cannot be ruled out): from /proc, their command and working folder."""
     places = [os.path.realpath(p) for p in (repo.working_tree_dir, repo.git_dir) if p]
@@ -118,7 +128,7 @@ def _parent(pid: str) -> int | None:
         return None
 
 
-def clear_index_lock(repo: Any, started: float) -> str | None:
+def clear_index_lock(repo: Repo, started: float) -> str | None:
     """A git command killed together with the interrupted run leaves git's `index.lock`, and every
     later git command refuses to run. One made after that run's journal was written (`started`) may be
     its own, but newer is no proof: it is removed only when no git process runs in this repository;
@@ -141,7 +151,7 @@ def clear_index_lock(repo: Any, started: float) -> str | None:
     return str(lock)
 
 
-def check_index_lock(repo: Any) -> None:
+def check_index_lock(repo: Repo) -> None:
     lock = index_lock(repo)
     if lock.exists():
         raise UserError(
@@ -157,7 +167,7 @@ def check_index_lock(repo: Any) -> None:
 ZERO = "0" * 40
 
 
-def _git(repo: Any, *args: str, data: bytes | None = None, env: dict[str, str] | None = None) -> str:
+def _git(repo: Repo, *args: str, data: bytes | None = None, env: dict[str, str] | None = None) -> str:
     """git ARGS in the work tree; its stdout (stripped); GitCommandError (git's stderr) when it fails."""
     proc = subprocess.run(
         ["git", "-C", str(repo.working_tree_dir), *args],
@@ -173,7 +183,7 @@ def _git(repo: Any, *args: str, data: bytes | None = None, env: dict[str, str] |
     return proc.stdout.decode(errors="replace").strip()
 
 
-def _identity(repo: Any) -> dict[str, str]:
+def _identity(repo: Repo) -> dict[str, str]:
     env: dict[str, str] = {}
     reader = repo.config_reader()
     if not reader.has_option("user", "name"):
@@ -184,7 +194,7 @@ def _identity(repo: Any) -> dict[str, str]:
 
 
 def build_commit(
-    repo: Any, files: list[tuple[str, bytes | None]], message: str, parent: str
+    repo: Repo, files: list[tuple[str, bytes | None]], message: str, parent: str
 ) -> tuple[str, str]:
     """The commit of `files` (repo path -> bytes, None: removed) on top of `parent`, made as git objects
     only: a temporary index (GIT_INDEX_FILE) read from the parent's tree, `write-tree`, `commit-tree`.
@@ -221,24 +231,18 @@ def _ref(info: dict[str, Any]) -> str:
     return f"refs/heads/{info['from_branch']}" if info.get("from_branch") else "HEAD"
 
 
-def _head(repo: Any) -> tuple[str | None, str | None]:
+def _head(repo: Repo) -> tuple[str | None, str | None]:
     """(the branch HEAD is on, or None when detached; the commit it points at)."""
     symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
     commit = run(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}").stdout.strip()
     return (symbolic.removeprefix("refs/heads/") or None), commit or None
 
 
-@contextmanager
-def _holding_index(repo: Any, wait: float = 5.0) -> Iterator[int]:
-    """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
-    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
-    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
-    lock = index_lock(repo)
-    deadline = time.monotonic() + wait
+def _create_lock(lock: Path, repo: Repo, deadline: float) -> int:
+    """Create git's lock file as git does (O_EXCL), retrying until DEADLINE while another git holds it."""
     while True:
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-            break
+            return os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         except FileExistsError:
             if time.monotonic() > deadline:
                 raise UserError(
@@ -246,6 +250,15 @@ def _holding_index(repo: Any, wait: float = 5.0) -> Iterator[int]:
                     "for it. Run again when it has ended."
                 ) from None
             time.sleep(0.05)
+
+
+@contextmanager
+def _holding_index(repo: Repo, wait: float = 5.0) -> Iterator[int]:
+    """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
+    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
+    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
+    lock = index_lock(repo)
+    fd = _create_lock(lock, repo, time.monotonic() + wait)
     try:
         yield fd
     finally:
@@ -254,7 +267,7 @@ def _holding_index(repo: Any, wait: float = 5.0) -> Iterator[int]:
             lock.unlink()
 
 
-def _index_for(repo: Any, info: dict[str, Any]) -> bytes:
+def _index_for(repo: Repo, info: dict[str, Any]) -> bytes:
     """The user's index with the committed paths' entries taken from the commit (nothing else of it changes)."""
     with tempfile.TemporaryDirectory(prefix="rl-msprobe-index-", dir=repo.git_dir) as folder:
         temp = os.path.join(folder, "index")
@@ -284,7 +297,7 @@ def _index_for(repo: Any, info: dict[str, Any]) -> bytes:
         return Path(temp).read_bytes()
 
 
-def publish(repo: Any, info: dict[str, Any]) -> None:
+def publish(repo: Repo, info: dict[str, Any]) -> None:
     """Make the journal's commit part of the repository, holding git's index lock throughout: the ref
     (an atomic update that fails if it moved meanwhile; a new branch must not exist yet), HEAD onto a
     new branch, and the user's index entries of the committed paths. Also finishes one a kill cut short."""
@@ -314,7 +327,7 @@ def publish(repo: Any, info: dict[str, Any]) -> None:
     journal.checkpoint("published")
 
 
-def committed(repo: Any, info: dict[str, Any]) -> bool:
+def committed(repo: Repo, info: dict[str, Any]) -> bool:
     """Was the journal's commit made? Decided from the commit object the journal names (its tree is
     exactly the planned one): the ref holds it, or a later commit on top of it. Never from the message,
     which a hook may have edited."""
@@ -331,7 +344,7 @@ def committed(repo: Any, info: dict[str, Any]) -> bool:
     return run(repo, "merge-base", "--is-ancestor", commit, tip).returncode == 0
 
 
-def _committed_by_message(repo: Any, info: dict[str, Any]) -> bool:
+def _committed_by_message(repo: Repo, info: dict[str, Any]) -> bool:
     ref = f"refs/heads/{info['branch']}" if info.get("branch") else "HEAD"
     try:
         found = repo.commit(ref)
@@ -342,7 +355,7 @@ def _committed_by_message(repo: Any, info: dict[str, Any]) -> bool:
     ).strip()
 
 
-def leave_branch(repo: Any, info: dict[str, Any]) -> None:
+def leave_branch(repo: Repo, info: dict[str, Any]) -> None:
     """Back from rl-msprobe's new branch to where the operation started (a branch, or a detached HEAD)."""
     if info["from_branch"]:
         repo.git.checkout("-q", info["from_branch"])
@@ -350,8 +363,8 @@ def leave_branch(repo: Any, info: dict[str, Any]) -> None:
         repo.git.checkout("-q", "--detach", info["from_head"])
 
 
-def repo_paths(repo: Any, root: Path, changes: list[FileChange]) -> list[str]:
-    top = Path(repo.working_tree_dir).resolve()
+def repo_paths(repo: Repo, root: Path, changes: list[FileChange]) -> list[str]:
+    top = work_tree(repo).resolve()
     out = []
     for change in changes:
         real = (root / change.path).resolve()
@@ -370,7 +383,7 @@ def default_branch(sets: list[PatchSet]) -> str:
     return "rl-msprobe/" + "+".join(s.name for s in sets)
 
 
-def check_branch_name(repo: Any, name: str) -> None:
+def check_branch_name(repo: Repo, name: str) -> None:
     if run(repo, "check-ref-format", "--branch", name).returncode != 0:
         raise UserError(
             f"--branch {name!r}: not a valid git branch name (see `git check-ref-format`); pass another name."
@@ -397,10 +410,10 @@ def message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_clean(repo: Any, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:
-    dirty = [item.a_path for item in repo.index.diff(None)] + [
-        item.a_path for item in repo.index.diff("HEAD")
-    ]
+def check_clean(repo: Repo, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:
+    # the work tree against the index, the index against HEAD: raw diffs, each names its a_path
+    changed = [*repo.index.diff(None), *repo.index.diff("HEAD")]
+    dirty = [item.a_path for item in changed if item.a_path is not None]
     if not dirty:
         return
     if not allow_dirty:
@@ -420,7 +433,7 @@ def check_clean(repo: Any, root: Path, changes: list[FileChange], allow_dirty: b
 _SUBJECT = re.compile(r"rl-msprobe: (apply|revert) (.+)")
 
 
-def recorded_sets(repo: Any) -> list[str]:
+def recorded_sets(repo: Repo) -> list[str]:
     """The sets applied and not reverted since, oldest first: the rl-msprobe commits of HEAD's history
     (so the record follows branches)."""
     log = run(repo, "log", "--reverse", "-E", "--grep=^rl-msprobe: (apply|revert) ", "--format=%s", "HEAD")

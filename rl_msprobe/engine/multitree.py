@@ -10,7 +10,7 @@ it was), elsewhere the files, originals and manifest get their bytes from before
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl_msprobe.engine import git, journal
 from rl_msprobe.engine.recovery import recover
@@ -19,6 +19,9 @@ from rl_msprobe.engine.tree import where
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import PatchSet
 from rl_msprobe.upstream.trees import Target
+
+if TYPE_CHECKING:
+    from git import Repo  # GitPython, imported at run time only where a tree is opened
 
 R = TypeVar("R")
 Operation = Callable[[Target, list[PatchSet]], R]
@@ -49,6 +52,7 @@ def _take_back(done: list[Finished], exc: BaseException, trees: list[str]) -> No
             with journal.tree_lock(tree.state):
                 recover(tree)
                 if item.commit:
+                    assert tree.repo is not None, "the operation committed: its tree is in a git repository"
                     _uncommit(tree.repo, item.transaction.git or {}, item.commit)
                 else:
                     _unwrite(item.transaction)
@@ -61,7 +65,7 @@ def _take_back(done: list[Finished], exc: BaseException, trees: list[str]) -> No
         exc.args = (f"{exc.args[0]} Already done on {', '.join(trees)}: taken back, so nothing was changed.",)
 
 
-def _uncommit(repo: Any, info: dict[str, Any], commit: str) -> None:
+def _uncommit(repo: Repo, info: dict[str, Any], commit: str) -> None:
     """The commit of this command goes: its new branch is dropped, or the current branch reset (--keep)."""
     if repo.head.commit.hexsha != commit:
         raise UserError(f"{repo.working_tree_dir}: HEAD moved past rl-msprobe's commit {commit[:12]}")

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rl_msprobe.engine import git, journal
 from rl_msprobe.errors import UserError
 from rl_msprobe.upstream.trees import Target
+
+if TYPE_CHECKING:
+    from git import Repo  # GitPython, imported at run time only where a tree is opened
 
 
 @dataclass
 class Tree:
     """How a tree is written: its git repo (None: files + manifest), its state folder, and why."""
 
-    repo: Any | None
+    repo: Repo | None
     state: Path
     root: Path  # the folder holding the package: journal paths are relative to it
     notes: list[str] = field(default_factory=list)

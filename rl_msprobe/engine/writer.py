@@ -12,7 +12,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_msprobe.engine import git, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
@@ -25,6 +25,9 @@ from rl_msprobe.engine.tree import Tree, open_tree
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import NewFile, PatchSet
 from rl_msprobe.upstream.trees import Target
+
+if TYPE_CHECKING:
+    from git import Repo  # GitPython, imported at run time only where a tree is opened
 
 
 def _preflight(root: Path, changes: list[FileChange]) -> None:
@@ -254,7 +257,7 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
 
 
 def _deleted_helpers(
-    repo: Any, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]
+    repo: Repo, target: Target, sets: list[PatchSet], keep: dict[str, list[str]]
 ) -> list[str]:
     """Files a set adds that the user deleted but the branch still has: the revert commit removes them too."""
     out = []
@@ -299,7 +302,7 @@ def _revert_git(
     space.require(tree, plan.changes)
     if tracked or unrecord:  # no file tracked but the sets are recorded: an empty commit drops them
         _, commit = _objects(tree, files, message, from_head)
-    info = {
+    info: dict[str, Any] = {  # the journal's git record (git.publish, leave_branch)
         "from_branch": None if repo.head.is_detached else repo.active_branch.name,
         "from_head": from_head,
         "branch": None,

@@ -107,7 +107,7 @@ def build_config(
     return doc
 
 
-def _steps_ok(value: Any) -> bool:
+def _steps_ok(value: object) -> bool:
     if not isinstance(value, list):
         return False
     for item in value:
@@ -125,7 +125,7 @@ def _steps_ok(value: Any) -> bool:
     return True
 
 
-def validate(doc: Any, role: str | None = None) -> list[Problem]:
+def validate(doc: object, role: str | None = None) -> list[Problem]:
     """Everything msprobe would reject or silently ignore, plus the mode's own rules."""
     problems: list[Problem] = []
     if not isinstance(doc, dict):
@@ -211,7 +211,7 @@ def validate(doc: Any, role: str | None = None) -> list[Problem]:
     return problems
 
 
-def load(path: str | Path) -> tuple[Any | None, str | None]:
+def load(path: str | Path) -> tuple[object, str | None]:
     """Read a config file: (document, None) or (None, why it cannot be read)."""
     try:
         return json.loads(Path(path).read_text()), None

@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from packaging.version import VERSION_PATTERN, Version
 
@@ -230,16 +230,16 @@ class Requirements:
             self.settings.append(setting)
 
 
-def is_true(value: Any) -> bool:
+def is_true(value: object) -> bool:
     """True as verl reads a bool from a script: `True`, or the text true in any case."""
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
-def is_false(value: Any) -> bool:
+def is_false(value: object) -> bool:
     return value is False or (isinstance(value, str) and value.strip().lower() == "false")
 
 
-def is_abs_path(value: Any) -> bool:
+def is_abs_path(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and os.path.isabs(value)
 
 

@@ -27,7 +27,7 @@ TOOL_CONFIG = "global_profiler.global_tool_config.precision_debugger."
 DEFAULT_STEPS = [1, 2]
 
 
-def _steps_ok(value: Any) -> bool:
+def _steps_ok(value: object) -> bool:
     return (
         isinstance(value, list)
         and bool(value)
@@ -35,7 +35,7 @@ def _steps_ok(value: Any) -> bool:
     )
 
 
-def _stages_ok(value: Any) -> bool:
+def _stages_ok(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(v in STAGES for v in value)
 
 
@@ -51,7 +51,7 @@ def _reference_runs(ctx: Context) -> bool | None:
     return any(is_true(value) for value, _ in found)
 
 
-def _save_path_ok(value: Any) -> bool:
+def _save_path_ok(value: object) -> bool:
     # verl passes {save_path}/step_N/STAGE to msprobe as dump_path, which must match msprobe's pattern
     return is_abs_path(value) and bool(DUMP_PATH_RE.match(value))
 
