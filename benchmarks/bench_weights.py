@@ -1,4 +1,8 @@
-"""Cost of the weight fingerprints: a weight sync with them against the same sync without (issue 22).
+"""Cost of the weight fingerprints on a SKELETON of the weight sync (its copies only), paired (issue 22).
+
+The skeleton is cheaper than the real sync (no transport, no vLLM weight loaders or layerwise
+reload), so its ratio is an upper bound and needs only torch; benchmarks/bench_weights_sync.py
+times verl's real sync into a real vLLM CPU engine (the figure issue 22 asks for).
 
 In-process and paired (A B A B ...: the ratio is taken pair by pair, so drift of the shared
 machine's speed cancels): one sync of a Qwen2-shaped model of ~`--mb` MB (fp32) on the CPU, as
@@ -14,7 +18,8 @@ With fingerprints, the job-side helper's own functions run where its marked line
 around the generator, `received` on each bucket, the resident capture of each layer before its
 repacking (`RL_MSPROBE_WEIGHTS_DIR` set; the JSON lines are written to a temporary folder).
 Reported: median seconds of each, the median of the pair ratios (target <= 1.2), with the CRC-32
-checksum (the default) and without (RL_MSPROBE_WEIGHTS_HASH=0).
+checksum (the default: CRC-32 until FORMAT 1, the k64 checksum from FORMAT 2) and without
+(RL_MSPROBE_WEIGHTS_HASH=0).
 
 Measured 2026-12-01 on the shared 2-core machine (load average 3-10 from other sessions' jobs;
 single pairs range 0.9x-2.7x), 379 MB fp32, 27 tensors; median pair ratio, with CRC-32 / statistics
@@ -39,6 +44,12 @@ a fingerprint now costs about one memcpy. The whole sync, `--repeat 9` (load ave
 [1.40-3.03] / 1.67x [0.64-2.60]. Interleaved with the serial helper in
 one process (7 rounds): 1.43x vs 1.68x with CRC-32, while the statistics-only paths, identical code
 in both, read 1.16x vs 1.50x: on this machine the noise is as large as the gain. Still NOT 1.2x.
+
+2026-12-02, the k64 checksum inline instead of CRC-32 (FORMAT 2), `--repeat 9` at load average
+4-7 (another session's heavy run began during it): 1.78x [0.96-2.49] with k64, 1.35x [1.17-1.71]
+statistics only. The fingerprint alone, the same tensors at load ~3: statistics 0.12-0.14 s, with
+k64 0.16-0.20 s, a clone of the model 0.19-0.42 s. On this skeleton the noise is larger than the
+checksum's whole cost; see bench_weights_sync.py for the real sync.
 
 Run: python benchmarks/bench_weights.py [--mb 400] [--repeat 5]
 """

@@ -231,3 +231,37 @@ def test_a_held_tensor_never_sent_is_never_equal(tmp_path, monkeypatch):
     assert doc["verdict"] == "NOT COMPARED", doc["steps"]
     missing = {r["name"] for r in doc["tensors"] if r["resident"]["status"] == "missing"}
     assert missing == {"attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"}, doc["tensors"]
+
+
+def test_a_tp_rank_s_own_rows_come_from_the_pass_over_the_whole_tensor(tmp_path, monkeypatch):
+    """With TP > 1 a received tensor's dim-0 chunk (this rank's rows) is measured in the same pass
+    as the whole tensor: its numbers are exactly those of the chunk on its own, the whole tensor's
+    checksum is unchanged and its sums agree within float64 accumulation; strided tensors and rows
+    that do not split evenly are measured on their own, as before."""
+    from rl_msprobe.weights.fingerprint import Fingerprint, compare
+
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    monkeypatch.setattr(helper, "BLOCK", 1000)  # the chunk edges fall inside blocks
+    gen = torch.Generator().manual_seed(11)
+    weights = [
+        ("rows", torch.randn(300, 70, generator=gen)),
+        ("strided", torch.randn(70, 300, generator=gen).t()),
+        ("uneven", torch.randn(301, 8, generator=gen)),
+        ("vector", torch.randn(4000, generator=gen).bfloat16()),
+    ]
+    for tp, rank in ((2, 1), (4, 2)):
+        state = {"sync": tp, "rank": rank, "tp_size": tp, "index": 0}
+        helper._received(state, weights)
+        lines = [json.loads(x) for x in next(tmp_path.glob("received-*")).read_text().splitlines()]
+        got = {line["name"]: line for line in lines if line["sync"] == tp}
+        for name, t in weights:
+            line = got[name]
+            whole = Fingerprint.from_dict(helper.fingerprint(t))
+            assert line["hash"] == helper.digest(t)
+            assert compare(whole, Fingerprint.from_dict(line["fp"])).equal
+            for dim in (0, 1)[: t.dim()]:
+                if t.shape[dim] % tp:
+                    assert str(dim) not in line["shard_fp"]
+                    continue
+                assert line["shard_fp"][str(dim)] == helper.fingerprint(t.chunk(tp, dim)[rank]), (name, dim)

@@ -271,14 +271,29 @@ def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int
     return total, sumsq, low, high, nan, inf
 
 
-def _measure(tensor, hashed: bool) -> tuple[dict, str | None]:
+def _measure(tensor, hashed: bool, part=None) -> tuple[dict, str | None]:
     """TENSOR's fingerprint: order- and layout-invariant statistics in float64 (exact min / max),
-    and if HASHED its k64 checksum (`digest`), from one pass over the tensor's memory on the CPU."""
+    and if HASHED its k64 checksum (`digest`), from one pass over the tensor's memory on the CPU.
+    PART, a list, gets the fingerprint of elements [start, stop) of a contiguous TENSOR from the
+    same pass when it holds (start, stop) (a TP rank's rows: `_received`); left alone otherwise."""
     if tensor.device.type != "cpu" or tensor.numel() == 0:
         return fingerprint(tensor), (digest(tensor) if hashed else None)
     keyed = _Keyed(_header(tensor)) if hashed else None
-    stats = _stats(_blocks(tensor, hashed), keyed)
-    return _fp(tensor.numel(), stats), (None if keyed is None else keyed.result())
+    if not part or not tensor.is_contiguous():
+        stats = _stats(_blocks(tensor, hashed), keyed)
+        return _fp(tensor.numel(), stats), (None if keyed is None else keyed.result())
+    flat, (start, stop) = tensor.detach().reshape(-1), part[0]
+    ranges = [flat[a:b] for a, b in ((0, start), (start, stop), (stop, flat.numel()))]
+    stats = [_stats(_blocks(r, hashed), keyed) if r.numel() else None for r in ranges]  # one k64 stream
+    part[0] = _fp(stop - start, stats[1])
+    return _fp(tensor.numel(), _sum_stats(s for s in stats if s)), (None if keyed is None else keyed.result())
+
+
+def _sum_stats(parts):
+    totals, sumsqs, lows, highs, nans, infs = zip(*parts)
+    present_lows, present_highs = [x for x in lows if x is not None], [x for x in highs if x is not None]
+    return (math.fsum(totals), math.fsum(sumsqs), min(present_lows, default=None),
+            max(present_highs, default=None), sum(nans), sum(infs))  # fmt: skip
 
 
 def _fp(count: int, stats) -> dict:
@@ -312,9 +327,12 @@ def digest(tensor) -> str:
     return keyed.result()
 
 
-def _record(stage: str, sync: int, rank: int, name: str, tensor, index: int, hashed=None, **extra) -> dict:
-    """One JSON line; HASHED True / False adds "hash" (the k64 checksum, or null when switched off)."""
-    fp, checksum = _measure(tensor, bool(hashed))
+def _record(
+    stage: str, sync: int, rank: int, name: str, tensor, index: int, hashed=None, part=None, **extra
+) -> dict:
+    """One JSON line; HASHED True / False adds "hash" (the k64 checksum, or null when switched off);
+    PART as in `_measure`."""
+    fp, checksum = _measure(tensor, bool(hashed), part)
     record = {
         "stage": stage,
         "sync": sync,
@@ -411,23 +429,42 @@ def _received(state: dict, weights) -> None:
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
-        extra = {"tp_size": tp_size}
-        if tp_size > 1:
-            extra["shard_fp"] = _own_shards(tensor, state["rank"], tp_size)
-        records.append(
-            _record("received", state["sync"], state["rank"], name, tensor, index, hashed, **extra)
+        rows = [_own_rows(tensor, state["rank"], tp_size)]
+        part = rows if rows[0] else None
+        record = _record(
+            "received", state["sync"], state["rank"], name, tensor, index, hashed, part, tp_size=tp_size
         )
+        if tp_size > 1:
+            measured = isinstance(rows[0], dict)  # dim 0's chunk, from the pass over the whole tensor
+            shards = _own_shards(tensor, state["rank"], tp_size, skip=(0,) if measured else ())
+            if measured:
+                shards["0"] = rows[0]
+            record["shard_fp"] = dict(sorted(shards.items()))
+        records.append(record)
         state["index"] += 1
     _write("received", records)
 
 
-def _own_shards(tensor, rank: int, tp_size: int) -> dict[str, dict]:
+def _own_rows(tensor, rank: int, tp_size: int):
+    """(start, stop): the elements of this TP rank's chunk along dim 0 of a contiguous TENSOR in
+    row-major order (its `shard_fp` "0", measured in the pass over the whole tensor); None where
+    there is none to take (TP 1, no equal chunks, a strided tensor)."""
+    if tp_size < 2 or rank >= tp_size or tensor.dim() < 1 or tensor.shape[0] % tp_size:
+        return None
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    size = tensor.numel() // tp_size
+    return rank * size, (rank + 1) * size
+
+
+def _own_shards(tensor, rank: int, tp_size: int, skip=()) -> dict[str, dict]:
     """This TP rank's part of a received TENSOR as a tensor-parallel layer takes it (its RANK-th of
     TP_SIZE equal chunks along dim 0, column-parallel, and along dim 1, row-parallel): what its
-    resident shard must match, so a loader fault on one rank names that rank."""
+    resident shard must match, so a loader fault on one rank names that rank. SKIP: dims measured
+    elsewhere (dim 0 in the pass over the whole tensor, `_own_rows`)."""
     shards = {}
     for dim in range(min(tensor.dim(), 2)):
-        if tensor.shape[dim] % tp_size == 0 and rank < tp_size:
+        if dim not in skip and tensor.shape[dim] % tp_size == 0 and rank < tp_size:
             shards[str(dim)] = fingerprint(tensor.chunk(tp_size, dim)[rank])
     return shards
 
