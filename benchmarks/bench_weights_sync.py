@@ -37,12 +37,13 @@ the load average counts this benchmark too (about 2 of it while it syncs):
   11      3.3-4.7       1.72 s           1.38x [1.11-1.68]   1.34x [1.07-1.55]   1.55x [1.20-1.83]
   11      4.0-4.7       1.62 s           1.42x [1.08-2.20]   1.38x [1.29-1.75]   1.60x [1.31-1.85]
   11      1.6-3.8       1.59 s           1.39x [1.15-1.93]   1.26x [1.13-1.84]   1.65x [1.36-2.04]
+  11      4.4-8.6       1.80 s           1.33x [0.79-1.66]   1.39x [0.98-1.66]   1.60x [1.18-1.88]
   3       ~3.5 (*)      1.76 s           1.27x [1.13-1.63]   1.20x [1.12-1.54]   -
 
 (*) with timers around the helper's functions: per sync 0.15-0.35 s sent, ~0.25 s received,
 ~0.18 s resident (one stage's statistics of the 383 MB: 0.13-0.18 s here, with k64 0.20-0.30 s: `parts_median_s`).
 Every run's k64 syncs compare EQUAL, 75 tensors each. The target (<= 1.2x) is NOT met with the
-checksum on this machine (statistics only: 1.20-1.38x). Why: the fingerprint reads every byte
+checksum on this machine (statistics only: 1.20-1.39x). Why: the fingerprint reads every byte
 at three stages (sent, received, resident), each 1/9-1/6 of the sync here, and this sync is short:
 on one rank FSDP2's `full_tensor()` gathers nothing (the actor's generator takes 0.01 s), so the
 sync is the bucket copy, vLLM's loaders and its CPU repack. The statistics are ~6 numpy passes
