@@ -143,9 +143,10 @@ def _mix(z: int) -> int:
 
 def _word_keys():
     """WORDS odd 64-bit keys, the same in every process (splitmix64 of the position, in numpy)."""
-    if not _keys:
+    if not _keys or _keys[0].size != WORDS:
         import numpy as np
 
+        _keys.clear()
         z = np.arange(1, WORDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
