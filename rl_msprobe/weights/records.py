@@ -125,7 +125,7 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             index=_whole(doc, "index", path, line, INDEX_LIMIT, default=-1),
             dtype=str(doc.get("dtype", "")),
             fp=Fingerprint.from_dict(doc["fp"]),
-            hash=_hash(doc.get("hash")),
+            hash=_text(doc, "hash", path, line),
             step=_optional_whole(doc, "step", path, line, SYNC_LIMIT),
             how=_text(doc, "how", path, line),
             engine_name=_text(doc, "engine_name", path, line),
@@ -137,12 +137,6 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None
     except (TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
-
-
-def _hash(value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"hash is {json.dumps(value)[:40]}, not a string")
-    return value
 
 
 def _one_hash_kind(kinds: dict[str, str], folder: Path) -> None:

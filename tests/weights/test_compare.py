@@ -164,6 +164,7 @@ def test_bad_input_names_file_and_line(tmp_path):
     [
         ('{"how": ["loader-written"]}', r"how is \[\"loader-written\"\], not a string"),
         ('{"engine_name": 7}', "engine_name is 7, not a string"),
+        ('{"hash": 5}', "hash is 5, not a string"),
         ('{"step": "3"}', 'step is "3", not a whole number'),
         ('{"stage": "resident-meta", "aliases": [1]}', r"aliases is \[1\], not an object of tensor names"),
         (
