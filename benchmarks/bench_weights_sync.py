@@ -137,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-weights-sync-"))
     python, model, env = _prepare(work, args.old_helper)
-    spec = {"model": str(model), "rounds": args.rounds, "work": str(work), "old": bool(args.old_helper)}
+    spec = {"model": str(model), "rounds": args.rounds, "work": str(work), "old": args.old_helper}
     log = work / "inner.log"
     with log.open("w") as err:
         proc = subprocess.run(
@@ -227,6 +227,7 @@ def _parts(engine, helper: dict, repeat: int = 5) -> dict[str, float]:
         "actor generator": [],
         "one stage, statistics": [],
         "one stage, k64": [],
+        "one stage, k64 only (resident reuse)": [],
     }
     tensors = [t for _, t in engine.get_per_tensor_param()[0]]
     for _ in range(repeat):
@@ -239,6 +240,10 @@ def _parts(engine, helper: dict, repeat: int = 5) -> dict[str, float]:
             for t in tensors:
                 helper["_measure"](t, hashed)
             timings[label].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for t in tensors:
+            helper["digest"](t)
+        timings["one stage, k64 only (resident reuse)"].append(time.perf_counter() - started)
     return {k: round(statistics.median(v), 3) for k, v in timings.items()}
 
 
@@ -270,7 +275,7 @@ def inner(spec: dict) -> None:
         "statistics only": ("new", "stats", "0"),
     }
     if spec["old"]:
-        variants["old helper (CRC-32)"] = ("old", "crc32", "1")
+        variants[f"old helper ({spec['old']})"] = ("old", "old", "1")
     step = [0]
 
     def sync(variant: str) -> float:
