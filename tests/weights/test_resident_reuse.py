@@ -110,7 +110,9 @@ def test_identical_parts_reuse_received_statistics_and_a_loader_fault_is_measure
     assert first[NAMES[0]]["how"] == "loader-written" and first[NAMES[3]]["how"] == "parameter"
     for name, t in tensors.items():
         assert first[name]["hash"] == helper.digest(t)
-        assert compare(Fingerprint.from_dict(helper.fingerprint(t)), Fingerprint.from_dict(first[name]["fp"])).equal
+        assert compare(
+            Fingerprint.from_dict(helper.fingerprint(t)), Fingerprint.from_dict(first[name]["fp"])
+        ).equal
     second, third = _resident(tmp_path, 2), _resident(tmp_path, 3)
     assert [n for n in NAMES if "same_as" not in second[n]] == [NAMES[1]]
     assert second[NAMES[1]]["fp"] == helper.fingerprint(tensors[NAMES[1]] * 1.001)
