@@ -109,6 +109,20 @@ def _faulty_ranks(
     return faulty or None
 
 
+def _other_bits(reference: Entry, held: dict[int, Entry]) -> list[int]:
+    """The ranks whose part has the reference's dtype and shape but another checksum: other bytes,
+    even where the statistics agree (a permutation). Resident parts carry one where the helper
+    checked them against what was received (same dtype and shape)."""
+    return [
+        rank
+        for rank, e in sorted(held.items())
+        if e.hash
+        and reference.hash
+        and (e.dtype, e.shape) == (reference.dtype, reference.shape)
+        and e.hash != reference.hash
+    ]
+
+
 def _resident(
     reference: Entry | None,
     resident: dict[int, dict[str, Entry]],
@@ -139,6 +153,10 @@ def _resident(
     dtypes = {e.dtype for e in held.values()}
     roundoff = 0.0 if dtypes == {reference.dtype} else max(map(unit_roundoff, dtypes | {reference.dtype}))
     delta = compare(reference.fp, whole, roundoff)
+    bits = _other_bits(reference, held) if delta.equal else []
+    if bits:
+        delta = Delta(False, 1.0, delta.norm_rel, "bits (hash differs, statistics equal in float64)")
+        return Finding("differs", sorted(held), delta, faulty_ranks=bits), replicas, how
     if delta.equal:
         return Finding("equal", [], delta), replicas, how
     faulty = _faulty_ranks(reference, held, received or {}, name, tp)
@@ -221,6 +239,9 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         n for row in rows for n in [row["name"]] if row["resident"]["status"] in ("equal", "differs", "tied")
     }
     hows: dict[str, int] = defaultdict(int)  # resident fingerprints by where they come from
+    reused = sum(
+        e.same_as == "received" for p in run.entries["resident"].get(sync, {}).values() for e in p.values()
+    )
     for row in rows:
         if row.get("how"):
             hows[row["how"]] += 1
@@ -242,6 +263,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         "replicas": max(len(replicas_received), len(replicas_resident)),
         "counts": counts,
         "resident_how": dict(hows),
+        "resident_reused": reused,
     }
     return summary, rows
 

@@ -59,6 +59,7 @@ class SyncSummary(TypedDict):
     replicas: int
     counts: dict[str, int]  # status -> findings, over both stages
     resident_how: dict[str, int]
+    resident_reused: int  # resident fingerprints the helper took from received (identical bytes)
 
 
 class _Where(TypedDict):

@@ -42,6 +42,7 @@ class Entry:
     step: int | None = None
     how: str | None = None  # resident: "loader-written" or "parameter"
     engine_name: str | None = None
+    same_as: str | None = None  # resident: "received" where the helper reused that stage's statistics
     unreadable: bool = False
     shape: tuple[int, ...] | None = None
     # received with TP > 1: this rank's chunk along dim 0 / dim 1 (what its resident shard must match)
@@ -129,6 +130,7 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             step=_optional_whole(doc, "step", path, line, SYNC_LIMIT),
             how=_text(doc, "how", path, line),
             engine_name=_text(doc, "engine_name", path, line),
+            same_as=_text(doc, "same_as", path, line),
             unreadable=bool(doc.get("unreadable", False)),
             shape=tuple(int(n) for n in doc["shape"]) if isinstance(doc.get("shape"), list) else None,
             shards={int(d): Fingerprint.from_dict(fp) for d, fp in (doc.get("shard_fp") or {}).items()},

@@ -52,8 +52,11 @@ def picture(doc: WeightsDoc) -> tuple[list[str], dict[int, dict[str, tuple[str, 
 
 
 def _how(step: SyncSummary, none: str) -> str:
-    """Where a sync's resident fingerprints come from: `12 loader-written, 5 parameter`."""
-    return ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or none
+    """Where a sync's resident fingerprints come from: `12 loader-written, 5 parameter (9 reused)`,
+    reused: taken from stage received where the helper found the bytes identical."""
+    hows = ", ".join(f"{n} {k}" for k, n in sorted(step["resident_how"].items())) or none
+    reused = step.get("resident_reused", 0)
+    return f"{hows} ({reused} reused)" if reused else hows
 
 
 def summary_lines(doc: WeightsDoc) -> list[str]:

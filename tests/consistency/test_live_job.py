@@ -447,8 +447,11 @@ def test_weights_with_consistency_are_equal_at_every_sync_on_tp1(flow: Flow) -> 
         assert len(rows) == step["model_tensors"], (len(rows), step)
         statuses = {r[stage]["status"] for r in rows for stage in ("received", "resident")}
         assert statuses <= {"equal", "tied"}, statuses
-    counts = [(s, x["sent_tensors"], x["model_tensors"]) for s, x in sorted(syncs.items())]
-    print(f"tensor TP=1 weights (sync, sent, model tensors): {counts}")
+        assert step["resident_reused"] > 0, step  # TP 1, same bytes: received statistics reused
+    counts = [
+        (s, x["sent_tensors"], x["model_tensors"], x["resident_reused"]) for s, x in sorted(syncs.items())
+    ]
+    print(f"tensor TP=1 weights (sync, sent, model tensors, resident reused): {counts}")
 
 
 def test_qwen3_bf16_on_tp2_is_consistent_with_the_noise_floor_in_the_header(flow: Flow) -> None:

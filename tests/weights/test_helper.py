@@ -210,6 +210,7 @@ def test_a_bucketed_engine_fingerprints_each_call_and_counts_syncs(tmp_path, mon
             runner.update_weights_from_tensor(bucket)
     doc = compare_run(read_run(tmp_path))
     assert [s["verdict"] for s in doc["steps"]] == ["EQUAL", "DIFFERENT"], doc["steps"]
+    assert [s["resident_reused"] for s in doc["steps"]] == [4, 3]  # all but the faulty part: same bytes
     assert all(s["sent_tensors"] == s["model_tensors"] == len(names) for s in doc["steps"]), doc["steps"]
     fd = doc["first_difference"]
     assert (fd["sync"], fd["name"], fd["stage"]) == (2, "attn.k_proj.weight", "resident"), fd

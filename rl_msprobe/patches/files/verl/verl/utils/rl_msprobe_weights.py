@@ -8,8 +8,8 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
   RL_MSPROBE_WEIGHTS_DIR=DIR  enable; unset or empty: every function returns at once and torch
                               and numpy are never imported here
   RL_MSPROBE_WEIGHTS_HASH=0   skip the bit-exact checksum ("k64:...", see `_Keyed`) of sent and
-                              received tensors
-                              (the statistics are always computed)
+                              received tensors (the statistics are always computed; without
+                              received checksums no resident statistics are reused)
 
 Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
   sent      every (HF name, tensor) the actor's engine hands to the sync (`sent`, wrapping the
@@ -28,6 +28,10 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             (`"how": "loader-written"`); elsewhere the parameter as it stands after the sync
             (`"how": "parameter"`). SGLang: each tensor where the model holds it when the call
             that carried it returns (`engine_call`); the sync's meta line lists every name held.
+            A part with the dtype and shape this process received under its name in this sync
+            (TP 1, a replicated copy) gets its checksum first: equal to the received one, the
+            received statistics are written (`"same_as": "received"`: the same bytes), else
+            its own are measured (`_resident_record`).
 A fingerprint is {count, sum, sumsq, min, max, nan, inf} in float64: additive over concatenation
 and shards, invariant under permutation. Sync numbers count syncs per process (1, 2, ...).
 
@@ -329,11 +333,20 @@ def digest(tensor) -> str:
 
 
 def _record(
-    stage: str, sync: int, rank: int, name: str, tensor, index: int, hashed=None, part=None, **extra
+    stage: str,
+    sync: int,
+    rank: int,
+    name: str,
+    tensor,
+    index: int,
+    hashed=None,
+    part=None,
+    measured=None,
+    **extra,
 ) -> dict:
     """One JSON line; HASHED True / False adds "hash" (the k64 checksum, or null when switched off);
-    PART as in `_measure`."""
-    fp, checksum = _measure(tensor, bool(hashed), part)
+    PART as in `_measure`; MEASURED: (fingerprint, checksum) known already, nothing is measured."""
+    fp, checksum = measured or _measure(tensor, bool(hashed), part)
     record = {
         "stage": stage,
         "sync": sync,
@@ -442,6 +455,9 @@ def _received(state: dict, weights) -> None:
                 shards["0"] = rows[0]
             record["shard_fp"] = dict(sorted(shards.items()))
         records.append(record)
+        if record.get("hash"):
+            keep = {k: record[k] for k in ("hash", "dtype", "shape", "fp")}
+            state.setdefault("got", {})[name] = keep  # what `_resident_record` may reuse
         state["index"] += 1
     _write("received", records)
 
@@ -527,7 +543,7 @@ def _settle(engine, state: dict) -> None:
             for name, part in _parts(model, module_name, module, pname, param):
                 holds.append(name)
                 if name in pending:
-                    records.append(_record("resident", state["sync"], state["rank"], name, part, -1, **base))
+                    records.append(_resident_record(state, name, part, base))
     records.append({**_meta(model, state, aliases), "holds": holds})
     _write("resident", records)
 
@@ -563,7 +579,7 @@ def _begin(worker, armed: bool = True) -> dict:
     _counters["engine"] += 1
     rank, tp_size = _tp()
     state = {"sync": _counters["engine"], "rank": rank, "tp_size": tp_size, "index": 0, "captured": set(),
-             "seen": set(), "pending": set()}  # fmt: skip
+             "seen": set(), "pending": set(), "got": {}}  # fmt: skip
     _states[id(worker)] = state
     model = _model(worker)
     if model is not None and armed:
@@ -677,10 +693,35 @@ def _resident(model, module_name: str, module, pname: str, param, state: dict, h
     if param.numel() == 0:
         name = base["engine_name"]
         return [_record("resident", state["sync"], state["rank"], name, param, -1, unreadable=True, **base)]
-    out = []
-    for name, part in _parts(model, module_name, module, pname, param):
-        out.append(_record("resident", state["sync"], state["rank"], name, part, -1, **base))
-    return out
+    return [
+        _resident_record(state, name, part, base)
+        for name, part in _parts(model, module_name, module, pname, param)
+    ]
+
+
+def _resident_record(state: dict, name: str, part, base: dict) -> dict:
+    """The resident record of one HF part. Where this process received the tensor under that name in
+    this sync with the same dtype and shape (TP 1, a replicated copy; never a TP shard), the part's
+    k64 checksum is taken first: equal to the received one, its bytes are the received bytes, so
+    are its statistics, and the record reuses them (`"same_as": "received"`, ~1/3 of the cost of
+    measuring). Otherwise (no hash received, another layout, a GPU / NPU tensor, different bytes:
+    a loader fault) the statistics are measured as for any part; the checksum, taken, is kept."""
+    got = state.get("got", {}).get(name)
+    comparable = (
+        got is not None
+        and part.device.type == "cpu"
+        and part.numel() > 0
+        and str(part.dtype).removeprefix("torch.") == got["dtype"]
+        and list(part.shape) == got["shape"]
+    )
+    if not comparable:
+        return _record("resident", state["sync"], state["rank"], name, part, -1, **base)
+    checksum = digest(part)
+    if checksum == got["hash"]:
+        measured, base = (dict(got["fp"]), checksum), dict(base, same_as="received")
+    else:
+        measured = (fingerprint(part), checksum)
+    return _record("resident", state["sync"], state["rank"], name, part, -1, True, measured=measured, **base)
 
 
 def _parts(model, module_name: str, module, pname: str, param):
