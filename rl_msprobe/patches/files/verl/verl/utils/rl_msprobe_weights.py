@@ -276,22 +276,28 @@ def _device_stats(tensor) -> tuple[float, float, float | None, float | None, int
     return total, sumsq, low, high, nan, inf
 
 
-def _measure(tensor, hashed: bool, part=None) -> tuple[dict, str | None]:
+def _measure(tensor, hashed: bool) -> tuple[dict, str | None]:
     """TENSOR's fingerprint: order- and layout-invariant statistics in float64 (exact min / max),
-    and if HASHED its k64 checksum (`digest`), from one pass over the tensor's memory on the CPU.
-    PART, a list, gets the fingerprint of elements [start, stop) of a contiguous TENSOR from the
-    same pass when it holds (start, stop) (a TP rank's rows: `_received`); left alone otherwise."""
+    and if HASHED its k64 checksum (`digest`), from one pass over the tensor's memory on the CPU."""
+    fp, checksum, _ = _measure_with_rows(tensor, hashed, None)
+    return fp, checksum
+
+
+def _measure_with_rows(tensor, hashed: bool, rows) -> tuple[dict, str | None, dict | None]:
+    """`_measure`, and the fingerprint of elements [start, stop) of TENSOR from the same pass where
+    ROWS is (start, stop) and TENSOR a contiguous CPU tensor (a TP rank's rows: `_received`); None
+    for those otherwise."""
     if tensor.device.type != "cpu" or tensor.numel() == 0:
-        return fingerprint(tensor), (digest(tensor) if hashed else None)
+        return fingerprint(tensor), (digest(tensor) if hashed else None), None
     keyed = _Keyed(_header(tensor)) if hashed else None
-    if not part or not tensor.is_contiguous():
+    if rows is None or not tensor.is_contiguous():
         stats = _stats(_blocks(tensor, hashed), keyed)
-        return _fp(tensor.numel(), stats), (None if keyed is None else keyed.result())
-    flat, (start, stop) = tensor.detach().reshape(-1), part[0]
+        return _fp(tensor.numel(), stats), (None if keyed is None else keyed.result()), None
+    flat, (start, stop) = tensor.detach().reshape(-1), rows
     ranges = [flat[a:b] for a, b in ((0, start), (start, stop), (stop, flat.numel()))]
     stats = [_stats(_blocks(r, hashed), keyed) if r.numel() else None for r in ranges]  # one k64 stream
-    part[0] = _fp(stop - start, stats[1])
-    return _fp(tensor.numel(), _sum_stats(s for s in stats if s)), (None if keyed is None else keyed.result())
+    whole = _fp(tensor.numel(), _sum_stats(s for s in stats if s))
+    return whole, (None if keyed is None else keyed.result()), _fp(stop - start, stats[1])
 
 
 def _sum_stats(parts):
@@ -340,13 +346,12 @@ def _record(
     tensor,
     index: int,
     hashed=None,
-    part=None,
     measured=None,
     **extra,
 ) -> dict:
     """One JSON line; HASHED True / False adds "hash" (the k64 checksum, or null when switched off);
-    PART as in `_measure`; MEASURED: (fingerprint, checksum) known already, nothing is measured."""
-    fp, checksum = measured or _measure(tensor, bool(hashed), part)
+    MEASURED: (fingerprint, checksum) known already, nothing is measured."""
+    fp, checksum = measured or _measure(tensor, bool(hashed))
     record = {
         "stage": stage,
         "sync": sync,
@@ -443,16 +448,17 @@ def _received(state: dict, weights) -> None:
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
-        rows = [_own_rows(tensor, state["rank"], tp_size)]
-        part = rows if rows[0] else None
+        rank = state["rank"]
+        fp, checksum, own = _measure_with_rows(tensor, hashed, _own_rows(tensor, rank, tp_size))
+        measured = (fp, checksum)
         record = _record(
-            "received", state["sync"], state["rank"], name, tensor, index, hashed, part, tp_size=tp_size
+            "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size
         )
         if tp_size > 1:
-            measured = isinstance(rows[0], dict)  # dim 0's chunk, from the pass over the whole tensor
-            shards = _own_shards(tensor, state["rank"], tp_size, skip=(0,) if measured else ())
-            if measured:
-                shards["0"] = rows[0]
+            # dim 0's chunk where the pass over the whole tensor measured it
+            shards = _own_shards(tensor, rank, tp_size, skip=(0,) if own else ())
+            if own:
+                shards["0"] = own
             record["shard_fp"] = dict(sorted(shards.items()))
         records.append(record)
         if record.get("hash"):
