@@ -6,6 +6,9 @@ import os
 
 from hypothesis import settings
 
+# the two tiers: `python -m pytest` (default) and `python -m pytest --full` (tests/support/tiers.py)
+pytest_plugins = ["tests.support.tiers"]
+
 # the cached test venvs start building in the background right after collection, and the tests
 # that need none of them run first
 from tests.support.prebuild import pytest_collection_finish, pytest_collection_modifyitems  # noqa: F401

@@ -51,7 +51,9 @@ WEIGHTS = {"native"}  # the shapes whose engine also runs the weight syncs (DP=1
 PLANT = sglang_live.WeightPlant()
 
 
-@pytest.fixture(scope="module", params=["patch", "native"])
+# the default tier's one live SGLang engine is the newest shape (tests/support/cached_venvs.py
+# builds only its venv there); the patch shape's engine runs in the full tier
+@pytest.fixture(scope="module", params=[pytest.param("patch", marks=pytest.mark.full), "native"])
 def run(request, tmp_path_factory):
     shape = request.param
     python = sglang_live.python_or_skip(shape)
