@@ -16,7 +16,7 @@ from tests.support.tiers import newest_in_default
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFTEST = 'pytest_plugins = ["tests.support.tiers"]\n'
-SUITE = '''
+SUITE = """
 import pytest
 from tests.support import tiers
 from tests.support.tiers import newest_in_default
@@ -39,7 +39,7 @@ def test_both():
 @pytest.mark.parametrize("version", newest_in_default(["0.10.0", "0.9.1", "0.2.0"], keep=["0.2.0"]))
 def test_release(version):
     open("ran.log", "a").write(f"release-{version}\\n")
-'''
+"""
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:

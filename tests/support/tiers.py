@@ -54,13 +54,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
-def newest_in_default(params: Iterable[Any], version: Callable[[Any], str] = str, keep: Sequence[str] = ()) -> list:
+def newest_in_default(
+    params: Iterable[Any], version: Callable[[Any], str] = str, keep: Sequence[str] = ()
+) -> list:
     """PARAMS (versions, or tuples whose VERSION is one) with all but the newest version, and those
     named in KEEP, marked for the full tier only."""
     params = list(params)
     versions = sorted({version(p) for p in params}, key=Version)
     default = {versions[-1], *keep} if versions else set(keep)
     return [
-        p if version(p) in default else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.full)
+        p
+        if version(p) in default
+        else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.full)
         for p in params
     ]
