@@ -6,9 +6,6 @@ import os
 
 from hypothesis import settings
 
-# the two tiers: `python -m pytest` (default) and `python -m pytest --full` (tests/support/tiers.py)
-pytest_plugins = ["tests.support.tiers"]
-
 # the cached test venvs start building in the background right after collection, and the tests
 # that need none of them run first
 from tests.support.prebuild import pytest_collection_finish, pytest_collection_modifyitems  # noqa: F401
@@ -20,6 +17,9 @@ from tests.support.skip_gate import (  # noqa: F401  (pytest finds the hooks her
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
+
+# the two tiers: `python -m pytest` (default) and `python -m pytest --full` (tests/support/tiers.py)
+pytest_plugins = ["tests.support.tiers"]
 
 # CI runs the same generated examples every time (a fixed seed), so a property failure there is
 # reproducible; locally hypothesis explores new examples on each run.
