@@ -18,6 +18,9 @@ from tests.support.skip_gate import (  # noqa: F401  (pytest finds the hooks her
     pytest_terminal_summary,
 )
 
+# the two tiers: `python -m pytest` (default) and `python -m pytest --full` (tests/support/tiers.py)
+pytest_plugins = ["tests.support.tiers"]
+
 # CI runs the same generated examples every time (a fixed seed), so a property failure there is
 # reproducible; locally hypothesis explores new examples on each run.
 settings.register_profile("ci", derandomize=True, print_blob=True)

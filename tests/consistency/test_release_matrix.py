@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = pytest.mark.release
@@ -48,7 +49,7 @@ def _diff_json(tree, *sets):
     return json.loads(out)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(VERSIONS))
 def test_consistency_full_cycle_and_files(tmp_path, version):
     trainers, rollout = EXPECTED[version]
     tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
@@ -79,7 +80,7 @@ PARTS = [
 ]
 
 
-@pytest.mark.parametrize("version", ["0.6.0", "0.6.1"])
+@pytest.mark.parametrize("version", newest_in_default(["0.6.0", "0.6.1"]))
 def test_consistency_refuses_06_with_the_reason(version):
     code, out, err = run_cli("patch", "diff", "verl-consistency", "--tree", f"release:verl=={version}")
     assert code == 2 and out == ""
@@ -87,7 +88,7 @@ def test_consistency_refuses_06_with_the_reason(version):
     assert "legacy workers" in err and "0.7.0" in err
 
 
-@pytest.mark.parametrize(("name", "version", "cycle"), PARTS)
+@pytest.mark.parametrize(("name", "version", "cycle"), newest_in_default(PARTS, version=lambda p: p[1]))
 def test_part_sets(tmp_path, name, version, cycle):
     """Each part alone touches only its own files; two of them also run the whole cycle alone."""
     trainers, rollout = EXPECTED[version]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import verl_venv
+from tests.support.tiers import newest_in_default
 from tests.support.trees import patched_release
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -202,7 +203,7 @@ def assert_nothing_written(result: dict, workdir: Path) -> None:
 # ---------------------------------------------------------------- the engines, each release
 
 
-@pytest.mark.parametrize("version", FSDP_VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(FSDP_VERSIONS))
 def test_fsdp_engine_dumps_every_micro_batch(venv_python, patched, tmp_path, version):
     """DUMP_PHASE=all: the ref engine (engine_config.forward_only) first, then the actor's log-prob
     (forward-only) and update (forward+backward): one dump and one log line per actor micro-batch."""
@@ -218,7 +219,7 @@ def test_fsdp_engine_dumps_every_micro_batch(venv_python, patched, tmp_path, ver
     )
 
 
-@pytest.mark.parametrize("version", QWEN2_VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(QWEN2_VERSIONS))
 def test_fsdp_engine_real_forward_step_on_qwen2(venv_python, patched, tmp_path, version):
     """The real FSDPEngineWithLMHead.forward_step too: verl's remove-padding inputs, a random
     one-layer transformers Qwen2, log-probs and loss: dumps carry the decoder layer's statistics."""
@@ -233,7 +234,7 @@ def test_fsdp_engine_real_forward_step_on_qwen2(venv_python, patched, tmp_path, 
     )
 
 
-@pytest.mark.parametrize("version", MEGATRON_VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(MEGATRON_VERSIONS))
 def test_megatron_engine_dumps_every_micro_batch_forward(venv_python, patched, tmp_path, version):
     """Megatron's schedule owns the loop: the hooks wrap each micro-batch's forward call."""
     result = run_scenario(

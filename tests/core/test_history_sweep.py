@@ -32,7 +32,7 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.patches import entry_points
 from tests.support.history import Commit, anchor_commits, checkout, clone, commits, full_cycle
 
-pytestmark = [pytest.mark.release, pytest.mark.history]
+pytestmark = [pytest.mark.release, pytest.mark.history, pytest.mark.full]  # the full tier
 
 LLM_SERVER = "verl/workers/rollout/llm_server.py"
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 VERSIONS = ["0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1"]
@@ -18,7 +19,7 @@ ENGINE_FILES = {
 pytestmark = pytest.mark.release
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(VERSIONS))
 def test_full_cycle(version, tmp_path):
     tree = scratch_copy("verl", version, tmp_path / f"verl-{version}")
     status = full_cycle(tree, ["verl-engine"])
@@ -29,7 +30,7 @@ def test_full_cycle(version, tmp_path):
     assert all(f["status"] == "applied" for f in entry["files"])
 
 
-@pytest.mark.parametrize("version", ["0.6.0", "0.9.1"])
+@pytest.mark.parametrize("version", newest_in_default(["0.6.0", "0.9.1"]))
 def test_diff_on_fetched_release_touches_both_engines(version):
     code, out, _ = run_cli(
         "patch", "diff", "verl-engine", "--tree", f"release:verl=={version}", "--json", "--exit-code"

@@ -18,7 +18,8 @@ import pytest
 
 from tests.support import live_flow, live_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+# the full tier: the default tier's live consistency job dumps the rollout side too
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400), pytest.mark.full]
 STEPS = 1  # one training step: the rollout of step 1 is what inference mode dumps
 
 

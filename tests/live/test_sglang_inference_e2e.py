@@ -51,7 +51,9 @@ WEIGHTS = {"native"}  # the shapes whose engine also runs the weight syncs (DP=1
 PLANT = sglang_live.WeightPlant()
 
 
-@pytest.fixture(scope="module", params=["patch", "native"])
+# the default tier's one live SGLang engine is the newest shape (tests/support/cached_venvs.py
+# builds only its venv there); the patch shape's engine runs in the full tier
+@pytest.fixture(scope="module", params=[pytest.param("patch", marks=pytest.mark.full), "native"])
 def run(request, tmp_path_factory):
     shape = request.param
     python = sglang_live.python_or_skip(shape)
@@ -179,7 +181,9 @@ def test_weight_syncs_are_equal_then_name_each_planted_tensor(run):
     # sync 1 is clean: every part held in the dtype and shape it was received in reuses the received
     # statistics (same bytes), no other part does (a dtype conversion: the engine's own dtype)
     lines = [json.loads(x) for p in folder.glob("re*-*.jsonl") for x in p.read_text().splitlines()]
-    layout = {(x["stage"], x["name"]): (x["dtype"], x["shape"]) for x in lines if x["sync"] == 1 and "name" in x}
+    layout = {
+        (x["stage"], x["name"]): (x["dtype"], x["shape"]) for x in lines if x["sync"] == 1 and "name" in x
+    }
     alike = sum(layout.get(("received", n)) == v for (stage, n), v in layout.items() if stage == "resident")
     print(f"SGLang sync 1: {first['resident_reused']} resident fingerprints reused, {alike} held as received")
     assert first["resident_reused"] == alike, first

@@ -47,7 +47,7 @@ from tests.support import sglang_job
 from tests.support.user_venv import user_venv
 from tests.support.vllm_cpu import site_packages, tree_digest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.full]  # the full tier: a live job the default tier does not run
 
 REPO = Path(__file__).resolve().parents[2]
 SUPPORT = REPO / "tests" / "support"

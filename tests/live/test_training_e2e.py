@@ -17,7 +17,8 @@ import pytest
 
 from tests.support import live_flow, live_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+# the full tier: the default tier's live consistency job dumps the training side too
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400), pytest.mark.full]
 STEPS = 2
 
 

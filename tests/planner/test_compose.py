@@ -18,6 +18,7 @@ from rl_msprobe import planner
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import parse_script
 from rl_msprobe.planner.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS
+from tests.support.tiers import newest_in_default
 
 from .conftest import CORPUS, EXPECTED
 
@@ -63,11 +64,17 @@ REPRESENTATIVE = {
 CASES = [
     # verl 0.7.1: consistency only (it adds trainer.use_legacy_worker_impl=disable)
     *(
-        pytest.param("0.7.1", name, "consistency", id=f"0.7.1-{name}-consistency")
+        pytest.param("0.7.1", name, "consistency", id=f"0.7.1-{name}-consistency", marks=pytest.mark.full)
         for name in ("run_qwen2_7b_grpo_fsdp_vllm.sh", "run_qwen2_5_megatron_config_name_sglang.sh")
     ),
     *(
-        pytest.param(version, name, mode, id=f"{version}-{name}-{mode}")
+        pytest.param(
+            version,
+            name,
+            mode,
+            id=f"{version}-{name}-{mode}",
+            marks=() if version == VERSIONS[-1] else pytest.mark.full,  # older releases: the full tier
+        )
         for version in VERSIONS
         for name, exp in EXPECTED.items()
         for mode in exp["prepare"]
@@ -127,7 +134,7 @@ def test_derived_overrides_compose(version: str, name: str, mode: str) -> None:
             assert env_vars[name_] == value
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", newest_in_default(VERSIONS))
 @pytest.mark.parametrize("config", ["ppo_trainer", "ppo_megatron_trainer", "fully_async_ppo_trainer"])
 def test_defaults_table_matches_verl(version: str, config: str) -> None:
     """The rules read verl's defaults from a table; it must agree with the real config."""

@@ -17,6 +17,7 @@ import pytest
 from packaging.version import Version
 
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 pytestmark = pytest.mark.release
@@ -93,7 +94,7 @@ if ALL_RELEASES:
         assert [v for v in SHAPES[representative] if shape(v) != expected] == []
 
 
-@pytest.mark.parametrize("version", FULL_CYCLE)
+@pytest.mark.parametrize("version", newest_in_default(FULL_CYCLE))
 def test_full_cycle(version, tmp_path):
     tree = scratch_copy("sglang", version, tmp_path / f"sglang-{version}")
     sets = _sets(version)
@@ -132,7 +133,7 @@ def test_bootstrap_room_refused_before_0_5_2(tmp_path):
     assert snapshot(tree) == before
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12"])
+@pytest.mark.parametrize("version", newest_in_default(["0.5.11", "0.5.12"]))
 def test_native_release_refused_names_the_override(version, tmp_path):
     tree = scratch_copy("sglang", version, tmp_path / "sglang")
     before = snapshot(tree)
@@ -156,7 +157,7 @@ def test_status_tells_native_from_absent(tmp_path):
     assert code == 1 and json.loads(out)["sets"][0]["status"] == "absent"
 
 
-@pytest.mark.parametrize("version", ["0.5.10.post1", "0.5.12"])
+@pytest.mark.parametrize("version", newest_in_default(["0.5.10.post1", "0.5.12"]))
 def test_dispatch_log_with_either_debugger_and_separate_reverts(version, tmp_path):
     """sglang-dispatch-log on real releases: on 0.5.10.post1 together with sglang-dump (both edit
     model_runner.py; each reports applied, and the one applied first reverts alone), on 0.5.12 next
@@ -197,7 +198,7 @@ def test_dispatch_log_refused_where_forward_has_no_batch_parameter(tmp_path):
     assert snapshot(tree) == before
 
 
-@pytest.mark.parametrize("version", NATIVE_FULL_CYCLE)
+@pytest.mark.parametrize("version", newest_in_default(NATIVE_FULL_CYCLE))
 def test_pd_dump_path_on_native_releases(version, tmp_path):
     """sglang-pd-dump-path where SGLang creates its own debugger: one marked line right after it."""
     tree = scratch_copy("sglang", version, tmp_path / "sglang", with_git=False)

@@ -11,6 +11,7 @@ import pytest
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.upstream import detect_version, fetch_release
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
@@ -23,7 +24,7 @@ if os.environ.get("RL_MSPROBE_VLLM_ALL_RELEASES") == "1":
     APPLY_ONLY = sorted({*APPLY_ONLY, *EVERY}, key=lambda v: tuple(map(int, v.split("."))))
 
 
-@pytest.mark.parametrize("version", FULL_CYCLE)
+@pytest.mark.parametrize("version", newest_in_default(FULL_CYCLE))
 def test_full_cycle(tmp_path, version):
     tree = scratch_copy("vllm", version, tmp_path / f"vllm-{version}")
     assert detect_version(tree, "vllm") == version
@@ -34,7 +35,7 @@ def test_full_cycle(tmp_path, version):
     assert files["vllm-dump-file"]["status"] == "applied"
 
 
-@pytest.mark.parametrize("version", FULL_CYCLE + APPLY_ONLY)
+@pytest.mark.parametrize("version", newest_in_default(FULL_CYCLE + APPLY_ONLY))
 def test_lines_land_where_intended(version):
     root = fetch_release("vllm", version)
     runner = (root / VllmModelRunner.path).read_text()

@@ -3,7 +3,10 @@
 tests/support/prebuild.py builds the ones a session's collected tests need, right after
 collection; `.ci/run` builds every one the whole suite uses while the test line installs itself:
 
-    python3 -m tests.support.cached_venvs build     # stdlib only: runs before the test venv exists
+    python3 -m tests.support.cached_venvs build [--full]   # stdlib only: runs before the test venv exists
+
+The default tier (tests/support/tiers.py) needs the job venv and the newest SGLang shape's engine
+venv; ``--full`` builds every one.
 
 Each build runs behind its venv's own file lock and stamp (tests/support/venvs.py), so two
 builders (this one and a session's prebuild) never build one venv twice: the second waits on the
@@ -19,10 +22,13 @@ import sys
 # what a test needs, in the order the builds run (and the e2e modules run: prebuild.venv_free_first)
 NO_VENV, JOB_VENV, SGLANG_VENVS, SGLANG_JOB_VENV = range(4)
 EVERY = frozenset({JOB_VENV, SGLANG_VENVS, SGLANG_JOB_VENV})
+DEFAULT_TIER = frozenset({JOB_VENV, SGLANG_VENVS})  # the live verl job, one live SGLang engine
+DEFAULT_SGLANG_SHAPES = ("native",)  # the default tier's one SGLang engine (the newest shape)
 
 
-def builds(needs: set[int] | frozenset[int]) -> list[list[str]]:
-    """The build commands (module + arguments) for the venvs NEEDS names that are not ready yet."""
+def builds(needs: set[int] | frozenset[int], full: bool = True) -> list[list[str]]:
+    """The build commands (module + arguments) for the venvs NEEDS names that are not ready yet
+    (of the SGLang engine venvs, only the default tier's shape unless FULL)."""
     from tests.support import job_venv, sglang_job_venv, sglang_venv
 
     commands = []
@@ -32,7 +38,11 @@ def builds(needs: set[int] | frozenset[int]) -> list[list[str]]:
     # venv (tests/live/test_sglang_rollout_e2e.py)
     if not os.environ.get("RL_MSPROBE_SKIP_SGLANG_E2E"):
         if SGLANG_VENVS in needs:
-            shapes = [shape for shape, venv in sglang_venv.VENVS.items() if not venv.is_ready()]
+            shapes = [
+                shape
+                for shape, venv in sglang_venv.VENVS.items()
+                if (full or shape in DEFAULT_SGLANG_SHAPES) and not venv.is_ready()
+            ]
             if shapes:
                 commands.append(["tests.support.sglang_venv", "build", *shapes])
         if SGLANG_JOB_VENV in needs and not sglang_job_venv.VENV.is_ready():
@@ -40,10 +50,10 @@ def builds(needs: set[int] | frozenset[int]) -> list[list[str]]:
     return commands
 
 
-def build_all() -> int:
-    """Build every cached venv the whole suite uses, one after the other; stop at a failure (the
-    tests then try again and skip loudly, naming why)."""
-    for command in builds(EVERY):
+def build_all(full: bool) -> int:
+    """Build every cached venv the tier uses, one after the other; stop at a failure (the tests
+    then try again and skip loudly, naming why)."""
+    for command in builds(EVERY if full else DEFAULT_TIER, full):
         code = subprocess.run([sys.executable, "-m", *command]).returncode
         if code:
             return code
@@ -51,6 +61,6 @@ def build_all() -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["build"]:
-        sys.exit("usage: python3 -m tests.support.cached_venvs build")
-    sys.exit(build_all())
+    if sys.argv[1:] not in (["build"], ["build", "--full"]):
+        sys.exit("usage: python3 -m tests.support.cached_venvs build [--full]")
+    sys.exit(build_all(full=sys.argv[2:] == ["--full"]))

@@ -47,7 +47,9 @@ def _need(item: pytest.Item) -> int:
 
 def _wanted(items: list[pytest.Item]) -> list[list[str]]:
     """The build commands (module + arguments) for the venvs the collected e2e tests use."""
-    return builds({_need(item) for item in items})
+    from tests.support import tiers  # imported late: conftest registers it as a plugin first
+
+    return builds({_need(item) for item in items}, full=tiers.full())
 
 
 def venv_free_first(items: list[pytest.Item]) -> list[pytest.Item]:

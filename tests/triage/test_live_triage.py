@@ -40,7 +40,7 @@ from tests.support.user_venv import user_venv
 from tests.support.vllm_cpu import site_packages, tree_digest
 from tests.triage import live_perturb
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.full]  # the full tier: two live jobs of their own
 
 STEPS = 4
 PLANT_STEP = 3

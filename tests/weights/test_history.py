@@ -19,7 +19,7 @@ from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSen
 from rl_msprobe.errors import UserError
 from tests.support.history import DATA, clone, commits, git
 
-pytestmark = [pytest.mark.release, pytest.mark.history]
+pytestmark = [pytest.mark.release, pytest.mark.history, pytest.mark.full]  # the full tier
 
 PATH = "verl/workers/engine_workers.py"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rl_msprobe.upstream.releases import fetch_release
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
@@ -48,12 +49,12 @@ def _cycle(project: str, version: str, patch_set: str, folder) -> set[str]:
     return {f["path"] for f in entry["files"] if f["status"] == "applied"}
 
 
-@pytest.mark.parametrize("version", PATCHED)
+@pytest.mark.parametrize("version", newest_in_default(PATCHED))
 def test_full_cycle(version, tmp_path):
     assert _cycle("verl", version, "verl-weights", tmp_path) == FILES
 
 
-@pytest.mark.parametrize("version", sorted(REFUSED))
+@pytest.mark.parametrize("version", newest_in_default(sorted(REFUSED)))
 def test_refused_where_a_sync_site_is_missing(version):
     code, _, err = run_cli("patch", "diff", "verl-weights", "--tree", f"release:verl=={version}")
     assert code == 2
@@ -71,7 +72,7 @@ def _missing(project: str, version: str, shape: dict[str, tuple[str, ...]]) -> d
     }
 
 
-@pytest.mark.parametrize("version", VLLM)
+@pytest.mark.parametrize("version", newest_in_default(VLLM))
 def test_the_vllm_names_the_resident_side_reads_exist(version):
     assert _missing("vllm", version, VLLM_SHAPE) == {}
 
@@ -106,12 +107,12 @@ def _sglang_added(version: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("version", SGLANG_FULL)
+@pytest.mark.parametrize("version", newest_in_default(SGLANG_FULL))
 def test_sglang_full_cycle(version, tmp_path):
     assert _cycle("sglang", version, "sglang-weights", tmp_path) == SGLANG_FILES
 
 
-@pytest.mark.parametrize("version", SGLANG_FULL + SGLANG_DIFF)
+@pytest.mark.parametrize("version", newest_in_default(SGLANG_FULL + SGLANG_DIFF))
 def test_sglang_lines_per_shape(version):
     """The decorator, the received line after the per-rank unpacking and, from 0.5.1, the same
     line in the flattened-bucket path: one each, on ModelRunner."""
@@ -138,6 +139,6 @@ SGLANG_SHAPE = {
 }
 
 
-@pytest.mark.parametrize("version", SGLANG_FULL + SGLANG_DIFF)
+@pytest.mark.parametrize("version", newest_in_default(SGLANG_FULL + SGLANG_DIFF))
 def test_the_sglang_names_the_resident_side_reads_exist(version):
     assert _missing("sglang", version, SGLANG_SHAPE) == {}
