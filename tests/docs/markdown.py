@@ -9,6 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+SKILL = ROOT / "SKILL.md"
 ELISION = "…"  # a line of its own: any lines; inside a line: any text
 MARKER = re.compile(r"<!--\s*(checked|recorded)\b:?\s*(.*?)\s*-->")
 FENCE = re.compile(r"^\s*```")
@@ -17,8 +18,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def doc_files() -> list[Path]:
-    """README.md and every page under docs/."""
-    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    """README.md, SKILL.md and every page under docs/."""
+    return [README, SKILL, *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
