@@ -15,9 +15,7 @@ import json
 import re
 import shlex
 import shutil
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +24,12 @@ from click.testing import CliRunner
 from rl_msprobe.cli import main
 from rl_msprobe.upstream.releases import cache_dir, fetch_release
 from tests.docs.markdown import ROOT, ConsoleBlock, Step, console_blocks, doc_files, missing_output
+from tests.support.standin_dumps import build as standin_dumps_build
 from tests.support.trees import init_repo, run_cli
 
 JOB = "~/job"
 CACHE = "~/.cache/rl-msprobe"
 SCRIPT = ROOT / "fixtures" / "launch" / "run_qwen2_7b_grpo_fsdp_vllm.sh"
-STANDIN = ROOT / "tests" / "dumps" / "standin.py"
 WEIGHT_FAULT = (2, "resident", "model.layers.1.mlp.down_proj.weight", 1, 1.01)  # rank 1's copy, sync 2
 
 
@@ -46,18 +44,17 @@ def block_id(block: ConsoleBlock) -> str:
     return f"{block.path.relative_to(ROOT)}:{block.line}:{block.name}"
 
 
-@pytest.fixture(scope="module")
-def standin_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A consistency dump as tests/dumps builds it: the rollout side (vLLM-like module tree) and
-    the training side through the real verl-engine helper, layer 1 of the training copy
-    perturbed; both under real msprobe."""
-    out = tmp_path_factory.mktemp("standin")
-    for side, extra in (("rollout", []), ("train", ["--perturb", "1"])):
-        folder = out / ("generate" if side == "rollout" else "actor")
-        proc = subprocess.run(
-            [sys.executable, str(STANDIN), side, str(folder), *extra], capture_output=True, text=True
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+def standin_dumps() -> Path:
+    """A consistency dump as tests/dumps builds it (shared with it: built once per session): the
+    rollout side (a vLLM-like module tree) and the training side through the real verl-engine
+    helper, layer 1 of the training copy perturbed; both under real msprobe, tensor task."""
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    pytest.importorskip("transformers", reason="transformers is in the `test` extra")
+    runs = standin_dumps_build()
+    out = runs["base"] / "docs-consistency"
+    if not out.exists():
+        shutil.copytree(runs["rollout"], out / "generate", symlinks=True)
+        shutil.copytree(runs["train_perturbed"], out / "actor", symlinks=True)
     return out
 
 
@@ -71,14 +68,14 @@ def _training_dumps(job: Path) -> None:
                 write_dump(job / "dump" / "training" / f"step_{step}" / stage / "step0" / f"rank{rank}")
 
 
-def live_job(name: str, job: Path, dumps: Callable[[], Path]) -> None:
+def live_job(name: str, job: Path) -> None:
     """Put what the live job NAME writes where it writes it."""
     if name == "run_profiler_qwen.sh":
         _training_dumps(job)
     elif name == "run_infer_dump_qwen.sh":
-        shutil.copytree(dumps() / "generate", job / "dump" / "generate")
+        shutil.copytree(standin_dumps() / "generate", job / "dump" / "generate")
     elif name == "run_consistency_qwen.sh":
-        shutil.copytree(dumps(), job / "dump", dirs_exist_ok=True)
+        shutil.copytree(standin_dumps(), job / "dump", dirs_exist_ok=True)
     elif name == "run_triage_qwen.sh":
         from tests.triage.test_report import write_log
 
@@ -96,13 +93,13 @@ def shown(text: str, job: Path) -> list[str]:
     return text.replace(str(job), JOB).replace(str(cache_dir()), CACHE).splitlines()
 
 
-def run_step(step: Step, job: Path, dumps: Callable[[], Path]) -> list[str] | None:
+def run_step(step: Step, job: Path) -> list[str] | None:
     """Run one step; its output lines as shown, or None for a step that is only shown."""
     argv = shlex.split(step.command)
     if "<" in step.command:
         return None
     if argv[0] == "bash" and len(argv) == 2:
-        live_job(argv[1], job, dumps)
+        live_job(argv[1], job)
         return None
     assert argv[0] == "rl-msprobe", f"line {step.line}: only rl-msprobe and `bash run_*.sh` steps run here"
     result = CliRunner().invoke(main, argv[1:], catch_exceptions=False)
@@ -132,10 +129,10 @@ def test_every_checked_block_is_found():
 
 @pytest.mark.release
 @pytest.mark.parametrize("block", BLOCKS, ids=block_id)
-def test_checked_block_shows_what_the_commands_print(block, job, request):
+def test_checked_block_shows_what_the_commands_print(block, job):
     assert block.steps, block_id(block)
     for step in block.steps:
-        actual = run_step(step, job, lambda: request.getfixturevalue("standin_dumps"))
+        actual = run_step(step, job)
         if actual is None:
             assert not step.expected, f"{block_id(block)}: line {step.line} is not run, so it shows no output"
             continue
