@@ -60,6 +60,16 @@ def paragraphs(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of TEXT: lower case, punctuation dropped (letters of
+    any script, digits, `-` and `_` kept), spaces as `-`."""
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for _, line in prose_lines(text)
+        if line.startswith("#")
+    }
+
+
 def relative_links(text: str) -> list[tuple[int, str]]:
     """(line number, target) of every link that is not a URL or a bare #anchor."""
     return [

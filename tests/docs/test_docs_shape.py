@@ -6,7 +6,16 @@ import re
 
 import pytest
 
-from tests.docs.markdown import README, ROOT, SKILL, console_blocks, doc_files, paragraphs, relative_links
+from tests.docs.markdown import (
+    README,
+    ROOT,
+    SKILL,
+    anchors,
+    console_blocks,
+    doc_files,
+    paragraphs,
+    relative_links,
+)
 
 MAX_README_LINES = 150
 MAX_WORDS = 120
@@ -38,12 +47,21 @@ def test_no_paragraph_is_a_wall(path):
     assert not walls, "split these into lists or tables:\n" + "\n".join(walls)
 
 
+def _resolves(path, target: str) -> bool:
+    file, _, anchor = target.partition("#")
+    dest = path.parent / file
+    if not dest.exists():
+        return False
+    return not anchor or dest.suffix != ".md" or anchor in anchors(dest.read_text(encoding="utf-8"))
+
+
 @pytest.mark.parametrize("path", FILES, ids=IDS)
 def test_every_relative_link_resolves(path):
+    """Every relative link names a file that exists, and a heading of it where it names an anchor."""
     broken = [
         f"{path.relative_to(ROOT)}:{line}: {target}"
         for line, target in relative_links(path.read_text(encoding="utf-8"))
-        if not (path.parent / target.split("#", 1)[0]).exists()
+        if not _resolves(path, target)
     ]
     assert not broken, "\n".join(broken)
 
