@@ -211,9 +211,10 @@ def test_a_trainer_without_its_site_fails_at_run_time(tmp_path, monkeypatch):
     assert plain["raised"] not in (None, "RuntimeError"), plain
 
 
-def test_apply_help_and_readme_name_every_entry_point():
-    """The four names are written out in `patch apply --help` and README: they must stay the registry's."""
+def test_apply_help_and_docs_name_every_entry_point():
+    """The four names are written out in `patch apply --help` and the patch guide's entry-point
+    table (docs/commands/patch.md): they must stay the registry's."""
     code, out, _ = run_cli("patch", "apply", "--help")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "commands" / "patch.md").read_text()
     for entry in entry_points("verl"):
-        assert entry.name in " ".join(out.split()) and f"`{entry.name}`" in readme, entry.name
+        assert entry.name in " ".join(out.split()) and f"| `{entry.name}` |" in guide, entry.name

@@ -12,55 +12,25 @@ The compare itself is msprobe's own `msprobe compare --consistent_check --backen
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
+from tests.support import standin_dumps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
-STANDIN = Path(__file__).with_name("standin.py")
-PERTURBED_LAYER = 1
+PERTURBED_LAYER = standin_dumps.PERTURBED_LAYER
 
 
 @pytest.fixture(scope="module")
-def sides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def sides() -> dict[str, Path]:
     pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
     pytest.importorskip("transformers", reason="transformers is in the `test` extra")
-    base = tmp_path_factory.mktemp("e2e")
-    runs = {
-        "rollout": ["rollout", str(base / "gen")],  # dumps in {gen}/{pid}/step{N}/...
-        "train": ["train", str(base / "actor")],  # the helper: {actor}/step{N}/..., log in {actor}/{pid}/
-        "train_perturbed": ["train", str(base / "actor_perturbed"), "--perturb", str(PERTURBED_LAYER)],
-        # msprobe's default task: statistics (no cosine; its statistics checkers)
-        "rollout_stats": ["rollout", str(base / "gen_stats")],
-        "train_stats": ["train", str(base / "actor_stats")],
-        "train_stats_perturbed": [
-            "train",
-            str(base / "actor_stats_perturbed"),
-            "--perturb",
-            str(PERTURBED_LAYER),
-        ],
-    }
-    procs = {
-        k: subprocess.Popen(
-            [sys.executable, str(STANDIN), *a],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=base,
-            env={**os.environ, "STANDIN_TASK": "statistics" if "stats" in k else "tensor"},
-        )
-        for k, a in runs.items()
-    }
-    for k, p in procs.items():
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, f"{k} stand-in failed:\n{out.decode(errors='replace')[-3000:]}"
-    return {k: Path(a[1]) for k, a in runs.items()} | {"base": base}
+    return standin_dumps.build()  # built once per session, shared with the docs' quickstart check
 
 
 def _compare(sides: dict[str, Path], train: str, out: str, rollout: str = "rollout"):

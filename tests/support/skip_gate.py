@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-HARDWARE_SKIP = "no accelerator:"  # README, "What the test line costs"
+HARDWARE_SKIP = "no accelerator:"  # docs/testing.md, "Skips"
 _SKIPS: list[tuple[str, str]] = []
 
 

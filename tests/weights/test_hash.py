@@ -1,5 +1,5 @@
 """The k64 checksum of sent and received tensors (rl_msprobe_weights._Keyed): the properties
-README and the helper claim, each tried where it is weakest (sign bits, the top bit of a word,
+docs/commands/weights.md and the helper claim, each tried where it is weakest (sign bits, the top bit of a word,
 tails, block edges, pieces that start mid-word)."""
 
 from __future__ import annotations
