@@ -381,11 +381,13 @@ class Plan:
     env: list[tuple[str, str, str]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     entry_point: str | None = None  # `patch apply --for` (None: no entry point rl-msprobe knows)
+    msprobe: dict[str, str] = field(default_factory=dict)  # level, task, risk_level of every config
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "original": self.original,
+            "msprobe": self.msprobe,
             "script": None if self.refused else self.derived_path,
             "configs": {} if self.refused else {role: path for role, (path, _) in self.configs.items()},
             "patch_sets": self.patch_sets,
@@ -452,9 +454,13 @@ class _Layout:
 
 
 def _check_choices(request: PlanRequest, chosen: str) -> None:
-    """--level and --stages: a UserError naming the values to use."""
+    """--level, --risk-level and --stages: a UserError naming the values to use."""
     if request.options.level not in msprobe_config.LEVELS:
         raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
+    if request.options.risk_level not in msprobe_config.RISK_LEVELS:
+        raise UserError(
+            f"--risk-level {request.options.risk_level}: use ALL (the default), FOCUS or CORE."
+        )
     stages = request.options.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]
@@ -509,6 +515,7 @@ def _configs(
             steps=msprobe_steps,
             ranks=request.options.ranks,
             task=request.task,
+            risk_level=request.options.risk_level,
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
     return configs
@@ -630,6 +637,11 @@ def plan(request: PlanRequest) -> Plan:
         notes=notes,
         detection=detection,
         versions=versions,
+        msprobe={
+            "level": request.options.level,
+            "task": request.task,
+            "risk_level": request.options.risk_level,
+        },
     )
     if req.violations:
         return Plan(**common, violations=list(req.violations), refused=True)

@@ -150,6 +150,7 @@ class Options:
     """The user's choices that shape a mode's rules (prepare's and check's options)."""
 
     level: str = "mix"
+    risk_level: str = "ALL"  # msprobe's API-row filter at L1 / mix (msprobe_config.RISK_LEVELS)
     steps: list[int] | None = None
     ranks: list[int] | None = None
     stages: list[str] | None = None
