@@ -339,6 +339,7 @@ def check(
         command=command,
         verl_root=found.roots.get("verl"),
         patch_target=found.where,
+        vllm_root=found.roots.get("vllm"),
     )
     report.notes = [*found.notes, *report.notes]
     doc = report.to_json()

@@ -65,7 +65,9 @@ def test_an_entry_point_the_tree_lacks_is_not_in_this_tree(tmp_path: Path) -> No
     assert "entry points not in this tree: main_ppo_sync" in out
     # --for the absent entry point is still refused, saying the tree lacks it
     run_cli("patch", "revert", "verl-consistency", "--tree", str(tree))
-    code, _, err = run_cli("patch", "apply", "verl-consistency", "--for", "main_ppo_sync", "--tree", str(tree))
+    code, _, err = run_cli(
+        "patch", "apply", "verl-consistency", "--for", "main_ppo_sync", "--tree", str(tree)
+    )
     assert code == 2 and "not in this tree" in err
     assert git(tree, "status", "--porcelain") == ""
 
