@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_msprobe.upstream import detect_version
 from tests.support.trees import git, run_cli, scratch_copy
 
 pytestmark = pytest.mark.release
@@ -36,6 +37,11 @@ def test_status_never_finds_a_capability_in_a_missing_file(tmp_path: Path) -> No
 
 def test_revert_on_an_untested_release_does_not_speak_of_anchors(tmp_path: Path) -> None:
     tree = scratch_copy("vllm", "0.34.0", tmp_path / "vllm", with_git=False)
+    version = tree / "vllm" / "_version.py"  # a build newer than any tested release
+    version.write_text(
+        version.read_text().replace("'0.34.0'", "'0.35.0.dev1'").replace('"0.34.0"', '"0.35.0.dev1"')
+    )
+    assert detect_version(tree, "vllm") == "0.35.0.dev1"
     code, out, err = run_cli("patch", "revert", "vllm-dump", "--tree", str(tree), "--json")
     assert code == 0, err
     doc = json.loads(out)
