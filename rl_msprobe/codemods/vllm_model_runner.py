@@ -21,10 +21,13 @@ The CPU runner subclasses `GPUModelRunner` without overriding `execute_model`, s
 code. Drift handled (vLLM 0.24.0 … 0.33.0, all twelve releases checked): `__init__` gains a
 `@JitWarmupRegistry.capture` decorator in 0.30.0 (irrelevant to the last-line insertion); the
 forward is `model_output = self._model_forward(...)` inside a multi-context `with` throughout.
-The V2 runner is not dumped: see `vllm_model_runner_v2.py` for its guard and why.
+vLLM 0.34.0 removed this file (only the V2 runner is left): the piece is not applicable there and
+the V2 runner's own codemod (`vllm_model_runner_v2.py`, the same lines) is the dump path.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import libcst as cst
 
@@ -41,6 +44,7 @@ from rl_msprobe.codemods.base import (
 HELPER_IMPORT = "from vllm.v1.worker import rl_msprobe_dump"
 CLASS = "GPUModelRunner"
 FORWARD_CALL = "self._model_forward"
+FORWARD_ANCHOR = "model forward in execute_model"
 BLOCKS = (cst.With, cst.If, cst.For, cst.While, cst.Try, cst.TryStar)
 
 
@@ -53,7 +57,18 @@ def marked_decorator(ctx: TransformContext, expression: str) -> cst.Decorator:
     return func.decorators[0]
 
 
-class _Transformer(ScopedTransformer):
+class RunnerTransformer(ScopedTransformer):
+    """The three insertions in a top-level `GPUModelRunner` (V1 and V2 alike): the init check last
+    in `__init__`, the step decorator outermost on `execute_model`, the start before each statement
+    of `execute_model` that calls `forward_call` (anchor `forward_anchor`)."""
+
+    targets = (f"{CLASS}.__init__", f"{CLASS}.execute_model")
+
+    def __init__(self, ctx: TransformContext, forward_call: str, forward_anchor: str) -> None:
+        super().__init__(ctx)
+        self.forward_call = forward_call
+        self.forward_anchor = forward_anchor
+
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if not self.scope and node.name.value == CLASS:
             self.ctx.hit(f"class {CLASS}")
@@ -68,7 +83,8 @@ class _Transformer(ScopedTransformer):
             return with_body(updated, [*body, self.ctx.statement("rl_msprobe_dump.init_runner(self)")])
         if qualname == f"{CLASS}.execute_model":
             self.ctx.hit(f"{CLASS}.execute_model")
-            updated = updated.with_changes(body=_ForwardStart(self.ctx).visit_block(updated.body))
+            start = _ForwardStart(self.ctx, self.forward_call, self.forward_anchor)
+            updated = updated.with_changes(body=start.visit_block(updated.body))
             decorator = marked_decorator(self.ctx, "rl_msprobe_dump.dump_step")
             return updated.with_changes(decorators=[decorator, *updated.decorators])
         return updated
@@ -77,16 +93,18 @@ class _Transformer(ScopedTransformer):
 class _ForwardStart:
     """Insert the start line before every simple statement (in any block) that calls the forward."""
 
-    def __init__(self, ctx: TransformContext) -> None:
+    def __init__(self, ctx: TransformContext, call: str = FORWARD_CALL, anchor: str = FORWARD_ANCHOR) -> None:
         self.ctx = ctx
+        self.call = call
+        self.anchor = anchor
 
     def visit_block(self, block: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
             return block
         statements: list[cst.BaseStatement] = []
         for stmt in block.body:
-            if isinstance(stmt, cst.SimpleStatementLine) and contains_call(stmt, FORWARD_CALL):
-                self.ctx.hit("model forward in execute_model")
+            if isinstance(stmt, cst.SimpleStatementLine) and contains_call(stmt, self.call):
+                self.ctx.hit(self.anchor)
                 statements.extend(
                     insert_before(stmt, [self.ctx.statement("rl_msprobe_dump.start_forward(self)")])
                 )
@@ -110,18 +128,31 @@ class _ForwardStart:
         return stmt.with_changes(**changes)
 
 
-class VllmModelRunner(Codemod):
-    name = "vllm-model-runner"
-    project = "vllm"
-    path = "vllm/v1/worker/gpu_model_runner.py"
-    anchors = {
-        f"class {CLASS}": f"a top-level class {CLASS}",
-        f"{CLASS}.__init__": f"a method __init__ in class {CLASS}",
-        f"{CLASS}.execute_model": f"a method execute_model in class {CLASS}",
-        "model forward in execute_model": f"a statement in {CLASS}.execute_model calling {FORWARD_CALL}(...)",
-    }
+class RunnerCodemod(Codemod):
+    """A vLLM model runner file (V1 or V2): the same lines, its own forward statement. A subclass
+    names the forward call and its anchor; the anchors follow from them."""
 
+    project = "vllm"
+    subject = (CLASS,)
     helper_import = HELPER_IMPORT
+    forward_call: ClassVar[str]
+    forward_anchor: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.anchors = {
+            f"class {CLASS}": f"a top-level class {CLASS} in {cls.path}",
+            f"{CLASS}.__init__": f"a method __init__ in class {CLASS}",
+            f"{CLASS}.execute_model": f"a method execute_model in class {CLASS}",
+            cls.forward_anchor: f"a statement in {CLASS}.execute_model calling {cls.forward_call}(...)",
+        }
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _Transformer(ctx)
+        return RunnerTransformer(ctx, self.forward_call, self.forward_anchor)
+
+
+class VllmModelRunner(RunnerCodemod):
+    name = "vllm-model-runner"
+    path = "vllm/v1/worker/gpu_model_runner.py"
+    forward_call = FORWARD_CALL
+    forward_anchor = FORWARD_ANCHOR

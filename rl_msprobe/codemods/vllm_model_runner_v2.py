@@ -1,66 +1,49 @@
-"""Upstream vLLM V2 model runner: refuse to run while a rollout dump is asked for.
+"""Upstream vLLM V2 model runner: one msprobe step per model step in its `GPUModelRunner.execute_model`.
 
-`vllm-dump` wires msprobe into the V1 runner only (`vllm_model_runner.py`). vLLM's V2 runner
-(`vllm/v1/worker/gpu/model_runner.py`) is the default on newer releases and is chosen by
-`VLLM_USE_V2_MODEL_RUNNER` (and forced by a few features); a dump run must set
-`VLLM_USE_V2_MODEL_RUNNER=0`. So that a forgotten variable is an error and not a silent
-run without dumps, this codemod adds two marked lines: the helper import and, as the first
-statement of the V2 `GPUModelRunner.__init__`, `rl_msprobe_dump.refuse_v2_runner()` — which
-does nothing unless MSPROBE_ROLLOUT_CONFIG is set, and then raises with the fix.
+vLLM's V2 runner (`vllm/v1/worker/gpu/model_runner.py`) runs beside the V1 runner up to 0.33.0 (chosen
+by `VLLM_USE_V2_MODEL_RUNNER`, or by vLLM's own `use_v2_model_runner` when unset) and is the only
+runner from 0.34.0 (the V1 file is gone). Where both are in the tree both are patched: either dumps.
+The same four kinds of marked lines as the V1 codemod (`vllm_model_runner.py`), calling the same
+helper (`vllm/v1/worker/rl_msprobe_dump.py`):
 
-Why not patch V2 as well: its execute path changed shape in every release 0.24 → 0.33
-(input batch, CUDA-graph dispatch, speculative and pooling runners moved around), and verl
-works with the V1 runner throughout that range; one well-tested path beats two.
+- after the imports: `from vllm.v1.worker import rl_msprobe_dump`;
+- last line of `GPUModelRunner.__init__`: `rl_msprobe_dump.init_runner(self)` (eager check, config);
+- outermost decorator on `execute_model`: `@rl_msprobe_dump.dump_step` (stop + step in a `finally`,
+  on every way out; the V2 runner's own dummy runs, `dummy_run=True`, are never dumped);
+- before the statement that runs the eager forward, `model_output = self.model(**model_inputs)`:
+  `rl_msprobe_dump.start_forward(self)`. The CUDA-graph replays beside it never run under
+  `enforce_eager=True`, which the helper requires.
+
+The V2 runner computes the logits in `sample_tokens`, after `execute_model` returns, so a V2 step
+covers the model forward without the logits (V1: forward and logits). vLLM's CPU runner on x86
+(`vllm/v1/worker/cpu/model_runner.py`, 0.34) subclasses this class without overriding
+`execute_model`. Shape checked on vLLM 0.24.0, 0.30.0, 0.32.0, 0.33.0 and 0.34.0: the eager forward
+is `self.model(**model_inputs)` in the innermost `else` of the "Run model" block throughout.
+
+Earlier rl-msprobe put a guard here instead (`# rl-msprobe:vllm-v2-runner-guard`, the V2 runner
+refused to start while a dump was asked for); those lines count as this codemod's, so `patch revert`
+takes them out and `patch status` shows such a file as needing a revert and a new apply.
 """
 
 from __future__ import annotations
 
-import libcst as cst
+from rl_msprobe.codemods.base import MARKER_PREFIX
+from rl_msprobe.codemods.vllm_model_runner import RunnerCodemod
 
-from rl_msprobe.codemods.base import (
-    Codemod,
-    ScopedTransformer,
-    StatusReport,
-    TransformContext,
-    after_docstring,
-    body_of,
-    insert_before,
-    with_body,
-)
-
-HELPER_IMPORT = "from vllm.v1.worker import rl_msprobe_dump"
-REQUIREMENT = "dumps need VLLM_USE_V2_MODEL_RUNNER=0: only the V1 runner is patched"
+FORWARD_CALL = "self.model"
+FORWARD_ANCHOR = "eager model forward in execute_model"
+LEGACY_MARKER = f"{MARKER_PREFIX}vllm-v2-runner-guard"
 
 
-class _Transformer(ScopedTransformer):
-    def leave_function(
-        self, qualname: str, original: cst.FunctionDef, updated: cst.FunctionDef
-    ) -> cst.BaseStatement:
-        if qualname != "GPUModelRunner.__init__":
-            return updated
-        self.ctx.hit("GPUModelRunner.__init__")
-        body = list(body_of(updated))
-        index = after_docstring(body)
-        guard = self.ctx.statement("rl_msprobe_dump.refuse_v2_runner()")
-        if index < len(body):
-            new = [*body[:index], *insert_before(body[index], [guard]), *body[index + 1 :]]
-        else:
-            new = [*body, guard]
-        return with_body(updated, new)
-
-
-class VllmModelRunnerV2(Codemod):
-    name = "vllm-v2-runner-guard"
-    project = "vllm"
+class VllmModelRunnerV2(RunnerCodemod):
+    name = "vllm-v2-model-runner"
     path = "vllm/v1/worker/gpu/model_runner.py"
-    anchors = {"GPUModelRunner.__init__": "a method __init__ in class GPUModelRunner (the V2 runner)"}
+    forward_call = FORWARD_CALL
+    forward_anchor = FORWARD_ANCHOR
 
-    helper_import = HELPER_IMPORT
+    def is_marked(self, source: str) -> bool:
+        return bool(self.marked_lines(source))
 
-    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return _Transformer(ctx)
-
-    def status(self, source: str, version: str | None = None) -> StatusReport:
-        """`patch status` says the requirement on this file's line, whatever its state."""
-        report = super().status(source, version)
-        return StatusReport(report.status, f"{report.detail}; {REQUIREMENT}")
+    def _is_marked_line(self, line: str) -> bool:
+        end = line.rstrip("\r\n").rstrip()
+        return end.endswith(self.marker) or end.endswith(LEGACY_MARKER)

@@ -277,15 +277,22 @@ def _check_entry_point(name: str, projects: list[str]) -> None:
     get_entry_point(having[0] if having else projects[0], name)
 
 
-def _echo_not_covered(missing: Iterable[NotCovered], by_entry: dict[str, bool], indent: str = "") -> None:
-    """Every piece left without a site, and which entry points are covered: never silent."""
+def _echo_not_covered(
+    missing: Iterable[NotCovered], by_entry: dict[str, bool], absent: tuple[str, ...], indent: str = ""
+) -> None:
+    """Every piece left without a site, and which entry points are covered: never silent. An entry
+    point whose main module the tree lacks (`absent`) is "not in this tree", never "NOT covered"."""
     for gap in missing:
         click.echo(
             f"{indent}NOT COVERED for {gap.entry_point}: {gap.set}: capability '{gap.capability}': {gap.reason}"
         )
-    if by_entry:
-        shown = ", ".join(f"{name} ({'covered' if ok else 'NOT covered'})" for name, ok in by_entry.items())
-        click.echo(f"{indent}entry points: {shown}")
+    shown = [
+        f"{name} ({'covered' if ok else 'NOT covered'})" for name, ok in by_entry.items() if name not in absent
+    ]
+    if shown:
+        click.echo(f"{indent}entry points: {', '.join(shown)}")
+    if by_entry and absent:
+        click.echo(f"{indent}entry points not in this tree: {', '.join(absent)}")
 
 
 def _echo_applied(target: Target, result: ApplyResult) -> None:
@@ -304,7 +311,7 @@ def _echo_applied(target: Target, result: ApplyResult) -> None:
             click.echo(f"originals kept in {result.manifest}")
     for skipped in result.skipped:
         click.echo(f"  not applicable: {skipped.piece} ({skipped.detail})")
-    _echo_not_covered(result.not_covered, result.entry_points, "  ")
+    _echo_not_covered(result.not_covered, result.entry_points, result.not_in_tree, "  ")
     if result.not_covered:
         names = ", ".join(dict.fromkeys(gap.entry_point for gap in result.not_covered))
         _warn(
@@ -395,7 +402,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
                     click.echo(f"  {f.status.value:<15} {f.path}  [{f.piece}] {f.detail}")
                 for cap in entry.capabilities:
                     click.echo(f"  capability found: {cap.name} ({', '.join(cap.sites)})")
-                _echo_not_covered(entry.not_covered, entry.entry_points, "  ")
+                _echo_not_covered(entry.not_covered, entry.entry_points, entry.not_in_tree, "  ")
                 for note in entry.notes:
                     click.echo(f"  note: {note}")
     sys.exit(0 if all(found.all_applied for found in statuses) else 1)

@@ -180,6 +180,15 @@ def detect(
     "--level", default="mix", show_default=True, type=click.Choice(["mix", "L0", "L1"]), help="msprobe level."
 )
 @click.option(
+    "--risk-level",
+    default="ALL",
+    show_default=True,
+    type=click.Choice(["ALL", "FOCUS", "CORE"]),
+    help="msprobe risk_level at L1 / mix: ALL keeps every API call; FOCUS (msprobe's own default) drops "
+    "reshape / view / transpose / cat / to and other low-risk calls; CORE keeps only matmul, linear, "
+    "norm, embedding and attention calls. Module rows are always dumped.",
+)
+@click.option(
     "--steps",
     metavar="1,2",
     help="Training: global_profiler.steps (default 1,2). Inference: msprobe step list (default 0). "
@@ -256,6 +265,8 @@ def prepare(**params: Any) -> None:
             click.echo(f"wrote {result.derived_path}")
             for role, cfg in doc["configs"].items():
                 click.echo(f"wrote {cfg}  ({role} msprobe config)")
+            if doc["configs"]:
+                click.echo(_msprobe_line(result.msprobe))
             _echo_violations(doc["violations"])
             todo = []
             todo += [f"apply the patches: {cmd}" for cmd in result.patch_commands]
@@ -270,6 +281,20 @@ def prepare(**params: Any) -> None:
         _echo_list("warnings", result.warnings)
         _echo_list("notes", result.notes)
     sys.exit(1 if result.refused or result.violations else 0)
+
+
+def _msprobe_line(settings: dict[str, str]) -> str:
+    """What every msprobe config written says about what is dumped (risk_level explained)."""
+    risk = settings.get("risk_level", "")
+    what = {
+        "ALL": "every API call",
+        "FOCUS": "low-risk calls (reshape, view, transpose, cat, to, ...) left out",
+        "CORE": "only matmul / linear / norm / embedding / attention calls",
+    }.get(risk, "")
+    return (
+        f"msprobe configs: level {settings.get('level')}, task {settings.get('task')}, "
+        f"risk_level {risk} ({what}; --risk-level to change)"
+    )
 
 
 @click.command()
@@ -314,6 +339,7 @@ def check(
         command=command,
         verl_root=found.roots.get("verl"),
         patch_target=found.where,
+        vllm_root=found.roots.get("vllm"),
     )
     report.notes = [*found.notes, *report.notes]
     doc = report.to_json()

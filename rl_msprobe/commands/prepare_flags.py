@@ -40,6 +40,7 @@ class PrepareFlags:
     out_dir: str | None
     dump_dir: str | None
     level: str
+    risk_level: str
     steps: str | None  # "1,2"
     ranks: str | None  # "0,1"
     task: str
@@ -69,6 +70,7 @@ class PrepareFlags:
             dump_dir=self.dump_dir,
             options=Options(
                 level=self.level,
+                risk_level=self.risk_level,
                 steps=int_list(self.steps, "--steps"),
                 ranks=int_list(self.ranks, "--ranks"),
                 stages=[s.strip() for s in self.stages.split(",") if s.strip()] if self.stages else None,

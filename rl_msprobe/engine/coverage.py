@@ -89,6 +89,15 @@ def covered(patch_set: PatchSet, missing: list[NotCovered]) -> dict[str, bool]:
     return {e.name: e.name not in gaps for e in entry_points(patch_set.project)}
 
 
+def not_in_tree(missing: Iterable[NotCovered]) -> tuple[str, ...]:
+    """The entry points whose code this tree lacks altogether (verl 0.9.1 has no main_ppo_sync.py,
+    so no piece of that trainer applies): "not in this tree", never "NOT covered". An entry point
+    with code in the tree that no site knows stays NOT covered."""
+    gaps = list(missing)
+    in_tree = {m.entry_point for m in gaps if m.in_tree}
+    return tuple(dict.fromkeys(m.entry_point for m in gaps if not m.in_tree and m.entry_point not in in_tree))
+
+
 def require_entry(entry: str, missing: Iterable[NotCovered], describe: str) -> None:
     """Refuse (exit 2, nothing written) when entry point ENTRY lacks a capability it needs."""
     gaps = [m for m in missing if m.entry_point == entry]

@@ -3,7 +3,7 @@ applied sets still use a piece, so a revert keeps it)."""
 
 from __future__ import annotations
 
-from rl_msprobe.codemods.base import Status
+from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.engine import coverage
 from rl_msprobe.engine.model import PieceReport
 from rl_msprobe.engine.plan import applicability, set_capabilities, unique_pieces
@@ -25,8 +25,12 @@ def piece_status(
         return PieceReport(patch_set.name, piece.path, piece.label, Status.NATIVE, patch_set.native_hint)
     try:
         why_not = applicability(piece, target, read)
-    except UserError as exc:
-        return PieceReport(patch_set.name, piece.path, piece.label, Status.CONFLICT, str(exc))
+    except UserError as exc:  # an essential piece whose file or code this tree lacks: never a site
+        detail = str(exc)
+        if isinstance(piece.item, Codemod) and read(piece.path) is None:
+            shown = target.version or "unknown"
+            detail = f"not in this tree ({piece.item.name} patches it; detected version {shown})"
+        return PieceReport(patch_set.name, piece.path, piece.label, Status.CONFLICT, detail, site=False)
     if why_not:
         return PieceReport(patch_set.name, piece.path, piece.label, Status.NOT_APPLICABLE, why_not)
     item = piece.item
@@ -89,6 +93,7 @@ def status(target: Target, sets: list[PatchSet]) -> TreeStatus:
                 tuple(patch_set.notes_for(target.version)),
                 tuple(m for m in missing if m.in_tree),
                 coverage.covered(patch_set, missing),
+                coverage.not_in_tree(missing),
             )
         )
     warnings = shape.untested_warnings(sets, target.version, "what its code has decides (see capabilities)")

@@ -25,6 +25,7 @@ class PieceReport:
     piece: str
     status: Status
     detail: str = ""
+    site: bool = True  # False: the tree lacks the piece's file or code, so it delivers no capability
 
     def to_json(self) -> dict[str, str]:
         return {"path": self.path, "codemod": self.piece, "status": self.status.value, "detail": self.detail}
@@ -65,6 +66,7 @@ class Plan:
     uncovered: list[PieceReport] = field(default_factory=list)  # pieces with no site: a guard line only
     not_covered: list[NotCovered] = field(default_factory=list)  # per entry point, what it lacks
     entry_points: dict[str, dict[str, bool]] = field(default_factory=dict)  # set -> entry point -> covered
+    reverting: bool = False  # a revert plan searches no anchor: its warning says what it does instead
 
     @property
     def pending(self) -> bool:
@@ -72,4 +74,10 @@ class Plan:
 
     @property
     def warnings(self) -> list[str]:
-        return shape.untested_warnings(self.sets, self.target.version)
+        tail = REVERT_TAIL if self.reverting else None
+        return shape.untested_warnings(self.sets, self.target.version, tail)
+
+
+REVERT_TAIL = (
+    "revert removes only the marked lines and the files rl-msprobe added, so the version does not matter"
+)

@@ -47,10 +47,10 @@ def set_capabilities(
     target: Target, sets: list[PatchSet], reports: list[PieceReport], read: shape.Reader
 ) -> dict[str, list[shape.CapabilityReport]]:
     """Each set's capabilities from the piece reports: a piece that is neither not-applicable nor
-    not-covered is a site."""
+    not-covered, and whose file and code the tree has, is a site."""
     none = (Status.NOT_APPLICABLE, Status.NOT_COVERED)
-    sites = {r.piece: r.path for r in reports if r.status not in none}
-    skipped = {r.piece: (r.path, r.detail) for r in reports if r.status in none}
+    sites = {r.piece: r.path for r in reports if r.status not in none and r.site}
+    skipped = {r.piece: (r.path, r.detail) for r in reports if r.status in none or not r.site}
     describe = f"{target.project} {target.version or '(unknown version)'}"
     return {s.name: shape.capability_reports(s, sites, skipped, read, describe) for s in sets}
 
@@ -125,7 +125,7 @@ def plan_revert(
 ) -> Plan:
     """Every change reverting `sets` would make (marked lines dropped, added files removed), but for the
     pieces in `keep` (label -> the applied sets still using them), which stay."""
-    plan = Plan(target, sets)
+    plan = Plan(target, sets, reverting=True)
     keep = keep or {}
     texts: dict[str, tuple[bytes, str, list[str]]] = {}
     for patch_set, piece in unique_pieces(sets):

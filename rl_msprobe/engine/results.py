@@ -102,6 +102,7 @@ class ApplyResult(_Written):
     entry_point: str | None = None  # `--for`
     not_covered: tuple[NotCovered, ...] = ()  # code in the tree that no site covers, per entry point
     entry_points: dict[str, bool] = field(default_factory=dict)  # entry point -> every capability found
+    not_in_tree: tuple[str, ...] = ()  # entry points whose main module the tree lacks (False above)
 
     def to_json(self) -> dict[str, Any]:
         git = (
@@ -117,6 +118,7 @@ class ApplyResult(_Written):
             "entry_point": self.entry_point,
             "not_covered": [m.to_json() for m in self.not_covered],
             "entry_points": dict(self.entry_points),
+            "not_in_tree": list(self.not_in_tree),
             "notes": list(self.notes),
         }
 
@@ -141,6 +143,7 @@ class SetStatus:
     notes: tuple[str, ...]
     not_covered: tuple[NotCovered, ...] = ()  # code in the tree that no site covers, per entry point
     entry_points: dict[str, bool] = field(default_factory=dict)  # entry point -> every capability found
+    not_in_tree: tuple[str, ...] = ()  # entry points whose main module the tree lacks (False above)
 
     @property
     def applied(self) -> bool:
@@ -154,6 +157,7 @@ class SetStatus:
             "capabilities": [c.to_json() for c in self.capabilities],
             "not_covered": [m.to_json() for m in self.not_covered],
             "entry_points": dict(self.entry_points),
+            "not_in_tree": list(self.not_in_tree),
             "notes": list(self.notes),
         }
 

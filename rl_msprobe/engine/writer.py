@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_msprobe.engine import git, journal, manifest, space
+from rl_msprobe.engine import coverage, git, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
 from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
@@ -164,6 +164,7 @@ def apply(
         entry_point=entry_point,
         not_covered=tuple(m for m in plan.not_covered if m.in_tree),
         entry_points=merged,
+        not_in_tree=coverage.not_in_tree(plan.not_covered),
     )
 
 

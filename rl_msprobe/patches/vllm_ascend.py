@@ -33,7 +33,9 @@ VLLM_ASCEND_DISPATCH_LOG = PatchSet(
         "this set only adds the dispatch log and the {pid} sub-folder.",
         "Only the V1 runner (vllm_ascend/worker/model_runner_v1.py) dumps: vLLM-Ascend's V2 runner "
         "(worker/v2/model_runner.py, chosen when vLLM's use_v2_model_runner is on) has no msprobe support up to "
-        f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment.",
+        f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment. That V2 runner "
+        "(0.13.0 on) runs vLLM's own V2 GPUModelRunner.execute_model (inherited, or through super() from 0.28), "
+        "which vllm-dump patches in the vLLM tree; that route is not tested on NPU.",
         f"Tested on vLLM-Ascend {OLDEST} … {NEWEST_TESTED}.",
     ),
 )

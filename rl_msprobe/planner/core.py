@@ -225,6 +225,7 @@ def build_context(
     config_dir: str,
     dump_dir: str,
     dump_dir_given: bool = False,
+    vllm_root: Path | None = None,
 ) -> Context:
     assert script.command is not None
     return Context(
@@ -236,6 +237,7 @@ def build_context(
         config_dir,
         dump_dir,
         dump_dir_given,
+        vllm_root,
     )
 
 
@@ -288,12 +290,15 @@ def check(
     command: int | None = None,
     verl_root: Path | None = None,
     patch_target: dict[str, str] | None = None,
+    vllm_root: Path | None = None,
 ) -> CheckReport:
     script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     chosen = _mode(detection, mode, path)
     options = Options(backend=backend, train_backend=train_backend)
     # settings that hold paths accept any absolute path: the folders here only name defaults
-    ctx = build_context(script, detection, versions or {}, options, "/path/to", "/path/to/dump")
+    ctx = build_context(
+        script, detection, versions or {}, options, "/path/to", "/path/to/dump", vllm_root=vllm_root
+    )
     req = requirements(ctx, chosen)
     result = check_requirements(ctx, req)
     broken = compose_violation(script, detection) if not req.violations else None
@@ -381,11 +386,13 @@ class Plan:
     env: list[tuple[str, str, str]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     entry_point: str | None = None  # `patch apply --for` (None: no entry point rl-msprobe knows)
+    msprobe: dict[str, str] = field(default_factory=dict)  # level, task, risk_level of every config
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "original": self.original,
+            "msprobe": self.msprobe,
             "script": None if self.refused else self.derived_path,
             "configs": {} if self.refused else {role: path for role, (path, _) in self.configs.items()},
             "patch_sets": self.patch_sets,
@@ -439,6 +446,7 @@ class PlanRequest:
     verl_root: Path | None = None
     task: str = "statistics"
     with_weights: bool = False
+    vllm_root: Path | None = None  # the vLLM tree that runs: its model runners decide the dump path
 
 
 @dataclass(frozen=True)
@@ -452,9 +460,13 @@ class _Layout:
 
 
 def _check_choices(request: PlanRequest, chosen: str) -> None:
-    """--level and --stages: a UserError naming the values to use."""
+    """--level, --risk-level and --stages: a UserError naming the values to use."""
     if request.options.level not in msprobe_config.LEVELS:
         raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
+    if request.options.risk_level not in msprobe_config.RISK_LEVELS:
+        raise UserError(
+            f"--risk-level {request.options.risk_level}: use ALL (the default), FOCUS or CORE."
+        )
     stages = request.options.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]
@@ -509,6 +521,7 @@ def _configs(
             steps=msprobe_steps,
             ranks=request.options.ranks,
             task=request.task,
+            risk_level=request.options.risk_level,
         )
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
     return configs
@@ -529,10 +542,6 @@ def _header(request: PlanRequest, chosen: str, env: list[tuple[str, str, str]]) 
                 "Exported here for this shell and a Ray cluster this script starts; the same values reach the Ray "
                 "workers through ++ray_kwargs.ray_init.runtime_env.env_vars.* on the verl command."
             )
-        )
-    if any(n == "VLLM_USE_V2_MODEL_RUNNER" for n, _, _ in env):
-        header.append(
-            comment("VLLM_USE_V2_MODEL_RUNNER=0: the vllm-dump patch covers vLLM's V1 GPU model runner only.")
         )
     return header
 
@@ -572,7 +581,9 @@ def _check_derived(
         ctx.config_dir,
         ctx.dump_dir,
         ctx.dump_dir_given,
+        ctx.vllm_root,
     )
+    dctx.__dict__["vllm_runners"] = ctx.vllm_runners  # read once per plan (it runs the codemods)
     dctx.detection.mode = chosen
     dreq = _mode_requirements(dctx, chosen, request.with_weights)
     result = check_requirements(dctx, dreq)
@@ -606,6 +617,7 @@ def plan(request: PlanRequest) -> Plan:
         layout.config_dir,
         layout.dump_root,
         dump_dir_given=bool(request.dump_dir),
+        vllm_root=request.vllm_root,
     )
     req = _mode_requirements(ctx, chosen, request.with_weights)
     if os.path.abspath(layout.derived_path) == os.path.abspath(path):
@@ -630,6 +642,11 @@ def plan(request: PlanRequest) -> Plan:
         notes=notes,
         detection=detection,
         versions=versions,
+        msprobe={
+            "level": request.options.level,
+            "task": request.task,
+            "risk_level": request.options.risk_level,
+        },
     )
     if req.violations:
         return Plan(**common, violations=list(req.violations), refused=True)

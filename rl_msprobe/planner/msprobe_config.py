@@ -2,7 +2,10 @@
 
 Roles: `training` (verl's global_profiler sets the dump path, so the config must not),
 `generate` (rollout dump: must set `dump_path`), `actor` (consistency training side: must
-set `dump_path`). Every config uses `"level": "mix"` unless the user asked for L0 or L1.
+set `dump_path`). Every config uses `"level": "mix"` unless the user asked for L0 or L1, and
+says its `risk_level`: msprobe 26.x defaults it to FOCUS, which leaves the low-risk API calls
+(reshape, view, transpose, cat, to, clone, ... `LOW_RISK_API_SET` in msprobe's
+`api_risk_level.py`) out of L1 and mix dumps; rl-msprobe writes ALL (every call) unless asked.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from typing import Any
 LEVELS = ("mix", "L0", "L1")
 ALL_LEVELS = ("L0", "L1", "L2", "mix", "debug")
 TASKS = ("statistics", "tensor", "structure")
+# msprobe's filter of API rows at level L1 / mix (module rows are always kept): ALL keeps every
+# call, FOCUS (msprobe 26.x's default) drops the low-risk ones, CORE keeps only matmul / conv /
+# linear / norm / embedding / attention and the fused framework kernels
+RISK_LEVELS = ("ALL", "FOCUS", "CORE")
+DEFAULT_RISK_LEVEL = "ALL"
 NPU_ONLY_TASKS = (
     "overflow_check",
     "free_benchmark",
@@ -31,6 +39,7 @@ TOP_KEYS = {
     "rank",
     "step",
     "level",
+    "risk_level",
     "async_dump",
     "enable_dataloader",
     "extra_info",
@@ -77,10 +86,13 @@ def build_config(
     steps: list[int] | None = None,
     ranks: list[int] | None = None,
     task: str = "statistics",
+    risk_level: str = DEFAULT_RISK_LEVEL,
 ) -> dict[str, Any]:
     """A config for one role; `dump_path` must be absolute (and None for `training`)."""
     if level not in ALL_LEVELS:
         raise ValueError(f"level {level!r}: use one of {', '.join(LEVELS)}")
+    if risk_level not in RISK_LEVELS:
+        raise ValueError(f"risk_level {risk_level!r}: use one of {', '.join(RISK_LEVELS)}")
     doc: dict[str, Any] = {"task": task}
     if role != "training":
         if not dump_path:
@@ -91,6 +103,7 @@ def build_config(
             "rank": list(ranks or []),
             "step": list(steps or []),
             "level": level,
+            "risk_level": risk_level,
             "async_dump": False,
         }
     )
@@ -167,6 +180,7 @@ def validate(doc: object, role: str | None = None) -> list[Problem]:
     level = doc.get("level", "L1")
     if level not in ALL_LEVELS:
         problems.append(Problem("level", f"level {level!r} is unknown; use mix, L0 or L1"))
+    problems.extend(_risk_level_problems(doc, level))
     found = doc.get(task)
     section: dict[str, Any] = found if isinstance(found, dict) else {}
     if level == "L2" and (task != "tensor" or len(section.get("list", [])) != 1):
@@ -209,6 +223,25 @@ def validate(doc: object, role: str | None = None) -> list[Problem]:
     if role in ("generate", "actor", "prefill", "decode") and "dump_path" not in doc:
         problems.append(Problem("dump_path", f"the {role} config must set dump_path (an absolute folder)"))
     return problems
+
+
+def _risk_level_problems(doc: dict[str, Any], level: object) -> list[Problem]:
+    """An unknown risk_level is refused by msprobe; an absent one is FOCUS at L1 / mix (a warning)."""
+    if "risk_level" in doc:
+        value = doc["risk_level"]
+        if value not in RISK_LEVELS:
+            return [Problem("risk_level", f"risk_level {value!r} is unknown; use {', '.join(RISK_LEVELS)}")]
+        return []
+    if level in ("L1", "mix"):
+        return [
+            Problem(
+                "risk_level",
+                "risk_level is not set: msprobe 26.x then uses FOCUS, which leaves reshape / view / transpose / "
+                'cat / to and other low-risk calls out of the dump; set "risk_level": "ALL" to keep every call',
+                "warning",
+            )
+        ]
+    return []
 
 
 def load(path: str | Path) -> tuple[object, str | None]:

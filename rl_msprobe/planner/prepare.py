@@ -68,6 +68,7 @@ def prepare(
         versions=found.versions,
         patch_target=found.where,
         verl_root=found.roots.get("verl"),
+        vllm_root=found.roots.get("vllm"),
         regenerate=regenerate_command(request.path, argv or []),
     )
     result = plan(request)

@@ -42,7 +42,7 @@ PROJECTS: tuple[Project, ...] = (
     # the sglang-dump set stops at the last release without native msprobe support; the planner
     # assumes the newest SGLang release, which dumps natively (server argument msprobe_dump_config)
     Project("sglang", "sglang", newest_tested="0.5.10.post1", assumed="0.5.16", native_tested="0.5.12"),
-    Project("vllm", "vllm", newest_tested="0.33.0"),
+    Project("vllm", "vllm", newest_tested="0.34.0"),
     Project("vllm-ascend", "vllm_ascend", newest_tested="0.30.0rc2"),
 )
 

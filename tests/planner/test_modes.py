@@ -18,6 +18,7 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.launch.overrides import Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
 from rl_msprobe.planner.modes.base import Options
+from tests.support.codemod_cases import FIXTURES
 
 from .conftest import CORPUS
 
@@ -150,11 +151,11 @@ def test_consistency_env_reaches_workers_as_strings(tmp_path: Path) -> None:
     assert p.patch_sets[0] == "verl-consistency"
 
 
-def test_vllm_gpu_gets_the_patch_and_v1_runner(tmp_path: Path) -> None:
+def test_vllm_gpu_gets_the_patch_and_no_runner_setting(tmp_path: Path) -> None:
     p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "inference", tmp_path)
     assert p.patch_sets == ["vllm-dump"]
-    assert "export VLLM_USE_V2_MODEL_RUNNER=0" in p.derived_text
-    assert "V1" in p.derived_text  # the note says why
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in p.derived_text  # the patch dumps whichever runner runs
+    assert any("V1, V2 or both" in n for n in p.notes)
     assert value(p, "actor_rollout_ref.rollout.enforce_eager") is True
     assert (
         value(p, "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path")
@@ -399,7 +400,7 @@ def test_variables_the_script_exports_are_set_in_place_not_exported_again(tmp_pa
         "export TORCHDYNAMO_DISABLE=1"
     ]
     assert [x for x in lines if x.startswith("export VLLM_USE_V2_MODEL_RUNNER")] == [
-        "export VLLM_USE_V2_MODEL_RUNNER=0"  # the script's own line, set to the required value
+        "export VLLM_USE_V2_MODEL_RUNNER=1"  # the script's own line: no rule needs another runner
     ]
     assert sum(x.startswith("export MSPROBE_ROLLOUT_CONFIG=") for x in lines) == 1  # not in the script
     checked = planner.check(p.derived_text, str(tmp_path / "derived.sh"), mode="inference")
@@ -578,6 +579,9 @@ def test_prepare_with_one_python_prints_one_apply_for_every_tree(tmp_path: Path)
     (site / "vllm" / "_version.py").write_text('__version__ = "0.33.0"\n')
     for package in ("verl", "vllm"):
         (site / package / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    v2_runner = site / "vllm" / "v1" / "worker" / "gpu" / "model_runner.py"  # a dump path for vllm-dump
+    v2_runner.parent.mkdir(parents=True)
+    v2_runner.write_bytes((FIXTURES / "vllm-v2-model-runner" / "v0240.before.py").read_bytes())
     script = tmp_path / "run_x.sh"
     script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
     python = f"env PYTHONPATH={site} {sys.executable}"

@@ -108,3 +108,36 @@ def test_version_from_a_checkout_version_file(tmp_path, text):
     (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
     (tmp_path / "vllm_ascend" / "_version.py").write_text(text)
     assert detect_version(tmp_path, "vllm-ascend") == "0.13.0rc2"
+
+
+# vLLM-Ascend's own V2 runner (issue 33, item 6): never a msprobe dump of its own, and its model step
+# is vLLM's V2 GPUModelRunner.execute_model (the method vllm-dump patches in the vLLM tree)
+V2_RUNNER = "vllm_ascend/worker/v2/model_runner.py"
+V2_RELEASES = [
+    *(pytest.param(v, marks=pytest.mark.full) for v in ("0.13.0", "0.18.0", "0.23.0.post1", "0.28.0rc1")),
+    NEWEST_PRE_RELEASE,
+]
+
+
+@release
+@pytest.mark.parametrize("version", V2_RELEASES)
+def test_the_v2_runner_has_no_dump_and_runs_vllms_v2_execute_model(version):
+    import ast
+
+    source = (fetch_release("vllm-ascend", version) / V2_RUNNER).read_text()
+    assert "msprobe" not in source and "PrecisionDebugger" not in source and "dump_config" not in source
+    tree = ast.parse(source)
+    imports = {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    (runner,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NPUModelRunner"]
+    (base,) = [ast.unparse(b) for b in runner.bases]
+    assert imports.get(base) == "vllm.v1.worker.gpu.model_runner", (base, imports.get(base))
+    methods = {n.name: n for n in runner.body if isinstance(n, ast.FunctionDef)}
+    if "execute_model" in methods:  # 0.28 on: wraps the parent's
+        calls = [ast.unparse(c.func) for c in ast.walk(methods["execute_model"]) if isinstance(c, ast.Call)]
+        assert "super().execute_model" in calls
+    assert "self.model(" not in source  # the forward itself stays in vLLM's execute_model

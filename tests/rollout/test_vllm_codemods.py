@@ -8,6 +8,8 @@ import pytest
 
 from rl_msprobe.codemods.base import AnchorError, Status
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
+from rl_msprobe.codemods.vllm_model_runner_v2 import LEGACY_MARKER, VllmModelRunnerV2
+from rl_msprobe.errors import UserError
 from rl_msprobe.patches import get_set
 from tests.support.codemod_cases import (
     FIXTURES,
@@ -17,7 +19,7 @@ from tests.support.trees import run_cli
 
 
 def test_every_variant_has_invalid_cases():
-    assert len(invalid("vllm-model-runner")) >= 2 and invalid("vllm-v2-runner-guard")
+    assert len(invalid("vllm-model-runner")) >= 2 and len(invalid("vllm-v2-model-runner")) >= 2
 
 
 def _lines(text: str) -> list[str]:
@@ -68,18 +70,22 @@ def test_moved_forward_after_apply_is_a_conflict():
         codemod.apply(codemod.revert(drifted), version="0.34.0")
 
 
-def test_set_says_v2_runner_must_be_off_and_how_to_enable():
+def test_set_patches_both_runners_and_says_how_to_enable():
     patch_set = get_set("vllm-dump")
     assert patch_set.project == "vllm" and (patch_set.min_version, patch_set.max_version) == (
         "0.24.0",
-        "0.33.0",
+        "0.34.0",
     )
     text = " ".join(patch_set.notes) + patch_set.description
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in text and "MSPROBE_ROLLOUT_CONFIG" in text
-    assert "enforce_eager=True" in text
+    assert "MSPROBE_ROLLOUT_CONFIG" in text and "enforce_eager=True" in text
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" not in patch_set.description  # no runner setting is needed
     labels = {p.label: p for p in patch_set.all_pieces()}
-    assert set(labels) == {"vllm-dump-file", "vllm-model-runner", "vllm-v2-runner-guard"}
-    assert labels["vllm-model-runner"].essential and not labels["vllm-v2-runner-guard"].essential
+    assert set(labels) == {"vllm-dump-file", "vllm-model-runner", "vllm-v2-model-runner"}
+    # the tree's code decides which runner is patched: neither runner piece is required alone ...
+    assert not labels["vllm-model-runner"].essential and not labels["vllm-v2-model-runner"].essential
+    # ... but the dump needs one of them
+    (capability,) = patch_set.all_capabilities()
+    assert set(capability.pieces) == {"vllm-model-runner", "vllm-v2-model-runner"}
     helper = labels["vllm-dump-file"].item.content().decode()
     assert "Added to this tree by rl-msprobe" in helper[:300]
     assert "rl_msprobe" not in helper.replace("rl_msprobe_dump", ""), "the helper never imports rl-msprobe"
@@ -89,7 +95,7 @@ def test_patch_list_names_the_set():
     code, out, _ = run_cli("patch", "list", "--json")
     assert code == 0
     (entry,) = [s for s in json.loads(out) if s["name"] == "vllm-dump"]
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in entry["description"]
+    assert "V1 and V2" in entry["description"]
     assert {p["path"] for p in entry["pieces"]} == {
         "vllm/v1/worker/rl_msprobe_dump.py",
         "vllm/v1/worker/gpu_model_runner.py",
@@ -97,7 +103,30 @@ def test_patch_list_names_the_set():
     }
 
 
-def _fixture_tree(tmp_path, version="0.30.0", v2=True):
+def test_the_v2_guard_of_an_earlier_rl_msprobe_is_taken_out_by_revert():
+    """Trees patched before the V2 dump path hold `# rl-msprobe:vllm-v2-runner-guard` lines: status
+    says they differ, apply refuses until a revert, and revert gives back the original bytes."""
+    before = (FIXTURES / "vllm-v2-model-runner" / "v0240.before.py").read_text()
+    lines = before.splitlines(keepends=True)
+    init = next(i for i, line in enumerate(lines) if "def __init__" in line)
+    old = [
+        *lines[:8],
+        f"from vllm.v1.worker import rl_msprobe_dump  {LEGACY_MARKER}\n",
+        *lines[8 : init + 1],
+        f"        rl_msprobe_dump.refuse_v2_runner()  {LEGACY_MARKER}\n",
+        *lines[init + 1 :],
+    ]
+    guarded = "".join(old)
+    codemod = VllmModelRunnerV2()
+    assert codemod.status(guarded).status is Status.CONFLICT
+    with pytest.raises(UserError, match="patch revert"):
+        codemod.apply(guarded)
+    assert codemod.revert(guarded) == before
+    after = (FIXTURES / "vllm-v2-model-runner" / "v0240.after.py").read_text()
+    assert codemod.apply(codemod.revert(guarded)) == after
+
+
+def _fixture_tree(tmp_path, version="0.30.0", v2=True, v1=True):
     root = tmp_path / "tree"
     worker = root / "vllm" / "v1" / "worker"
     (worker / "gpu").mkdir(parents=True)
@@ -108,46 +137,65 @@ def _fixture_tree(tmp_path, version="0.30.0", v2=True):
     )
     if v2:
         (worker / "gpu" / "model_runner.py").write_text(
-            (FIXTURES / "vllm-v2-runner-guard" / "v0240.before.py").read_text()
+            (FIXTURES / "vllm-v2-model-runner" / "v0240.before.py").read_text()
         )
+    if not v1:
+        (worker / "gpu_model_runner.py").unlink()
     return root
 
 
 def test_apply_output_and_status_on_a_plain_tree(tmp_path):
-    """Outside git: apply prints the V2 requirement, status lists every piece, revert is exact."""
+    """Outside git: apply patches both runners, status lists every piece, revert is exact."""
     root = _fixture_tree(tmp_path)
     original = {p: p.read_bytes() for p in root.rglob("*.py")}
     code, out, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root))
     assert code == 0, err
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out and "vllm 0.30.0" in out
+    assert "vllm 0.30.0" in out and "no runner setting is needed" in out
     code, out, _ = run_cli("patch", "status", "vllm-dump", "--tree", str(root))
-    assert code == 0
-    assert "vllm-v2-runner-guard" in out and "vllm-model-runner" in out and "vllm-dump: applied" in out
-    (guard_line,) = [line for line in out.splitlines() if "vllm-v2-runner-guard" in line]
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in guard_line, "status says the requirement too"
+    assert code == 0 and "vllm-dump: applied" in out
+    sites = "vllm/v1/worker/gpu_model_runner.py, vllm/v1/worker/gpu/model_runner.py"
+    assert f"capability found: model-step dump ({sites})" in out
     code, _, err = run_cli("patch", "revert", "vllm-dump", "--tree", str(root))
     assert code == 0, err
     assert {p: p.read_bytes() for p in root.rglob("*.py")} == original
     assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
 
 
-def test_tree_without_v2_runner_skips_the_guard(tmp_path):
-    root = _fixture_tree(tmp_path, v2=False)
-    code, out, _ = run_cli("patch", "apply", "vllm-dump", "--tree", str(root), "--json")
-    assert code == 0
+@pytest.mark.parametrize(
+    ("v1", "v2", "patched", "skipped"),
+    [
+        (True, False, "vllm-model-runner", "vllm-v2-model-runner"),  # before the V2 runner
+        (False, True, "vllm-v2-model-runner", "vllm-model-runner"),  # vLLM 0.34: V2 only
+    ],
+)
+def test_the_runner_the_tree_has_is_patched(tmp_path, v1, v2, patched, skipped):
+    root = _fixture_tree(tmp_path, v1=v1, v2=v2)
+    code, out, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root), "--json")
+    assert code == 0, err
     doc = json.loads(out)
-    assert [s["codemod"] for s in doc["skipped"]] == ["vllm-v2-runner-guard"]
+    assert [s["codemod"] for s in doc["skipped"]] == [skipped]
+    assert "is not in this tree" in doc["skipped"][0]["detail"]
     code, out, _ = run_cli("patch", "status", "vllm-dump", "--tree", str(root), "--json")
     assert code == 0
-    files = {f["codemod"]: f["status"] for f in json.loads(out)["sets"][0]["files"]}
-    assert files == {
-        "vllm-dump-file": "applied",
-        "vllm-model-runner": "applied",
-        "vllm-v2-runner-guard": "not-applicable",
-    }
+    (entry,) = json.loads(out)["sets"]
+    files = {f["codemod"]: f["status"] for f in entry["files"]}
+    assert files == {"vllm-dump-file": "applied", patched: "applied", skipped: "not-applicable"}
+    (capability,) = entry["capabilities"]
+    assert capability["found"] and len(capability["sites"]) == 1
 
 
-@pytest.mark.parametrize(("version", "why"), [("0.23.0", "older than"), ("0.34.0.dev3+g1a2b", "newer than")])
+def test_a_tree_with_neither_runner_is_refused_naming_both_files(tmp_path):
+    root = _fixture_tree(tmp_path, v1=False, v2=False)
+    for command in ("diff", "apply", "status"):
+        code, out, err = run_cli("patch", command, "vllm-dump", "--tree", str(root))
+        assert code == 2, (command, out)
+        assert "capability 'model-step dump'" in err and "has no patched site" in err
+        assert "vllm/v1/worker/gpu_model_runner.py is not in this tree" in err
+        assert "vllm/v1/worker/gpu/model_runner.py is not in this tree" in err
+    assert not (root / "vllm" / "v1" / "worker" / "rl_msprobe_dump.py").exists()
+
+
+@pytest.mark.parametrize(("version", "why"), [("0.23.0", "older than"), ("0.35.0.dev3+g1a2b", "newer than")])
 def test_untested_versions_are_patched_with_a_warning_when_the_shape_is_found(tmp_path, version, why):
     root = _fixture_tree(tmp_path, version=version)
     code, out, err = run_cli("patch", "apply", "vllm-dump", "--tree", str(root), "--json")

@@ -1,6 +1,6 @@
 """The helper file vllm-dump adds to vLLM (`vllm/v1/worker/rl_msprobe_dump.py`), on its own.
 
-Runners and scheduler outputs are stand-ins shaped like vLLM 0.24-0.33's
+Runners and scheduler outputs are stand-ins shaped like vLLM 0.24-0.34's (V1 and V2 runners)
 (`SchedulerOutput.scheduled_new_reqs` / `scheduled_cached_reqs.req_ids` /
 `num_scheduled_tokens`, `CachedRequestState.num_prompt_tokens`); the debugger is a stand-in
 with msprobe's step semantics, and one test runs the real msprobe on a tiny torch model.
@@ -214,7 +214,6 @@ def test_unset_env_does_nothing_and_imports_nothing(tmp_path, monkeypatch):
     assert runner.execute_model(sched(new=[new_req("a", 3)], counts={"a": 3})) is None
     assert runner.execute_model(sched()) == "EMPTY"
     assert not hasattr(runner, "_rl_msprobe_dump") and runner.forwards == 1
-    helper.refuse_v2_runner()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -237,10 +236,71 @@ def test_config_without_dump_path_is_refused(tmp_path, monkeypatch, fake_msprobe
         make_runner_class(helper)()
 
 
-def test_v2_runner_refuses_while_a_dump_is_asked_for(config):
+# ---------------------------------------------------------------- the V2 runner (vllm/v1/worker/gpu/model_runner.py)
+
+
+class Lengths:
+    """vLLM's UvaBackedTensor as far as the helper reads it: a numpy view `.np` (rows by request index)."""
+
+    def __init__(self, values):
+        import numpy as np
+
+        self.np = np.array(values, dtype=np.int32)
+
+
+def make_v2_runner_class(helper):
+    """A runner shaped like the V2 GPUModelRunner after vllm-dump: request state in `req_states`
+    (`req_id_to_index`, `prefill_len` / `prompt_len` arrays), no `requests`, dummy runs through
+    `execute_model(..., dummy_run=True)`."""
+
+    class RunnerV2:
+        def __init__(self):
+            self.model_config = NS(enforce_eager=True)
+            self.model = object()
+            self.req_states = NS(req_id_to_index={}, prefill_len=Lengths([0] * 8), prompt_len=Lengths([0] * 8))
+            self.forwards = 0
+            helper.init_runner(self)
+
+        @helper.dump_step
+        def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+            if not dummy_run:
+                for new in scheduler_output.scheduled_new_reqs:  # add_requests: a row per new request
+                    row = len(self.req_states.req_id_to_index)
+                    self.req_states.req_id_to_index[new.req_id] = row
+                    self.req_states.prefill_len.np[row] = len(new.prompt_token_ids)
+                if not scheduler_output.total_num_scheduled_tokens:
+                    return "EMPTY"
+            helper.start_forward(self)
+            self.forwards += 1
+            return None
+
+    return RunnerV2
+
+
+def test_v2_runner_dumps_each_model_step_and_never_its_dummy_runs(config, fake_msprobe):
     helper = load_helper()
-    with pytest.raises(helper.RlMsprobeDumpError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        helper.refuse_v2_runner()
+    runner = make_v2_runner_class(helper)()
+    assert runner.execute_model(sched(), dummy_run=True) is None  # warm-up: a forward, not a model step
+    assert runner.execute_model(sched(new=[new_req("long", 100)], counts={"long": 64})) is None
+    assert runner.execute_model(sched(cached=[("long", 64)], counts={"long": 36})) is None  # 2nd chunk
+    assert runner.execute_model(sched(cached=[("long", 100)], counts={"long": 1})) is None
+    assert runner.forwards == 4
+    (debugger,) = FakeDebugger.instances
+    assert [c[0] for c in debugger.calls] == ["start", "stop", "step"] * 3
+    lines = log_lines(config)
+    assert [(x["step"], x["phase"]) for x in lines] == [(0, "prefill"), (1, "prefill"), (2, "decode")]
+    assert lines[1]["requests"] == [{"request_id": "long", "type": "cached", "tokens": 36}]
+
+
+def test_prompt_lengths_read_either_runner(config):
+    helper = load_helper()
+    v1 = NS(requests={"a": NS(num_prompt_tokens=5)})
+    assert helper.prompt_lengths(v1, ["a", "gone"]) == {"a": 5}
+    v2 = NS(req_states=NS(req_id_to_index={"a": 1}, prefill_len=Lengths([0, 7]), prompt_len=Lengths([0, 5])))
+    assert helper.prompt_lengths(v2, ["a", "gone"]) == {"a": 7}  # prefill_len: a resumed request's too
+    only_prompt = NS(req_states=NS(req_id_to_index={"a": 0}, prompt_len=Lengths([6])))
+    assert helper.prompt_lengths(only_prompt, ["a"]) == {"a": 6}
+    assert helper.prompt_lengths(NS(), ["a"]) == {}  # neither shape: no evidence, no guess
 
 
 # ---------------------------------------------------------------- one step per model step, every exit

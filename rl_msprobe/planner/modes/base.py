@@ -11,18 +11,23 @@ any script, so a prepared script always passes its own check.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from packaging.version import VERSION_PATTERN, Version
 
 from rl_msprobe.launch.detect import Detection, env_value
 from rl_msprobe.launch.overrides import Overrides, format_value, render_override, same_value
 from rl_msprobe.launch.script import LaunchScript
+
+if TYPE_CHECKING:
+    from rl_msprobe.patches.vllm import RunnerShape
 
 RAY_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars."
 MISSING = object()  # stands for a value the script sets only at run time (not known here)
@@ -150,6 +155,7 @@ class Options:
     """The user's choices that shape a mode's rules (prepare's and check's options)."""
 
     level: str = "mix"
+    risk_level: str = "ALL"  # msprobe's API-row filter at L1 / mix (msprobe_config.RISK_LEVELS)
     steps: list[int] | None = None
     ranks: list[int] | None = None
     stages: list[str] | None = None
@@ -169,6 +175,16 @@ class Context:
     config_dir: str  # absolute folder where the msprobe configs live (prepare) or are expected
     dump_dir: str  # absolute dump root
     dump_dir_given: bool = False  # --dump-dir: the user's folder wins over a save_path the script sets
+    vllm_root: Path | None = None  # the vLLM tree that runs (--tree / --python), when known
+
+    @functools.cached_property
+    def vllm_runners(self) -> RunnerShape | None:
+        """The model runners of the vLLM tree that vllm-dump can patch (None: no tree given)."""
+        if self.vllm_root is None:
+            return None
+        from rl_msprobe.patches.vllm import runner_shape  # the codemods (LibCST): only when asked
+
+        return runner_shape(self.vllm_root, self.versions.get("vllm"))
 
     @property
     def rollout(self) -> str:

@@ -6,7 +6,11 @@ Rules (specification path B; DOMAIN §1, §4, §5):
 - vLLM: `++actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path`
   — only vLLM-Ascend reads it (0.12.0rc1 calls it `dump_config`, ≤ 0.11 has no msprobe
   support); upstream GPU vLLM ignores it and needs the `vllm-dump` patch, which reads
-  `MSPROBE_ROLLOUT_CONFIG` and covers the V1 model runner only (`VLLM_USE_V2_MODEL_RUNNER=0`).
+  `MSPROBE_ROLLOUT_CONFIG` and is wired into whichever model runners the tree has (V1, V2 or
+  both), so no runner setting is needed. With the vLLM tree known (`--tree` / `--python`): a
+  tree with no runner the patch can be wired into is refused (no dump path), and a script that
+  exports `VLLM_USE_V2_MODEL_RUNNER=0` for a tree without the V1 runner (vLLM 0.34 refuses it at
+  start-up) gets `1` instead.
 - SGLang ≥ 0.5.11: `++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config`;
   older: the `sglang-dump` patch (reads `MSPROBE_ROLLOUT_CONFIG`, or `MSPROBE_PREFILL_CONFIG`
   / `MSPROBE_DECODE_CONFIG` with PD disaggregation) and that key must not be set.
@@ -22,7 +26,15 @@ from collections.abc import Callable
 
 from packaging.version import Version
 
-from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation, is_abs_path, is_true
+from rl_msprobe.planner.modes.base import (
+    ConfigSpec,
+    Context,
+    Requirements,
+    Violation,
+    env_in_script,
+    is_abs_path,
+    is_true,
+)
 from rl_msprobe.planner.modes.rules import Condition, EnvRule, From, Rule, apply
 from rl_msprobe.upstream.projects import project
 
@@ -31,6 +43,7 @@ VLLM_KEY_0_12 = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.
 SGLANG_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config"
 SGLANG_NATIVE = Version("0.5.11")
 ROLLOUT_ENV = "MSPROBE_ROLLOUT_CONFIG"
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def _generate_path(ctx: Context) -> str:
@@ -68,6 +81,17 @@ def _pd(ctx: Context) -> bool:
 def _writes_vllm_key(key: str) -> Condition:
     """vLLM-Ascend runs (it reads additional_config) and its release reads this key."""
     return lambda ctx: not _upstream_vllm(ctx) and _vllm_key(ctx) == key
+
+
+def _patched_vllm(ctx: Context) -> bool:
+    """Not on Ascend: upstream vLLM runs, and the vllm-dump patch is what dumps."""
+    return ctx.detection.device != "npu" and _ascend(ctx) is None
+
+
+def _no_v1_runner(ctx: Context) -> bool:
+    """The vLLM tree that runs is known and has no V1 model runner (vLLM 0.34.0 and later)."""
+    shape = ctx.vllm_runners if _patched_vllm(ctx) else None
+    return shape is not None and not shape.has_v1
 
 
 def _role_path(role: str) -> Callable[[Context], str]:
@@ -115,11 +139,14 @@ VLLM: tuple[Rule | EnvRule, ...] = (
         accept=os.path.isabs,
     ),
     EnvRule(
-        "inference.vllm_v1_runner",
-        "VLLM_USE_V2_MODEL_RUNNER",
-        "0",
-        "the vllm-dump patch covers the V1 GPU model runner only; newer vLLM uses V2 by default",
-        required=_upstream_vllm,
+        "inference.vllm_runner_setting",
+        V2_ENV,
+        "1",
+        lambda ctx: (
+            f"this vLLM has no V1 model runner and refuses {V2_ENV}={env_in_script(ctx, V2_ENV)} at start-up; "
+            "vllm-dump is wired into its V2 runner"
+        ),
+        when=lambda ctx: _no_v1_runner(ctx) and env_in_script(ctx, V2_ENV) not in (None, "1"),
     ),
 )
 
@@ -213,13 +240,15 @@ def _vllm(ctx: Context, req: Requirements, dump_root: str) -> None:
         ConfigSpec("generate", "config_generate.json", dump_root, None if upstream else key, ROLLOUT_ENV)
     )
     apply(ctx, req, VLLM)
-    if ctx.detection.device != "npu" and ascend is None:
+    if _patched_vllm(ctx):
+        if not _dump_path(ctx, req):
+            return
         req.patch_sets.append("vllm-dump")
         req.notes.append(
             "Upstream (GPU) vLLM has no msprobe support and ignores additional_config.dump_config_path: apply the "
-            "vllm-dump patch to the vLLM tree that runs; it reads MSPROBE_ROLLOUT_CONFIG, and "
-            "VLLM_USE_V2_MODEL_RUNNER=0 keeps vLLM on the V1 runner the patch covers. On Ascend (vLLM-Ascend) "
-            "skip the patch: vLLM-Ascend reads dump_config_path itself."
+            "vllm-dump patch to the vLLM tree that runs; it reads MSPROBE_ROLLOUT_CONFIG and is wired into "
+            "whichever model runners the tree has (V1, V2 or both: either dumps), so no runner setting is needed. "
+            "On Ascend (vLLM-Ascend) skip the patch: vLLM-Ascend reads dump_config_path itself."
             + (
                 f" trainer.device={ctx.detection.device}: no vLLM-Ascend, so {key} is not set."
                 if upstream
@@ -230,6 +259,31 @@ def _vllm(ctx: Context, req: Requirements, dump_root: str) -> None:
         req.notes.append(
             "vLLM-Ascend reads additional_config.dump_config_path natively; no vLLM patch is needed."
         )
+
+
+def _dump_path(ctx: Context, req: Requirements) -> bool:
+    """Does the vLLM tree that runs have a model runner vllm-dump can be wired into? (True when the
+    tree is unknown: the newest release is assumed.) A tree without one is a violation: no derived
+    script, since the job could not dump."""
+    shape = ctx.vllm_runners
+    if shape is None:
+        return True
+    version = ctx.versions.get("vllm") or "(version unknown)"
+    if shape.dumped:
+        req.notes.append(f"vLLM {version}: vllm-dump is wired into {' and '.join(shape.dumped)}.")
+        return True
+    req.violations.append(
+        Violation(
+            "inference.vllm_dump_path",
+            "vllm",
+            f"vLLM {version} at {ctx.vllm_root}: " + "; ".join(shape.skipped),
+            "a model runner vllm-dump can patch (V1 vllm/v1/worker/gpu_model_runner.py or V2 "
+            "vllm/v1/worker/gpu/model_runner.py)",
+            "no rollout dump path exists for this vLLM tree: this rl-msprobe knows no model runner of it. "
+            "Update rl-msprobe, or run a vLLM release it supports (rl-msprobe patch list).",
+        )
+    )
+    return False
 
 
 def _sglang(ctx: Context, req: Requirements, dump_root: str) -> None:

@@ -1,17 +1,16 @@
-"""msprobe rollout dump for vLLM's V1 model runner. Added to this tree by rl-msprobe (patch set vllm-dump).
+"""msprobe rollout dump for vLLM's model runners. Added to this tree by rl-msprobe (patch set vllm-dump).
 
-`vllm/v1/worker/gpu_model_runner.py` calls this module from a few marked lines
-(`# rl-msprobe:vllm-model-runner`); `rl-msprobe patch revert vllm-dump --tree <this tree>`
-removes them and this file. The CPU runner (`CPUModelRunner`) inherits the patched
-`GPUModelRunner.execute_model`, so it dumps the same way.
+The V1 runner (`vllm/v1/worker/gpu_model_runner.py`, `# rl-msprobe:vllm-model-runner`) and the V2
+runner (`vllm/v1/worker/gpu/model_runner.py`, `# rl-msprobe:vllm-v2-model-runner`), whichever the
+tree has, call this module from a few marked lines; `rl-msprobe patch revert vllm-dump --tree <this
+tree>` removes them and this file. The CPU runners inherit the patched
+`GPUModelRunner.execute_model` of their runner, so they dump the same way.
 
 Environment:
   MSPROBE_ROLLOUT_CONFIG=PATH  the msprobe config.json for the rollout (it must set dump_path).
                                Unset or empty: every function here returns at once, msprobe is
                                never imported and nothing is written.
-  VLLM_USE_V2_MODEL_RUNNER=0   required: only the V1 runner is patched. The V2 runner
-                               (vllm/v1/worker/gpu/model_runner.py, the default on newer vLLM)
-                               refuses to start while MSPROBE_ROLLOUT_CONFIG is set.
+  Whichever runner vLLM chooses (VLLM_USE_V2_MODEL_RUNNER, or vLLM's own choice) dumps.
 Eager execution is required (`enforce_eager=True`; verl: actor_rollout_ref.rollout.enforce_eager=True):
 the runner refuses to start otherwise.
 
@@ -20,9 +19,10 @@ How a model step is dumped (one msprobe step per `execute_model` call that runs 
     the step serves and, in a `finally`, stops and steps the debugger on every way out of
     `execute_model` — each `return` and any exception.
   - `start_forward` (a line just before the model forward) starts the debugger on
-    `runner.model`, so the dump covers the forward and the logits, not the input preparation;
-    sampling (`sample_tokens`) is not dumped. Calls that run no forward (nothing scheduled) dump
-    nothing and do not advance msprobe's step.
+    `runner.model`, so the dump covers the forward (V1: and the logits; the V2 runner computes them
+    in `sample_tokens`), not the input preparation; sampling (`sample_tokens`) is not dumped. Calls
+    that run no forward (nothing scheduled, the V2 runner's `dummy_run=True` warm-up and DP
+    padding runs) dump nothing and do not advance msprobe's step.
 
 Output, per process (`{pid}` keeps the engine processes of one job apart):
   {dump_path}/{pid}/step{N}/rank{R}/dump.json ...   msprobe's files
@@ -86,17 +86,6 @@ def _check_eager(runner) -> None:
         )
 
 
-def refuse_v2_runner() -> None:
-    """First line of the V2 runner's __init__: the dump is only wired into the V1 runner."""
-    if config_path() is None:
-        return
-    raise RlMsprobeDumpError(
-        f"{ENV_CONFIG} is set but vLLM chose its V2 model runner (vllm/v1/worker/gpu/model_runner.py), which "
-        "rl-msprobe's vllm-dump does not patch. Set VLLM_USE_V2_MODEL_RUNNER=0 (rl-msprobe prepare writes it "
-        f"into the derived launch script), or unset {ENV_CONFIG}."
-    )
-
-
 def _rank(service) -> int:
     rank = getattr(service, "current_rank", None)
     if isinstance(rank, int):
@@ -132,9 +121,30 @@ def _prompt_len(obj) -> int | None:
     return int(shape[0]) if shape else None
 
 
+def prompt_lengths(runner, req_ids) -> dict:
+    """Request id -> prompt length (tokens the model runner prefills) of cached requests, read before
+    the step updates the runner's state: the V1 runner's `requests` (per-request states), the V2
+    runner's `req_states` (arrays by row: `prefill_len`, else `prompt_len`). Unknown ids are left out."""
+    requests = getattr(runner, "requests", None)
+    if hasattr(requests, "get"):  # V1
+        found = {rid: _prompt_len(requests.get(rid)) for rid in req_ids if requests.get(rid) is not None}
+        return {rid: n for rid, n in found.items() if n is not None}
+    states = getattr(runner, "req_states", None)  # V2
+    rows = getattr(states, "req_id_to_index", None)
+    lengths = None
+    for name in ("prefill_len", "prompt_len"):
+        lengths = getattr(getattr(states, name, None), "np", None)
+        if lengths is not None:
+            break
+    if not hasattr(rows, "get") or lengths is None:
+        return {}
+    return {rid: int(lengths[rows[rid]]) for rid in req_ids if rows.get(rid) is not None}
+
+
 def dispatch(scheduler_output, requests=None) -> tuple[str, list[dict]]:
-    """(phase, requests) of one scheduler step. `requests` is the runner's request states
-    (`runner.requests`, read before the step updates them) for cached requests' prompt lengths."""
+    """(phase, requests) of one scheduler step. `requests`: the cached requests' prompt lengths
+    (`prompt_lengths`), or the V1 runner's request states (`runner.requests`), read before the step
+    updates them."""
     counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     requests = requests if requests is not None else {}
     out: list[dict] = []
@@ -150,7 +160,7 @@ def dispatch(scheduler_output, requests=None) -> tuple[str, list[dict]]:
     computed_list = list(getattr(cached, "num_computed_tokens", None) or ())
     for index, rid in enumerate(ids):
         state = requests.get(rid) if hasattr(requests, "get") else None
-        prompt = _prompt_len(state) if state is not None else None
+        prompt = state if isinstance(state, int) else (_prompt_len(state) if state is not None else None)
         computed = computed_list[index] if index < len(computed_list) else None
         if prompt is not None and computed is not None and computed < prompt:
             prefill = True
@@ -194,7 +204,9 @@ class _Dump:
             return
         if self.debugger is not None and getattr(self.debugger.service, "should_stop_service", False):
             return  # every configured step is done: the rest of the run costs one check per step
-        phase, requests = dispatch(scheduler_output, getattr(runner, "requests", None))
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        lengths = prompt_lengths(runner, list(getattr(cached, "req_ids", None) or ()))
+        phase, requests = dispatch(scheduler_output, lengths)
         self.pending = (phase, requests, int(scheduler_output.total_num_scheduled_tokens))
 
     def start(self, runner) -> None:
@@ -266,7 +278,7 @@ class _Dump:
 
 
 def init_runner(runner) -> None:
-    """Last line of GPUModelRunner.__init__: check eager execution and the config, early."""
+    """Last line of GPUModelRunner.__init__ (V1 and V2): check eager execution and the config, early."""
     config = config_path()
     if config is None:
         return
@@ -283,13 +295,14 @@ def _state(runner) -> _Dump | None:
 
 
 def dump_step(execute_model):
-    """Decorator for GPUModelRunner.execute_model: one msprobe step per model step, stopped and
-    stepped on every way out (each return and any exception)."""
+    """Decorator for GPUModelRunner.execute_model (V1 and V2): one msprobe step per model step,
+    stopped and stepped on every way out (each return and any exception). The V2 runner's dummy runs
+    (`dummy_run=True`: warm-up, profiling, DP padding) are not model steps and never dumped."""
 
     @functools.wraps(execute_model)
     def execute_model_with_dump(self, *args, **kwargs):
         dump = _state(self)
-        if dump is None:
+        if dump is None or kwargs.get("dummy_run"):
             return execute_model(self, *args, **kwargs)
         scheduler_output = args[0] if args else kwargs.get("scheduler_output")
         dump.begin(self, scheduler_output)
