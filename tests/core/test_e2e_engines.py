@@ -256,7 +256,12 @@ def test_megatron_engine_dumps_every_micro_batch_forward(venv_python, patched, t
     ("engine", "version", "dump_on"),
     # the switch lives in the helper file, the same in every release; each release's main test
     # above already shows the ref engine's calls leave msprobe unimported
-    [("fsdp", "0.9.1", None), ("fsdp", "0.9.1", "0"), ("megatron", "0.9.1", None)],
+    # (the default tier: the explicit DUMP_ON=0 on FSDP; the full tier adds unset, and Megatron)
+    [
+        pytest.param("fsdp", "0.9.1", None, marks=pytest.mark.full),
+        ("fsdp", "0.9.1", "0"),
+        pytest.param("megatron", "0.9.1", None, marks=pytest.mark.full),
+    ],
 )
 def test_dump_off_writes_nothing_and_never_imports_msprobe(
     venv_python, patched, tmp_path, engine, version, dump_on
@@ -282,7 +287,12 @@ def test_dump_off_writes_nothing_and_never_imports_msprobe(
 
 @pytest.mark.parametrize(
     ("phase", "expected_phase", "dumped_call"),
-    [(None, "log_prob", 0), ("log_prob", "log_prob", 0), ("update_actor", "update_actor", 1)],
+    # the default tier: update_actor (the main tests above dump log_prob, the default phase)
+    [
+        pytest.param(None, "log_prob", 0, marks=pytest.mark.full),
+        pytest.param("log_prob", "log_prob", 0, marks=pytest.mark.full),
+        ("update_actor", "update_actor", 1),
+    ],
 )
 def test_dump_phase_filters(venv_python, patched, tmp_path, phase, expected_phase, dumped_call):
     """DUMP_PHASE: log_prob (the default) dumps forward-only calls, update_actor forward+backward
@@ -294,7 +304,7 @@ def test_dump_phase_filters(venv_python, patched, tmp_path, phase, expected_phas
     check_dumps(result, [(dumped_call, 0, expected_phase), (dumped_call, 1, expected_phase)], "fsdp")
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "megatron"])
+@pytest.mark.parametrize("engine", ["fsdp", pytest.param("megatron", marks=pytest.mark.full)])
 def test_msprobe_step_list_logs_only_dumped_micro_batches(venv_python, patched, tmp_path, engine):
     """msprobe's own `step` list picks which micro-batches (msprobe steps) are dumped; the log has
     a line for exactly those, so every line's step{N} exists. Past the last listed step msprobe

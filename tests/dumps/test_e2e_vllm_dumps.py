@@ -30,7 +30,8 @@ from click.testing import CliRunner
 from rl_msprobe.cli import main
 from tests.support import vllm_cpu
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+# the full tier: the default tier's live consistency job compares a real vLLM rollout with FSDP2
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400), pytest.mark.full]
 STANDIN = Path(__file__).with_name("standin.py")
 PROMPTS = ["the model rollout", "prefill decode tensor layer"]
 

@@ -23,12 +23,14 @@ from rl_msprobe.upstream.releases import fetch_release
 from tests.support import vllm_cpu
 from tests.support.trees import DISPATCH_LOG_KEYS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+# the full tier: a live vLLM engine of its own (the default tier's live consistency job runs vllm-dump)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400), pytest.mark.full]
 
 PROMPTS = ["the model rollout", "prefill decode tensor layer"]
 MAX_TOKENS = 4  # 1 prefill step + 3 decode steps (the 4th token comes from the 3rd decode's logits)
 TP = 2 if len(os.sched_getaffinity(0)) >= 2 else 1  # CPU TP workers each need a core of their own
 SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM >= 0.14 appends it to the caller's request id
+
 
 def _config(tmp_path):
     tmp_path.mkdir(parents=True, exist_ok=True)
