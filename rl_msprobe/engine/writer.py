@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_msprobe.engine import git, journal, manifest, space
+from rl_msprobe.engine import git, gitstate, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
 from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
@@ -178,17 +178,18 @@ def _apply_git(
 ) -> GitCommit:
     repo = tree.repo
     assert repo is not None  # a git tree
+    gitstate.check_idle(repo)
     # no file to change (only the record): the user's uncommitted work is never part of that commit
-    git.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
+    gitstate.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = git.repo_paths(repo, target.root, plan.changes)
     _preflight(target.root, plan.changes)
-    original_branch = None if repo.head.is_detached else repo.active_branch.name
+    original_branch, from_head = git.head_state(repo)
+    assert from_head is not None  # open_tree refuses a repository without commits
     name = branch or git.default_branch(sets)
     new_branch = make_branch and original_branch != name
     if new_branch:
         git.check_branch_name(repo, name)
     message = git.message("apply", target, sets, plan)
-    from_head = repo.head.commit.hexsha
     files = [(path, change.after) for path, change in zip(paths, plan.changes)]
     space.require(tree, plan.changes)
     tree_id, commit = _objects(tree, files, message, from_head)
@@ -209,7 +210,8 @@ def _apply_git(
         git.publish(repo, info)
         return commit
 
-    sha = Transaction(tree, "apply", entries, info).run(steps)
+    # git's index lock from before the first file is written until the commit is in (git.holding_index)
+    sha = Transaction(tree, "apply", entries, info).run(steps, hold=lambda: git.holding_index(repo))
     return GitCommit(name if new_branch else original_branch, sha, original_branch)
 
 
@@ -276,26 +278,29 @@ def _revert_git(
 ) -> GitCommit | None:
     repo = tree.repo
     assert repo is not None  # a git tree
+    gitstate.check_idle(repo)
     paths = git.repo_paths(repo, target.root, plan.changes)
     gone = git.repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
     if paths:
-        edited = sorted(
+        shown = {
             line[3:]
             for line in git.run(repo, "status", "--porcelain", "--", *paths).stdout.splitlines()
             if not line.startswith("??")
-        )
+        }
+        edited = sorted(shown | set(gitstate.hidden_edits(repo, paths)))
         if edited:
             raise UserError(
                 f"{', '.join(edited)}: uncommitted changes in files the revert would commit; commit or stash "
                 "them first (rl-msprobe never mixes your edits into its commit). Nothing was changed."
             )
     _preflight(target.root, plan.changes)
-    known = set(repo.git.ls_files("--", *paths).splitlines()) if paths else set()
+    known = set(git.call(repo, "ls-files", "-z", "--", *paths).split("\0")) if paths else set()
     tracked = [p for p in paths if p in known] + gone
     message = git.message("revert", target, sets, plan)
     if deleted:
         message += "".join(f"  {p} (deleted by hand before the revert)\n" for p in deleted)
-    from_head = repo.head.commit.hexsha
+    from_branch, from_head = git.head_state(repo)
+    assert from_head is not None  # open_tree refuses a repository without commits
     after = dict(zip(paths, (c.after for c in plan.changes)))
     files = [(path, after.get(path)) for path in tracked]
     commit = None
@@ -303,7 +308,7 @@ def _revert_git(
     if tracked or unrecord:  # no file tracked but the sets are recorded: an empty commit drops them
         _, commit = _objects(tree, files, message, from_head)
     info: dict[str, Any] = {  # the journal's git record (git.publish, leave_branch)
-        "from_branch": None if repo.head.is_detached else repo.active_branch.name,
+        "from_branch": from_branch,
         "from_head": from_head,
         "branch": None,
         "paths": tracked,
@@ -319,7 +324,7 @@ def _revert_git(
             git.publish(repo, info)
         return commit
 
-    sha = Transaction(tree, "revert", entries, info).run(steps)
+    sha = Transaction(tree, "revert", entries, info).run(steps, hold=lambda: git.holding_index(repo))
     if sha is None:
         return None
     return GitCommit(info["from_branch"], sha)
