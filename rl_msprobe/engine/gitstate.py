@@ -41,6 +41,7 @@ OPERATIONS = (
         "finish it (git cherry-pick --continue) or abort it (git cherry-pick --abort)",
     ),
     ("BISECT_LOG", "a bisect", "end it (git bisect reset)"),
+    ("BISECT_START", "a bisect", "end it (git bisect reset)"),
 )
 
 
@@ -68,9 +69,14 @@ def _read(repo: Repo, what: str, *args: str) -> str:
     try:
         return git.call(repo, *args)
     except git.git_error() as exc:
+        said = git.one_line(getattr(exc, "stderr", str(exc)))
+        fix = (
+            "free some space"
+            if "space" in said.lower()
+            else "fix that (a failing filter: .gitattributes and `git config filter.<name>.clean`)"
+        )
         raise UserError(
-            f"{git.work_tree(repo)}: git could not {what}: {git.one_line(getattr(exc, 'stderr', str(exc)))}. "
-            "Fix that (a filter in .gitattributes and `git config filter.<name>.clean`?) and run again. "
+            f"{git.work_tree(repo)}: git could not {what}: {said}. {fix[0].upper() + fix[1:]} and run again. "
             "Nothing was changed."
         ) from None
 
@@ -100,11 +106,10 @@ def dirty(repo: Repo) -> list[str]:
     return sorted({p for p in (shown + "\0" + staged).split("\0") if p})
 
 
-def hidden_edits(repo: Repo, paths: list[str]) -> list[str]:
-    """`paths` marked assume-unchanged or skip-worktree (sparse checkout) whose file is not what the
-    index holds: edits `git status` never shows. Each as "PATH (why)"."""
+def _flags(repo: Repo, paths: list[str]) -> dict[str, str]:
+    """`paths` the index marks assume-unchanged or skip-worktree (a sparse checkout's), and which."""
     if not paths:
-        return []
+        return {}
     listed = _read(repo, "list the index", "ls-files", "-v", "-z", "--", *paths)
     flagged: dict[str, str] = {}
     for record in filter(None, listed.split("\0")):
@@ -113,6 +118,13 @@ def hidden_edits(repo: Repo, paths: list[str]) -> list[str]:
             flagged[path] = "marked assume-unchanged"
         elif tag == "S":
             flagged[path] = "marked skip-worktree"
+    return flagged
+
+
+def hidden_edits(repo: Repo, paths: list[str]) -> list[str]:
+    """`paths` marked assume-unchanged or skip-worktree whose file is not what the index holds:
+    edits `git status` never shows (or a file a sparse checkout left out). Each as "PATH (why)"."""
+    flagged = _flags(repo, paths)
     if not flagged:
         return []
     staged = _read(repo, "list the index", "ls-files", "-s", "-z", "--", *flagged)
@@ -127,6 +139,29 @@ def hidden_edits(repo: Repo, paths: list[str]) -> list[str]:
         if worktree != in_index.get(path):
             out.append(f"{path} ({why}, with edits git status does not show)")
     return sorted(out)
+
+
+def check_sparse(repo: Repo, root: Path, paths: list[str]) -> None:
+    """Refuse (before planning, which would call the missing files upstream drift) when files the sets
+    read or patch are left out of the work tree by a sparse checkout."""
+    top = git.work_tree(repo)
+    inside = []
+    for path in paths:  # a link out of the repository is refused by the apply itself, with its fix
+        real = (root / path).resolve()
+        if real.is_relative_to(top.resolve()):
+            inside.append(real.relative_to(top.resolve()).as_posix())
+    left_out = sorted(
+        p
+        for p, why in _flags(repo, inside).items()
+        if why == "marked skip-worktree" and not (top / p).exists()
+    )
+    if left_out:
+        shown = ", ".join(left_out[:5]) + (" ..." if len(left_out) > 5 else "")
+        raise UserError(
+            f"{shown}: in the repository but not in the work tree (a sparse checkout leaves them out), and "
+            f"rl-msprobe patches them. Add them (git sparse-checkout add {Path(left_out[0]).parent.as_posix()}, "
+            "or git sparse-checkout disable) and run again. Nothing was changed."
+        )
 
 
 def check_clean(repo: Repo, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:

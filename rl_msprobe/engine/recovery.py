@@ -90,7 +90,7 @@ def why(exc: BaseException) -> str:
         return f"{exc.filename or 'a file'}: could not be written ({exc.strerror})"
     stderr = getattr(exc, "stderr", None)
     if stderr:
-        return f"git failed: {str(stderr).strip()[-300:]}"
+        return f"git failed: {git.one_line(str(stderr))}"
     return str(exc)
 
 

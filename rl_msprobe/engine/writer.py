@@ -134,6 +134,8 @@ def apply(
         repo = tree.repo
         if branch and repo is not None:
             git.check_branch_name(repo, branch)
+        if repo is not None:
+            gitstate.check_sparse(repo, target.root, [piece.path for _, piece in unique_pieces(sets)])
         plan = plan_apply(target, sets, entry_point)
         notes = (*tree.notes, *(note for s in sets for note in s.notes_for(target.version)))
         changed = [c.path for c in plan.changes]
@@ -179,6 +181,7 @@ def _apply_git(
     repo = tree.repo
     assert repo is not None  # a git tree
     gitstate.check_idle(repo)
+    space.require(tree, plan.changes)  # a full disk refused with its figure before git is asked anything
     # no file to change (only the record): the user's uncommitted work is never part of that commit
     gitstate.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = git.repo_paths(repo, target.root, plan.changes)
@@ -223,7 +226,7 @@ def _objects(tree: Tree, files: list[tuple[str, bytes | None]], message: str, pa
     except git.git_error() as exc:
         raise UserError(
             f"{tree.repo.working_tree_dir}: git could not store the commit's objects "
-            f"({str(getattr(exc, 'stderr', exc)).strip()[-300:]}); free some space or fix the repository and "
+            f"({git.one_line(getattr(exc, 'stderr', str(exc)))}); free some space or fix the repository and "
             "run again. Nothing was changed."
         ) from None
 
@@ -236,6 +239,8 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
     _writable(target)
     with _locked(target) as (tree, recovered):
         repo = tree.repo
+        if repo is not None:
+            gitstate.check_sparse(repo, target.root, [piece.path for _, piece in unique_pieces(sets)])
         recorded = _recorded(tree)
         keep = holders(target, sets, recorded)
         plan = plan_revert(target, sets, None if repo is not None else tree.state, keep)
@@ -279,6 +284,7 @@ def _revert_git(
     repo = tree.repo
     assert repo is not None  # a git tree
     gitstate.check_idle(repo)
+    space.require(tree, plan.changes)  # a full disk refused with its figure before git is asked anything
     paths = git.repo_paths(repo, target.root, plan.changes)
     gone = git.repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
     if paths:
