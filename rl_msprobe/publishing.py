@@ -80,7 +80,7 @@ def _exists(name: str, folder: int) -> bool:
     return True
 
 
-def _read(name: str, folder: int, limit: int = 1 << 26) -> bytes | None:
+def read_own(name: str, folder: int, limit: int = 1 << 26) -> bytes | None:
     """A regular file of the folder, never through a link (None: absent, a link, too large)."""
     try:
         fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=folder)
@@ -207,7 +207,7 @@ def _roll_back(items: list[Item]) -> str | None:
     problem = None
     for item in reversed(items):
         try:
-            data = _read(item.name, item.folder)
+            data = read_own(item.name, item.folder)
             ours = data is not None and sha(data) == item.digest  # never a file someone changed since
             if item.old and _exists(item.old, item.folder):
                 if ours or not _exists(item.name, item.folder):
@@ -242,7 +242,7 @@ def recover(home: int, home_path: str) -> str | None:
     """A publication in `home` that a kill cut short: finished when its record is in place, else
     the old files put back; what that run left is removed, and so are the temporary entries of
     runs no longer alive (a kill while staging). Returns what was done (None: nothing)."""
-    raw = _read(INTENT, home, 1 << 24)
+    raw = read_own(INTENT, home, 1 << 24)
     outcome = None
     if raw is not None:
         try:
@@ -289,7 +289,7 @@ def _recent(home: int, seconds: float = 60.0) -> bool:
 
 
 def _holds(item: Item) -> bool:
-    data = _read(item.name, item.folder)
+    data = read_own(item.name, item.folder)
     return data is not None and sha(data) == item.digest and not _exists(item.tmp, item.folder)
 
 

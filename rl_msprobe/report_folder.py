@@ -89,15 +89,7 @@ class ReportFolder:
 
     def _read_own(self, name: str, limit: int) -> bytes | None:
         """A regular file of the folder, never through a link (None when absent, a link or too large)."""
-        try:
-            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-                return None
-            return handle.read(limit + 1)
+        return publishing.read_own(name, self.fd, limit)
 
     def _load_record(self) -> dict[str, str]:
         data = self._read_own(RECORD, bounded.CONFIG)
