@@ -13,8 +13,12 @@ folder): all of the new files, or the old ones, never some of each.
    part-way leaves the intent; the next run in that folder (`recover`) finishes it when the
    record is in place, else puts the old files back, and removes what that run left.
 
-Every write, create and rename goes through `_create`, `_write` and `_rename`, so tests make each
-fail at every call in turn.
+A folder rl-msprobe owns whole (`dumps compare`'s `pairs/`) is built in a temporary sibling
+(`stage_folder`) and renamed into place as a unit (`swap_folder`: the old folder aside, the new in,
+the old removed); `recover_folder` gives a killed swap its old folder back.
+
+Every write, create and rename goes through `_create`, `_write`, `_rename` and `_rename_path`, so
+tests make each fail at every call in turn.
 """
 
 from __future__ import annotations
@@ -373,3 +377,78 @@ def recover_at(home: Path) -> str | None:
         return recover(fd, os.path.abspath(home))
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- a folder rl-msprobe owns whole
+
+
+def _rename_path(src: Path, dst: Path) -> None:
+    os.rename(src, dst)
+
+
+def stage_folder(final: Path) -> Path:
+    """A new, empty temporary sibling of `final` to build this run's folder in (`swap_folder` puts
+    it in place as a unit). What killed runs left beside `final` is dealt with first."""
+    recover_folder(final)
+    staging = final.parent / _aside(final.name, "tmp")
+    if os.path.lexists(staging):
+        _remove(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def swap_folder(staging: Path, final: Path) -> None:
+    """`staging` takes the name `final` (renames only): the old folder is renamed aside, the new one in,
+    then the old one removed. A failure puts the old folder back; the new one is removed."""
+    old = final.parent / _aside(final.name, "old")
+    had = os.path.lexists(final)
+    try:
+        if had:
+            _rename_path(final, old)
+        try:
+            _rename_path(staging, final)
+        except BaseException:
+            if had:
+                _rename_path(old, final)
+            raise
+    except BaseException:
+        _remove(staging)
+        raise
+    if had:
+        _remove(old)
+
+
+def recover_folder(final: Path) -> None:
+    """Beside `final`: a run killed in the middle of `swap_folder` (its old folder aside, `final`
+    missing) gets its old folder back; the temporary folders of runs no longer alive go."""
+    pattern = re.compile(rf"^\.{re.escape(final.name)}\.rl-msprobe-(\d+)\.(tmp|old)$")
+    try:
+        names = sorted(os.listdir(final.parent), key=lambda n: not n.endswith(".old"))
+    except OSError:
+        return
+    for name in names:
+        match = pattern.match(name)
+        if not match or _pid_alive(int(match.group(1))):
+            continue
+        path = final.parent / name
+        if match.group(2) == "old" and not os.path.lexists(final):
+            _rename_path(path, final)
+        else:
+            _remove(path)
+
+
+def discard_folder(staging: Path) -> None:
+    """This run's temporary folder, given up (the folder it was to replace stays as it was)."""
+    _remove(staging)
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass

@@ -24,7 +24,6 @@ from rl_msprobe import bounded, publishing
 from rl_msprobe.errors import UserError
 
 RECORD = ".rl-msprobe-report.json"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 

@@ -7,7 +7,9 @@ failure injected at call k of every file-system call of the publish step (create
 for every k until the run no longer reaches call k: the folder is then byte-for-byte the old
 outputs, the exit code 2 and the message one line naming the file. A run killed at call k (its
 process ends there, as with SIGKILL) is recognised by the next run as its own: that rerun, without
---force, leaves exactly the new outputs.
+--force, leaves exactly the new outputs. `dumps compare`'s `pairs/` folder (what the real msprobe
+writes) is built in a temporary sibling and renamed into place as a unit: a full disk while msprobe
+compares, a failing rename and a kill mid-swap all leave the earlier pairs folder byte for byte.
 """
 
 from __future__ import annotations
@@ -253,3 +255,71 @@ def test_a_users_file_made_after_a_kill_is_never_removed(tmp_path):
     publishing.recover_at(output.folder)
     assert (output.folder / fresh[0]).read_text() == "the user's own file\n"
     assert not (output.folder / publishing.INTENT).exists()
+
+
+# ---------------------------------------------------------------- dumps compare's pairs folder
+
+
+@pytest.fixture
+def compared(tmp_path) -> tuple[Callable[[], tuple[int, str]], Path, dict[str, bytes]]:
+    """Two real dump folders compared once by the real msprobe (the earlier pairs), and the command."""
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    from tests.dumps.conftest import write_dump
+
+    write_dump(tmp_path / "a" / "step0" / "rank0")
+    write_dump(tmp_path / "b" / "step0" / "rank0")
+    out = tmp_path / "o"
+
+    def run() -> tuple[int, str]:
+        return cli("dumps", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out))
+
+    assert run()[0] in (0, 1)
+    assert (out / "pairs" / "001_step0_rank0" / "msprobe.log").is_file()
+    return run, out, files(out)
+
+
+def test_the_pairs_folder_is_replaced_as_a_unit_or_not_at_all(compared, monkeypatch):
+    run, out, before = compared
+    from rl_msprobe.dumps import runners
+
+    def full(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "pairs" / "001_step0_rank0"))
+
+    with monkeypatch.context() as patch:  # the disk fills while msprobe compares
+        patch.setattr(runners.WorkerRunner, "run", full)
+        code, err = run()
+    assert code == 2 and "No space left on device" in one_error(err) and "is as it was" in err
+    assert files(out) == before and not leftovers(out)
+    for k in (1, 2):  # the swap's two renames (the old folder aside, the new one in)
+        with monkeypatch.context() as patch:
+            fault = Fault(patch, "_rename_path", k)
+            code, err = run()
+        assert fault.calls >= k and code == 2 and "could not be put in place" in one_error(err), (k, err)
+        assert files(out) == before and not leftovers(out)
+    code, err = run()
+    assert code in (0, 1), err
+    after = files(out)
+    assert after != before and set(after) == set(before), "a new pairs folder, the same names"
+
+
+def test_a_run_killed_in_the_middle_of_the_swap_gets_the_earlier_pairs_back(compared):
+    run, out, before = compared
+    assert killed_at(run, "_rename_path", 2)  # the old folder aside, the new one not yet in
+    assert not (out / "pairs").exists()
+    publishing.recover_folder(out / "pairs")
+    assert files(out) == before and not leftovers(out)
+    assert killed_at(run, "_rename_path", 2)
+    code, err = run()  # the rerun itself recovers, then goes through
+    assert code in (0, 1), err
+    assert set(files(out)) == set(before) and not leftovers(out)
+
+
+def one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def leftovers(out: Path) -> list[str]:
+    """Temporary or kept-aside pairs folders beside <out>/pairs."""
+    return [p.name for p in out.iterdir() if p.name.startswith(".pairs.")]
