@@ -152,7 +152,11 @@ class Publication:
             raise ValueError(f"{name!r} is staged already")
         tmp = _aside(name, "tmp")
         _unlink(tmp, folder)  # this process's own, from an earlier publication
-        write_new(tmp, folder, data, mode)
+        try:
+            write_new(tmp, folder, data, mode)
+        except OSError as exc:
+            exc.filename = os.path.join(where, name)  # the file the user knows, not the temporary entry
+            raise
         self.items.append(Item(folder, where, name, tmp, sha(data)))
 
     def discard(self) -> None:
@@ -176,15 +180,20 @@ class Publication:
             _unlink(_aside(INTENT, "tmp"), self.home)
             write_new(_aside(INTENT, "tmp"), self.home, json.dumps(intent).encode())
             _rename(_aside(INTENT, "tmp"), INTENT, self.home)
-        except OSError:
+        except OSError as exc:
             _unlink(_aside(INTENT, "tmp"), self.home)
             self.discard()
+            exc.filename = os.path.join(self.home_path, INTENT)
             raise
         try:
             for item in self.items:  # the record is the last item: the commit point
-                if item.old:
-                    _rename(item.name, item.old, item.folder)
-                _rename(item.tmp, item.name, item.folder)
+                try:
+                    if item.old:
+                        _rename(item.name, item.old, item.folder)
+                    _rename(item.tmp, item.name, item.folder)
+                except OSError as exc:
+                    exc.filename = os.path.join(item.where, item.name)
+                    raise
         except BaseException as exc:  # a failed rename, or Ctrl-C: the old files back now
             problem = _roll_back(self.items)
             if problem:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,6 +179,9 @@ def test_a_failure_at_every_write_point_leaves_the_old_outputs(kind, call, tmp_p
         assert code == 2, (k, err)
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and "No space left on device" in lines[0] and "Traceback" not in err, (k, err)
+        named = lines[0].removeprefix("error: ").split(": ", 1)[0]  # the file the user knows, no temporary
+        temporary = re.search(r"\.rl-msprobe-\d+\.(tmp|old)$", named)
+        assert named.startswith(str(output.folder)) and not temporary, (k, err)
         assert files(output.folder) == old, f"{call} failing at call {k}: the folder is not the old outputs"
     else:
         raise AssertionError("the publish step never ended")
