@@ -201,9 +201,13 @@ def call(repo: Repo, *args: str, data: bytes | None = None, env: dict[str, str] 
 
 def _identity(repo: Repo) -> dict[str, str]:
     env: dict[str, str] = {}
-    if run(repo, "config", "user.name").returncode != 0:
+    have = {
+        line.split(" ", 1)[0]
+        for line in run(repo, "config", "--get-regexp", r"^user\.(name|email)$").stdout.splitlines()
+    }
+    if "user.name" not in have:
         env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")
-    if run(repo, "config", "user.email").returncode != 0:
+    if "user.email" not in have:
         env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
     return env
 
@@ -257,9 +261,13 @@ def rev(repo: Repo, name: str) -> str | None:
 
 def head_state(repo: Repo) -> tuple[str | None, str | None]:
     """(the branch HEAD is on, or None when detached; the commit it points at, None: no commit yet)."""
-    symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
-    commit = run(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}").stdout.strip()
-    return (symbolic.removeprefix("refs/heads/") or None), commit or None
+    both = run(repo, "rev-parse", "HEAD", "--symbolic-full-name", "HEAD", "--")  # one git process
+    found = both.stdout.split()  # the commit, the ref (or "HEAD": detached), then "--" echoed back
+    if both.returncode == 0 and len(found) == 3:
+        commit, ref = found[:2]
+        return (ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None), commit
+    symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()  # no commit yet
+    return (symbolic.removeprefix("refs/heads/") or None), None
 
 
 def _create_lock(lock: Path, repo: Repo, deadline: float) -> int:
