@@ -262,6 +262,24 @@ def test_revert_during_a_rebase_is_refused_and_apply_goes_through_after_the_abor
     assert git(tree, "log", "-1", "--format=%s").startswith("rl-msprobe: revert")
 
 
+def test_an_operation_is_the_worktrees_own(trees, tmp_path):
+    """A linked worktree has its own rebase state: one in the main checkout blocks nothing there."""
+    tree = copy(trees, "original", tmp_path / "t")
+    git(tree, "branch", "second")
+    linked = tmp_path / "linked"
+    git(tree, "worktree", "add", "-q", str(linked), "second")
+    start_rebase(tree)
+    code, _, err = apply(linked)
+    assert code == 0, err
+    assert git(linked, "log", "-1", "--format=%s").startswith("rl-msprobe: apply")
+    assert (tree / ".git" / "rebase-merge").is_dir()  # the main checkout's rebase, untouched
+    start_rebase(linked)
+    before = tree_state(linked)
+    code, _, err = run_cli("patch", "revert", SET, "--tree", str(linked))
+    assert code == 2 and "a rebase is in progress" in one_line_error(err) and "worktrees" in err, err
+    assert tree_state(linked) == before
+
+
 # ---------------------------------------------------------------- 2: hidden edits
 
 
