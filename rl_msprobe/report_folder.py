@@ -4,7 +4,8 @@
 user names, often one that already holds things. So: the folder is opened once (its descriptor is
 kept, so swapping it for a link half-way changes nothing) and must belong to the user and not be
 writable by others; every file is made as a new temporary entry (O_CREAT | O_EXCL | O_NOFOLLOW)
-and renamed over its name, so a symlink planted as `summary.json` is replaced, never written
+and at the end all of them take their names in one publish step (`publishing`: the old files or
+the new, never some of each), so a symlink planted as `summary.json` is replaced, never written
 through. A file already there is replaced only when this tool wrote it and nobody changed it since
 (`.rl-msprobe-report.json` keeps their sha256, as `prepare` does); anything else in the way is
 refused before the first byte unless --force.
@@ -19,11 +20,10 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from rl_msprobe import bounded
+from rl_msprobe import bounded, publishing
 from rl_msprobe.errors import UserError
 
 RECORD = ".rl-msprobe-report.json"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -40,10 +40,17 @@ class ReportFolder:
         self.force = force
         self.option = option
         self.written: dict[str, str] = {}
-        self.staged: dict[str, str] = {}  # name -> its temporary entry
+        self.staged: dict[str, str] = {}  # name -> its temporary entry (publishing)
         self.shas: dict[str, str] = {}  # name -> the sha256 of what was staged for it
         self.fd = self._open()
         self.record = self._load_record()
+        try:  # a run killed while putting its report in place: its files finished, or the old ones back
+            publishing.recover(self.fd, str(self.path))
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.record = self._load_record()
+        self.publication = publishing.Publication(self.fd, str(self.path))
 
     # ------------------------------------------------------------ the folder
 
@@ -81,15 +88,7 @@ class ReportFolder:
 
     def _read_own(self, name: str, limit: int) -> bytes | None:
         """A regular file of the folder, never through a link (None when absent, a link or too large)."""
-        try:
-            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-                return None
-            return handle.read(limit + 1)
+        return publishing.read_own(name, self.fd, limit)
 
     def _load_record(self) -> dict[str, str]:
         data = self._read_own(RECORD, bounded.CONFIG)
@@ -125,73 +124,51 @@ class ReportFolder:
         staged file takes its name at `commit`, all together. Returns the path it will have."""
         if isinstance(data, str):
             data = data.encode("utf-8")
-        if "/" in name or name in ("", ".", "..", RECORD) or name in self.staged:
+        if "/" in name or name in ("", ".", "..", RECORD, publishing.INTENT) or name in self.staged:
             raise ValueError(f"not a new plain file name: {name!r}")
-        tmp = f".{name}.{os.getpid()}.tmp"
         try:
-            self._unlink(tmp)
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=self.fd
-            )
-            self.staged[name] = tmp
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                os.fchmod(handle.fileno(), mode)
+            self.publication.stage(self.fd, str(self.path), name, data, mode)
         except OSError as exc:
             self.discard()
             raise UserError(
                 f"{self.path / name}: could not be written ({exc.strerror}); free some space or choose another "
                 f"{self.option}. Nothing was written."
             ) from None
+        self.staged[name] = self.publication.items[-1].tmp
         self.shas[name] = _sha(data)
         return self.path / name
 
     def commit(self) -> None:
         """Refuse when a staged name is taken by a file that is not ours (unless --force); else every
-        staged file takes its name (a link in the way is replaced, never followed), then the record."""
+        staged file takes its name and the record follows, in one publish step (`publishing`): an
+        interruption leaves the old files or the new ones, never some of each. A link in the way
+        is replaced, never followed."""
+        if not self.staged:
+            return
         try:
             self.claim(self.staged)
-            for name, tmp in list(self.staged.items()):
-                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-                del self.staged[name]
-                self.written[name] = self.shas[name]
-        except OSError as exc:
-            self.discard()
-            raise UserError(f"{self.path}: the report could not be put in place ({exc.strerror}).") from None
         except BaseException:
             self.discard()
             raise
-        if self.written and self._record_free():
-            record = json.dumps({"files": {**self.record, **self.written}}, indent=1) + "\n"
-            tmp = f".{RECORD}.{os.getpid()}.tmp"
-            try:
-                self._unlink(tmp)
-                fd = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=self.fd
-                )
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(record.encode())
-                os.replace(tmp, RECORD, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            except OSError:
-                self._unlink(tmp)  # only costs a --force next time
+        record = json.dumps({"files": {**self.record, **self.shas}}, indent=1) + "\n"
+        try:
+            self.publication.commit(RECORD, record.encode())
+        except OSError as exc:
+            self.staged.clear()
+            raise UserError(
+                f"{exc.filename or self.path}: the report could not be put in place ({exc.strerror}); the "
+                f"folder is as it was. Free some space or choose another {self.option}. Nothing was written."
+            ) from None
+        self.written.update(self.shas)
+        self.record.update(self.shas)
+        self.staged.clear()
+        self.shas.clear()
 
     def discard(self) -> None:
         """Remove every staged entry (the folder keeps exactly what it had)."""
-        for tmp in self.staged.values():
-            self._unlink(tmp)
+        self.publication.discard()
         self.staged.clear()
-
-    def _unlink(self, name: str) -> None:
-        try:
-            os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            pass
-
-    def _record_free(self) -> bool:
-        info = self._lstat(RECORD)
-        return info is None or stat.S_ISREG(info.st_mode)
+        self.shas.clear()
 
     def close(self) -> None:
         self.discard()

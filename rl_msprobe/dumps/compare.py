@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe import publishing
 from rl_msprobe.dumps import inputs
 from rl_msprobe.dumps.correlate import Correlation, Pair, Side
 from rl_msprobe.dumps.layout import DUMP_FILE, find_dumps
@@ -223,9 +223,12 @@ MARKER = ".rl-msprobe-pairs"  # in a pairs/ folder this tool created
 
 
 def pairs_dir(out: Path) -> Path:
-    """A fresh `<out>/pairs/` for this run: created here, or one this tool created before (its
-    marker inside, nothing symlinked); anything else is refused, never deleted."""
+    """A fresh folder to build this run's `<out>/pairs/` in: a temporary sibling (`publishing`), put
+    in place as a unit by `publish_pairs` when every pair is done, so an interrupted run leaves the
+    earlier pairs as they were. An existing `pairs/` must be one this tool created (its marker
+    inside, nothing symlinked, only its own entries); anything else is refused, never deleted."""
     pairs = out / PAIRS
+    publishing.recover_folder(pairs)
     if pairs.is_symlink() or (pairs.exists() and not (pairs / MARKER).is_file()):
         raise UserError(
             f"{pairs}: exists and was not created by rl-msprobe dumps compare; it is left alone. "
@@ -238,10 +241,34 @@ def pairs_dir(out: Path) -> Path:
                     f"{old}: not written by rl-msprobe dumps compare; {pairs} is left alone. "
                     "Choose another --out."
                 )
-        _clear(pairs)
-    pairs.mkdir(parents=True, exist_ok=True)
-    (pairs / MARKER).write_text("folders below were written by rl-msprobe dumps compare\n")
-    return pairs
+    out.mkdir(parents=True, exist_ok=True)
+    staging = publishing.stage_folder(pairs)
+    (staging / MARKER).write_text("folders below were written by rl-msprobe dumps compare\n")
+    return staging
+
+
+def publish_pairs(staging: Path, out: Path, results: list[PairResult]) -> None:
+    """The run's pairs folder in place as `<out>/pairs/` (one rename), the results' paths with it."""
+    final = out / PAIRS
+    try:
+        publishing.swap_folder(staging, final)
+    except OSError as exc:
+        raise UserError(
+            f"{final}: the pairs folder could not be put in place ({exc.strerror}); the earlier one is as "
+            "it was. Free some space and run again."
+        ) from None
+    for result in results:
+        result.out_dir = _moved(result.out_dir, staging, final)
+        result.csv = _moved(result.csv, staging, final) if result.csv else None
+        if result.error:
+            result.error = result.error.replace(str(staging), str(final))
+
+
+def _moved(path: Path, staging: Path, final: Path) -> Path:
+    try:
+        return final / path.relative_to(staging)
+    except ValueError:
+        return path
 
 
 _PAIR_DIR = re.compile(r"^\d{3,}_[A-Za-z0-9_.-]*$")
@@ -254,17 +281,6 @@ def _ours(path: Path) -> bool:
     if path.is_dir():
         return bool(_PAIR_DIR.match(path.name))
     return path.is_file() and bool(_WORKER_LOG.match(path.name))
-
-
-def _clear(pairs: Path) -> None:
-    """Remove this tool's own earlier pair folders (checked by `pairs_dir`) before a new run."""
-    for old in pairs.iterdir():
-        if old.name == MARKER:
-            continue
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
 
 
 def compare_args(train: Path, rollout: Path, backend: str, out_dir: Path) -> list[str]:
@@ -298,7 +314,7 @@ def run_one(
 ) -> PairResult:
     """One msprobe compare through `runner`; never raises for a pair's own failure. `roots`
     (train, rollout): the folders the dumps must lie under (resolved paths)."""
-    out_dir = out / PAIRS / f"{number:03d}_{_slug(pair.request_id)}"
+    out_dir = out / f"{number:03d}_{_slug(pair.request_id)}"  # out: this run's pairs folder
     result = PairResult(number, pair, out_dir, min_coverage=min_coverage)
     dumps = {}
     sides = [("train", pair.train.dump, roots[0])]
@@ -356,8 +372,7 @@ def compare_pairs(
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: msprobe's consistency compare knows {', '.join(BACKENDS)}.")
     argv = interpreter(python)  # fail early and plainly when msprobe cannot be found
-    out.mkdir(parents=True, exist_ok=True)
-    pairs_dir(out)
+    staging = pairs_dir(out)
     local = threading.local()
     runners: list[ProcessRunner | WorkerRunner] = []
     lock = threading.Lock()
@@ -367,13 +382,13 @@ def compare_pairs(
         if r is None:
             with lock:
                 n = len(runners)
-                r = ProcessRunner(argv) if per_process else WorkerRunner(argv, out / PAIRS / f"worker{n}.log")
+                r = ProcessRunner(argv) if per_process else WorkerRunner(argv, staging / f"worker{n}.log")
                 runners.append(r)
             local.runner = r
         return r
 
     def one(i: int, p: Pair) -> PairResult:
-        return run_one(i, p, out, backend, runner(), timeout, roots, min_coverage)
+        return run_one(i, p, staging, backend, runner(), timeout, roots, min_coverage)
 
     results: list[PairResult] = []
     try:
@@ -384,10 +399,21 @@ def compare_pairs(
                 results.append(res)
                 if on_done:
                     on_done(res)
-    finally:
+    except BaseException as exc:
         for r in runners:
             r.close()
-    return sorted(results, key=lambda r: r.number)
+        publishing.discard_folder(staging)  # the earlier pairs stay as they were
+        if isinstance(exc, OSError):
+            raise UserError(
+                f"{exc.filename or staging}: could not be written ({exc.strerror}); {out / PAIRS} is as it was. "
+                "Free some space and run again."
+            ) from None
+        raise
+    for r in runners:
+        r.close()
+    results.sort(key=lambda r: r.number)
+    publish_pairs(staging, out, results)
+    return results
 
 
 # ------------------------------------------------------------------ plain folders (no logs)

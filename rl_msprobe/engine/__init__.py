@@ -10,6 +10,7 @@ manifest), and `apply_many` / `revert_many` make a command over several trees al
 - `transaction`: one journaled write              - `recovery`: a killed run's journal, finished
 - `journal`: lock + write-ahead journal           - `manifest`: originals outside git
 - `git`: branch, commit, record of sets           - `tree`: git or not, state folder
+- `gitenv`: git always in the tree's repository   - `gitstate`: operations in progress, hidden edits
 - `results`: the frozen results (ApplyResult, RevertResult, TreeStatus, Recovered) and their JSON
 """
 

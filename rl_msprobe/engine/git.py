@@ -11,11 +11,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rl_msprobe import __version__
-from rl_msprobe.engine import journal
+from rl_msprobe.engine import gitenv, journal
 from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import PatchSet
@@ -30,7 +32,8 @@ def open_repo(root: Path) -> Repo | None:
     import git
 
     try:
-        repo = git.Repo(root, search_parent_directories=True)
+        with gitenv.without_location():  # the tree's repository, whatever GIT_DIR & co. name (gitenv)
+            repo = git.Repo(root, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         return None
     _check_ownership(repo)
@@ -58,9 +61,21 @@ def git_error() -> type[Exception]:
 
 
 def run(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    """git ARGS in the tree's repository (never one the environment names: gitenv), not checked."""
     return subprocess.run(
-        ["git", "-C", str(repo.working_tree_dir), *args], capture_output=True, text=True, check=False
+        ["git", "-C", str(repo.working_tree_dir), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=gitenv.env(),
     )
+
+
+def one_line(stderr: str, lines: int = 3) -> str:
+    """git's error on one line: its last lines (the one saying what happened is rarely the first)."""
+    text = [x.strip() for x in str(stderr).splitlines() if x.strip() and x.strip() not in ("'", "stderr: '")]
+    text = [x.removeprefix("stderr: '").rstrip("'").strip() for x in text]
+    return " / ".join(text[-lines:]) or "no message"
 
 
 def work_tree(repo: Repo) -> Path:
@@ -167,14 +182,15 @@ def check_index_lock(repo: Repo) -> None:
 ZERO = "0" * 40
 
 
-def _git(repo: Repo, *args: str, data: bytes | None = None, env: dict[str, str] | None = None) -> str:
-    """git ARGS in the work tree; its stdout (stripped); GitCommandError (git's stderr) when it fails."""
+def call(repo: Repo, *args: str, data: bytes | None = None, env: dict[str, str] | None = None) -> str:
+    """git ARGS in the tree's repository (gitenv: never one the environment names); its stdout
+    (stripped); GitCommandError (git's stderr) when it fails."""
     proc = subprocess.run(
         ["git", "-C", str(repo.working_tree_dir), *args],
         input=data,
         capture_output=True,
         check=False,
-        env={**os.environ, **(env or {})},
+        env=gitenv.env(env),
     )
     if proc.returncode != 0:
         import git
@@ -185,10 +201,13 @@ def _git(repo: Repo, *args: str, data: bytes | None = None, env: dict[str, str] 
 
 def _identity(repo: Repo) -> dict[str, str]:
     env: dict[str, str] = {}
-    reader = repo.config_reader()
-    if not reader.has_option("user", "name"):
+    have = {
+        line.split(" ", 1)[0]
+        for line in run(repo, "config", "--get-regexp", r"^user\.(name|email)$").stdout.splitlines()
+    }
+    if "user.name" not in have:
         env.update(GIT_AUTHOR_NAME="rl-msprobe", GIT_COMMITTER_NAME="rl-msprobe")
-    if not reader.has_option("user", "email"):
+    if "user.email" not in have:
         env.update(GIT_AUTHOR_EMAIL="rl-msprobe@localhost", GIT_COMMITTER_EMAIL="rl-msprobe@localhost")
     return env
 
@@ -202,9 +221,9 @@ def build_commit(
     can never take rl-msprobe's files. Returns (tree, commit)."""
     with tempfile.TemporaryDirectory(prefix="rl-msprobe-index-", dir=repo.git_dir) as folder:
         env = {"GIT_INDEX_FILE": os.path.join(folder, "index")}
-        _git(repo, "read-tree", parent, env=env)
+        call(repo, "read-tree", parent, env=env)
         modes = {}
-        listed = _git(repo, "ls-tree", "-z", parent, "--", *[p for p, _ in files]) if files else ""
+        listed = call(repo, "ls-tree", "-z", parent, "--", *[p for p, _ in files]) if files else ""
         for record in filter(None, listed.split("\0")):
             mode, _, rest = record.partition(" ")
             modes[rest.split("\t", 1)[1]] = mode
@@ -213,12 +232,12 @@ def build_commit(
             if data is None:
                 lines.append(f"0 {ZERO}\t{path}")
             else:  # --path: the repository's attributes (filters, eol) apply as `git add` would apply them
-                blob_id = _git(repo, "hash-object", "-w", f"--path={path}", "--stdin", data=data)
+                blob_id = call(repo, "hash-object", "-w", f"--path={path}", "--stdin", data=data)
                 lines.append(f"{modes.get(path, '100644')} {blob_id}\t{path}")
         if lines:
-            _git(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
-        tree = _git(repo, "write-tree", env=env)
-    commit = _git(
+            call(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
+        tree = call(repo, "write-tree", env=env)
+    commit = call(
         repo, "commit-tree", tree, "-p", parent, "-F", "-", data=message.encode(), env=_identity(repo)
     )
     return tree, commit
@@ -231,11 +250,24 @@ def _ref(info: dict[str, Any]) -> str:
     return f"refs/heads/{info['from_branch']}" if info.get("from_branch") else "HEAD"
 
 
-def _head(repo: Repo) -> tuple[str | None, str | None]:
-    """(the branch HEAD is on, or None when detached; the commit it points at)."""
-    symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
-    commit = run(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}").stdout.strip()
-    return (symbolic.removeprefix("refs/heads/") or None), commit or None
+def branch_exists(repo: Repo, name: str) -> bool:
+    return run(repo, "show-ref", "--verify", "--quiet", f"refs/heads/{name}").returncode == 0
+
+
+def rev(repo: Repo, name: str) -> str | None:
+    """The commit `name` points at (None: no such commit)."""
+    return run(repo, "rev-parse", "-q", "--verify", f"{name}^{{commit}}").stdout.strip() or None
+
+
+def head_state(repo: Repo) -> tuple[str | None, str | None]:
+    """(the branch HEAD is on, or None when detached; the commit it points at, None: no commit yet)."""
+    both = run(repo, "rev-parse", "HEAD", "--symbolic-full-name", "HEAD", "--")  # one git process
+    found = both.stdout.split()  # the commit, the ref (or "HEAD": detached), then "--" echoed back
+    if both.returncode == 0 and len(found) == 3:
+        commit, ref = found[:2]
+        return (ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None), commit
+    symbolic = run(repo, "symbolic-ref", "-q", "HEAD").stdout.strip()  # no commit yet
+    return (symbolic.removeprefix("refs/heads/") or None), None
 
 
 def _create_lock(lock: Path, repo: Repo, deadline: float) -> int:
@@ -247,24 +279,52 @@ def _create_lock(lock: Path, repo: Repo, deadline: float) -> int:
             if time.monotonic() > deadline:
                 raise UserError(
                     f"{lock}: another git command holds the index of {repo.working_tree_dir}; rl-msprobe waited "
-                    "for it. Run again when it has ended."
+                    "for it. Run again when it has ended. Nothing was changed."
                 ) from None
             time.sleep(0.05)
 
 
+@dataclass
+class IndexLock:
+    """git's `index.lock` of one repository, held by this process: its descriptor, and whether it was
+    renamed into place as the new index (then it is never removed)."""
+
+    fd: int
+    path: Path
+    published: bool = False
+
+
+# the repositories whose index.lock this process holds (by git dir), so `publish` within reuses it
+_HELD: ContextVar[dict[str, IndexLock] | None] = ContextVar("rl_msprobe_index_lock", default=None)
+
+
 @contextmanager
-def _holding_index(repo: Repo, wait: float = 5.0) -> Iterator[int]:
+def holding_index(repo: Repo, wait: float = 5.0) -> Iterator[IndexLock]:
     """git's own `index.lock`, taken as git takes it (O_EXCL): while rl-msprobe holds it no `git commit`,
-    `add` or `checkout` of the user's can run, so the ref, HEAD and the index change together. Waits
-    briefly for a git command that holds it; then refuses (the caller undoes, nothing changed)."""
-    lock = index_lock(repo)
-    fd = _create_lock(lock, repo, time.monotonic() + wait)
+    `add` or `checkout` of the user's can run (they fail at once: "index.lock: File exists"), so the
+    files, the ref, HEAD and the index change together. Taken before the first file is written and
+    held until `publish` renames it into place as the new index (on a failure: until the files are
+    back). Waits briefly for a git command that holds it, then refuses (the caller undoes, nothing
+    changed). Re-entrant: `publish` within it uses the same lock."""
+    key = os.path.realpath(repo.git_dir)
+    held = _HELD.get() or {}
+    if key in held and not held[key].published:  # once renamed into place it is the index: a new lock
+        yield held[key]
+        return
+    path = index_lock(repo)
+    lock = IndexLock(_create_lock(path, repo, time.monotonic() + wait), path)
+    token = _HELD.set({**held, key: lock})
     try:
-        yield fd
+        journal.checkpoint("index-lock")
+        yield lock
     finally:
-        os.close(fd)
-        if lock.exists():  # not renamed into place: nothing of it is used
-            lock.unlink()
+        _HELD.reset(token)
+        os.close(lock.fd)
+        if not lock.published:  # not renamed into place: nothing of it is used
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def _index_for(repo: Repo, info: dict[str, Any]) -> bytes:
@@ -277,22 +337,22 @@ def _index_for(repo: Repo, info: dict[str, Any]) -> bytes:
         env = {"GIT_INDEX_FILE": temp}
         paths = info["paths"]
         if not current.exists():
-            _git(repo, "read-tree", info["commit"], env=env)
+            call(repo, "read-tree", info["commit"], env=env)
         elif paths:
-            listed = _git(repo, "ls-tree", "-z", info["commit"], "--", *paths)
+            listed = call(repo, "ls-tree", "-z", info["commit"], "--", *paths)
             entries = {}
             for record in filter(None, listed.split("\0")):
                 meta, path = record.split("\t", 1)
                 mode, _, blob_id = meta.split(" ")
                 entries[path] = f"{mode} {blob_id}\t{path}"
             lines = [entries.get(p, f"0 {ZERO}\t{p}") for p in paths]
-            _git(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
+            call(repo, "update-index", "-z", "--index-info", data="\0".join(lines).encode() + b"\0", env=env)
         # the new entries' stat data from the files on disk (else git sees them "not uptodate")
         subprocess.run(
             ["git", "-C", str(repo.working_tree_dir), "update-index", "-q", "--refresh"],
             capture_output=True,
             check=False,
-            env={**os.environ, **env},
+            env=gitenv.env(env),
         )
         return Path(temp).read_bytes()
 
@@ -301,9 +361,8 @@ def publish(repo: Repo, info: dict[str, Any]) -> None:
     """Make the journal's commit part of the repository, holding git's index lock throughout: the ref
     (an atomic update that fails if it moved meanwhile; a new branch must not exist yet), HEAD onto a
     new branch, and the user's index entries of the committed paths. Also finishes one a kill cut short."""
-    with _holding_index(repo) as fd:
-        journal.checkpoint("index-lock")
-        branch, at = _head(repo)
+    with holding_index(repo) as lock:
+        branch, at = head_state(repo)
         done = committed(repo, info)
         started_here = branch == info["from_branch"] and at == info["from_head"]
         if not done and not started_here:
@@ -314,17 +373,26 @@ def publish(repo: Repo, info: dict[str, Any]) -> None:
         switch = bool(info.get("branch")) and started_here
         if done and not switch and at != info["commit"]:
             return  # finished before, and the user has moved on since: nothing of theirs is touched
-        os.write(fd, _index_for(repo, info))
-        os.fsync(fd)
+        os.ftruncate(lock.fd, 0)  # a second publish under the same lock (an undo that finds the commit in)
+        os.lseek(lock.fd, 0, os.SEEK_SET)
+        _write_all(lock.fd, _index_for(repo, info))
+        os.fsync(lock.fd)
         if not done:
             old = ZERO if info.get("branch") else info["from_head"]
-            _git(repo, "update-ref", "--no-deref", "-m", "rl-msprobe", _ref(info), info["commit"], old)
+            call(repo, "update-ref", "--no-deref", "-m", "rl-msprobe", _ref(info), info["commit"], old)
             journal.checkpoint("ref")
         if switch:
-            _git(repo, "symbolic-ref", "-m", "rl-msprobe", "HEAD", _ref(info))
+            call(repo, "symbolic-ref", "-m", "rl-msprobe", "HEAD", _ref(info))
             journal.checkpoint("head")
-        os.replace(index_lock(repo), Path(repo.git_dir) / "index")
+        os.replace(lock.path, Path(repo.git_dir) / "index")
+        lock.published = True
     journal.checkpoint("published")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def committed(repo: Repo, info: dict[str, Any]) -> bool:
@@ -346,21 +414,19 @@ def committed(repo: Repo, info: dict[str, Any]) -> bool:
 
 def _committed_by_message(repo: Repo, info: dict[str, Any]) -> bool:
     ref = f"refs/heads/{info['branch']}" if info.get("branch") else "HEAD"
-    try:
-        found = repo.commit(ref)
-    except Exception:  # noqa: BLE001 - no such ref: nothing was committed
-        return False
-    return [p.hexsha for p in found.parents] == [info["from_head"]] and str(found.message).strip() == str(
-        info["message"]
-    ).strip()
+    found = run(repo, "log", "-1", "--format=%P%x00%B", ref, "--")
+    if found.returncode != 0:
+        return False  # no such ref: nothing was committed
+    parents, _, text = found.stdout.partition("\0")
+    return parents.split() == [info["from_head"]] and text.strip() == str(info["message"]).strip()
 
 
 def leave_branch(repo: Repo, info: dict[str, Any]) -> None:
     """Back from rl-msprobe's new branch to where the operation started (a branch, or a detached HEAD)."""
     if info["from_branch"]:
-        repo.git.checkout("-q", info["from_branch"])
+        call(repo, "checkout", "-q", info["from_branch"])
     else:
-        repo.git.checkout("-q", "--detach", info["from_head"])
+        call(repo, "checkout", "-q", "--detach", info["from_head"])
 
 
 def repo_paths(repo: Repo, root: Path, changes: list[FileChange]) -> list[str]:
@@ -388,7 +454,7 @@ def check_branch_name(repo: Repo, name: str) -> None:
         raise UserError(
             f"--branch {name!r}: not a valid git branch name (see `git check-ref-format`); pass another name."
         )
-    if name in [h.name for h in repo.heads]:
+    if branch_exists(repo, name):
         raise UserError(
             f"branch {name} already exists in {repo.working_tree_dir}; check it out, delete it, "
             "or pass --branch NAME."
@@ -408,26 +474,6 @@ def message(verb: str, target: Target, sets: list[PatchSet], plan: Plan) -> str:
         *(f"Not covered: {m.entry_point}: {m.piece}: {m.reason}" for m in plan.not_covered if m.in_tree),
     ]
     return "\n".join(lines) + "\n"
-
-
-def check_clean(repo: Repo, root: Path, changes: list[FileChange], allow_dirty: bool) -> None:
-    # the work tree against the index, the index against HEAD: raw diffs, each names its a_path
-    changed = [*repo.index.diff(None), *repo.index.diff("HEAD")]
-    dirty = [item.a_path for item in changed if item.a_path is not None]
-    if not dirty:
-        return
-    if not allow_dirty:
-        raise UserError(
-            f"{repo.working_tree_dir}: uncommitted changes ({', '.join(sorted(set(dirty))[:5])}); commit or stash "
-            "them, or pass --allow-dirty (your changes are then left as they are)."
-        )
-    touched = set(repo_paths(repo, root, changes))
-    clash = sorted(touched & set(dirty))
-    if clash:
-        raise UserError(
-            f"{', '.join(clash)}: has uncommitted changes and would be patched; commit or stash it first "
-            "(even with --allow-dirty rl-msprobe never mixes your edits into its commit)."
-        )
 
 
 _SUBJECT = re.compile(r"rl-msprobe: (apply|revert) (.+)")

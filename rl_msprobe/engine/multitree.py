@@ -67,13 +67,13 @@ def _take_back(done: list[Finished], exc: BaseException, trees: list[str]) -> No
 
 def _uncommit(repo: Repo, info: dict[str, Any], commit: str) -> None:
     """The commit of this command goes: its new branch is dropped, or the current branch reset (--keep)."""
-    if repo.head.commit.hexsha != commit:
+    if git.head_state(repo)[1] != commit:
         raise UserError(f"{repo.working_tree_dir}: HEAD moved past rl-msprobe's commit {commit[:12]}")
     if info.get("branch"):
         git.leave_branch(repo, info)
-        repo.git.branch("-D", info["branch"])
+        git.call(repo, "branch", "-D", info["branch"])
     else:
-        repo.git.reset("-q", "--keep", info["from_head"])
+        git.call(repo, "reset", "-q", "--keep", info["from_head"])
 
 
 def _unwrite(done: Transaction) -> None:

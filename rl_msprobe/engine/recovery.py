@@ -46,18 +46,18 @@ def roll_back(tree: Tree, doc: dict[str, Any]) -> None:
         return  # the commit is made as objects and the ref moved last: nothing of git to take back
     # a journal of an older rl-msprobe: it staged in the index and checked out its branch first
     if info["paths"]:
-        repo.git.reset("-q", "--", *info["paths"])
+        git.call(repo, "reset", "-q", "--", *info["paths"])
     name = info.get("branch")
-    if not name or name not in [h.name for h in repo.heads]:
+    if not name or not git.branch_exists(repo, name):
         return
-    if repo.commit(name).hexsha != info["from_head"]:
+    if git.rev(repo, f"refs/heads/{name}") != info["from_head"]:
         raise UserError(  # commits on it since (the user's): checking out the old branch would hide them
             f"branch {name} has commits since the interrupted rl-msprobe {doc['op']}; rl-msprobe leaves it as "
             f"it is. Check it by hand (git log {name}), then remove {tree.state / journal.JOURNAL}."
         )
-    if not repo.head.is_detached and repo.active_branch.name == name:
+    if git.head_state(repo)[0] == name:
         git.leave_branch(repo, info)
-    repo.git.branch("-D", name)
+    git.call(repo, "branch", "-D", name)
 
 
 def undo(tree: Tree, exc: BaseException) -> bool:
@@ -90,7 +90,7 @@ def why(exc: BaseException) -> str:
         return f"{exc.filename or 'a file'}: could not be written ({exc.strerror})"
     stderr = getattr(exc, "stderr", None)
     if stderr:
-        return f"git failed: {str(stderr).strip()[-300:]}"
+        return f"git failed: {git.one_line(str(stderr))}"
     return str(exc)
 
 

@@ -7,6 +7,7 @@ take them back when a later tree fails.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -37,27 +38,44 @@ class Transaction:
     entries: tuple[journal.Entry, ...]
     git: dict[str, Any] | None = None
 
-    def run(self, steps: Callable[[], Any] | None = None) -> Any:
+    def run(
+        self,
+        steps: Callable[[], Any] | None = None,
+        hold: Callable[[], AbstractContextManager[Any]] | None = None,
+    ) -> Any:
         """Journal first, then `steps` (default: write the files); any failure puts everything back
-        (or leaves it to the next run). Returns what `steps` returns (on git: the commit made)."""
+        (or leaves it to the next run). `hold`: a lock taken after the journal, before the first write,
+        and kept until the steps are done or undone (on git, the index's). Returns what `steps`
+        returns (on git: the commit made)."""
         journal.begin(self.tree.state, self.tree.root, self.op, list(self.entries), {"git": self.git})
+        undone = False
         try:
             journal.checkpoint("journal")
-            if steps is not None:
-                out = steps()
-            else:
-                write_entries(self.entries)
-                out = None
+            with hold() if hold is not None else nullcontext():
+                try:
+                    if steps is None:
+                        write_entries(self.entries)
+                    out = steps() if steps is not None else None
+                except BaseException as exc:  # undone while the lock is still held
+                    undone = True
+                    out = self._undo(exc)
         except BaseException as exc:
-            if not undo(self.tree, exc):
+            if undone:
                 raise
-            out = self.git["commit"] if self.git else None  # interrupted after its commit: done, not undone
+            out = self._undo(exc)  # before the first write: the journal, or the lock not had
         else:
-            journal.finish(self.tree.state)
+            if not undone:
+                journal.finish(self.tree.state)
         finished = FINISHED.get()
         if finished is not None:
             finished.append(Finished(self, out if self.git else None))
         return out
+
+    def _undo(self, exc: BaseException) -> Any:
+        """Everything back (re-raising `exc`), or, interrupted after its commit, done: the commit."""
+        if not undo(self.tree, exc):
+            raise exc
+        return self.git["commit"] if self.git else None
 
 
 @dataclass(frozen=True)

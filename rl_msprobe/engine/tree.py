@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rl_msprobe.engine import git, journal
+from rl_msprobe.engine import git, gitenv, journal
 from rl_msprobe.errors import UserError
 from rl_msprobe.upstream.trees import Target
 
@@ -34,7 +34,10 @@ def open_tree(target: Target, writing: bool) -> Tree:
             "patched without git, originals kept beside it for an exact revert."
         )
         repo = None
-    if repo is not None and writing and not repo.head.is_valid():
+    if repo is not None and repo.working_tree_dir is not None:
+        ignored = gitenv.note(str(repo.working_tree_dir))
+        notes += [ignored] if ignored else []
+    if repo is not None and writing and git.head_state(repo)[1] is None:
         raise UserError(
             f"{repo.working_tree_dir}: a git repository with no commits yet; rl-msprobe commits on top of the "
             "upstream files. Commit them first (git add -A && git commit -m upstream) and run again."

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_msprobe.engine import coverage, git, journal, manifest, space
+from rl_msprobe.engine import coverage, git, gitstate, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
 from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
@@ -134,6 +134,8 @@ def apply(
         repo = tree.repo
         if branch and repo is not None:
             git.check_branch_name(repo, branch)
+        if repo is not None:
+            gitstate.check_sparse(repo, target.root, [piece.path for _, piece in unique_pieces(sets)])
         plan = plan_apply(target, sets, entry_point)
         notes = (*tree.notes, *(note for s in sets for note in s.notes_for(target.version)))
         changed = [c.path for c in plan.changes]
@@ -179,17 +181,19 @@ def _apply_git(
 ) -> GitCommit:
     repo = tree.repo
     assert repo is not None  # a git tree
+    gitstate.check_idle(repo)
+    space.require(tree, plan.changes)  # a full disk refused with its figure before git is asked anything
     # no file to change (only the record): the user's uncommitted work is never part of that commit
-    git.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
+    gitstate.check_clean(repo, target.root, plan.changes, allow_dirty or not plan.changes)
     paths = git.repo_paths(repo, target.root, plan.changes)
     _preflight(target.root, plan.changes)
-    original_branch = None if repo.head.is_detached else repo.active_branch.name
+    original_branch, from_head = git.head_state(repo)
+    assert from_head is not None  # open_tree refuses a repository without commits
     name = branch or git.default_branch(sets)
     new_branch = make_branch and original_branch != name
     if new_branch:
         git.check_branch_name(repo, name)
     message = git.message("apply", target, sets, plan)
-    from_head = repo.head.commit.hexsha
     files = [(path, change.after) for path, change in zip(paths, plan.changes)]
     space.require(tree, plan.changes)
     tree_id, commit = _objects(tree, files, message, from_head)
@@ -210,7 +214,8 @@ def _apply_git(
         git.publish(repo, info)
         return commit
 
-    sha = Transaction(tree, "apply", entries, info).run(steps)
+    # git's index lock from before the first file is written until the commit is in (git.holding_index)
+    sha = Transaction(tree, "apply", entries, info).run(steps, hold=lambda: git.holding_index(repo))
     return GitCommit(name if new_branch else original_branch, sha, original_branch)
 
 
@@ -222,7 +227,7 @@ def _objects(tree: Tree, files: list[tuple[str, bytes | None]], message: str, pa
     except git.git_error() as exc:
         raise UserError(
             f"{tree.repo.working_tree_dir}: git could not store the commit's objects "
-            f"({str(getattr(exc, 'stderr', exc)).strip()[-300:]}); free some space or fix the repository and "
+            f"({git.one_line(getattr(exc, 'stderr', str(exc)))}); free some space or fix the repository and "
             "run again. Nothing was changed."
         ) from None
 
@@ -235,6 +240,8 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
     _writable(target)
     with _locked(target) as (tree, recovered):
         repo = tree.repo
+        if repo is not None:
+            gitstate.check_sparse(repo, target.root, [piece.path for _, piece in unique_pieces(sets)])
         recorded = _recorded(tree)
         keep = holders(target, sets, recorded)
         plan = plan_revert(target, sets, None if repo is not None else tree.state, keep)
@@ -277,26 +284,30 @@ def _revert_git(
 ) -> GitCommit | None:
     repo = tree.repo
     assert repo is not None  # a git tree
+    gitstate.check_idle(repo)
+    space.require(tree, plan.changes)  # a full disk refused with its figure before git is asked anything
     paths = git.repo_paths(repo, target.root, plan.changes)
     gone = git.repo_paths(repo, target.root, [FileChange(p, None, None) for p in deleted])
     if paths:
-        edited = sorted(
+        shown = {
             line[3:]
             for line in git.run(repo, "status", "--porcelain", "--", *paths).stdout.splitlines()
             if not line.startswith("??")
-        )
+        }
+        edited = sorted(shown | set(gitstate.hidden_edits(repo, paths)))
         if edited:
             raise UserError(
                 f"{', '.join(edited)}: uncommitted changes in files the revert would commit; commit or stash "
                 "them first (rl-msprobe never mixes your edits into its commit). Nothing was changed."
             )
     _preflight(target.root, plan.changes)
-    known = set(repo.git.ls_files("--", *paths).splitlines()) if paths else set()
+    known = set(git.call(repo, "ls-files", "-z", "--", *paths).split("\0")) if paths else set()
     tracked = [p for p in paths if p in known] + gone
     message = git.message("revert", target, sets, plan)
     if deleted:
         message += "".join(f"  {p} (deleted by hand before the revert)\n" for p in deleted)
-    from_head = repo.head.commit.hexsha
+    from_branch, from_head = git.head_state(repo)
+    assert from_head is not None  # open_tree refuses a repository without commits
     after = dict(zip(paths, (c.after for c in plan.changes)))
     files = [(path, after.get(path)) for path in tracked]
     commit = None
@@ -304,7 +315,7 @@ def _revert_git(
     if tracked or unrecord:  # no file tracked but the sets are recorded: an empty commit drops them
         _, commit = _objects(tree, files, message, from_head)
     info: dict[str, Any] = {  # the journal's git record (git.publish, leave_branch)
-        "from_branch": None if repo.head.is_detached else repo.active_branch.name,
+        "from_branch": from_branch,
         "from_head": from_head,
         "branch": None,
         "paths": tracked,
@@ -320,7 +331,7 @@ def _revert_git(
             git.publish(repo, info)
         return commit
 
-    sha = Transaction(tree, "revert", entries, info).run(steps)
+    sha = Transaction(tree, "revert", entries, info).run(steps, hold=lambda: git.holding_index(repo))
     if sha is None:
         return None
     return GitCommit(info["from_branch"], sha)

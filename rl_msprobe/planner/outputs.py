@@ -1,7 +1,8 @@
 """The writing step of `prepare`: the derived script and configs, never at the cost of a user's file.
 
 A file is overwritten only when rl-msprobe wrote it and nobody changed it since: every write is
-recorded (sha256) in `.rl-msprobe-prepared.json` beside the configs. Anything else in the way (a
+recorded (sha256) in `.rl-msprobe-prepared.json` beside the configs, and all outputs and that
+record are put in place in one publish step (`publishing`). Anything else in the way (a
 script of the same name, an edited config, a symlink) is refused unless --force. Paths are
 resolved first, so no output can land on the original script through a symlink.
 """
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl_msprobe import publishing
 from rl_msprobe.engine import journal
 from rl_msprobe.errors import UserError
 
@@ -49,6 +50,9 @@ def _ours(record: dict[str, str], key: str, path: str) -> bool:
 def write(outputs: list[Output], record_dir: str, original: str, original_bytes: bytes, force: bool) -> None:
     """Write every output or none of them; refuses (exit 2) before writing when any would cost user bytes."""
     record_path = Path(record_dir) / RECORD
+    # a prepare killed while putting its outputs in place: finished, or the old ones back (so its
+    # half-written outputs are never taken for the user's)
+    publishing.recover_at(Path(record_dir))
     record = _load_record(record_path)
     real_original = os.path.realpath(original)
     for out in outputs:
@@ -70,26 +74,14 @@ def write(outputs: list[Output], record_dir: str, original: str, original_bytes:
         )
     if journal.read(Path(original)) != original_bytes:
         raise UserError(f"{original} changed while preparing; run prepare again. Nothing was written.")
-    temps: list[tuple[str, str]] = []
-    try:
-        for out in outputs:
-            folder = os.path.dirname(os.path.abspath(out.path))
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out.path)}.", dir=folder)
-            temps.append((tmp, out.path))
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-                handle.write(out.text)
-            os.chmod(tmp, 0o755 if out.executable else 0o644)
-        for tmp, path in temps:
-            os.replace(tmp, path)
-    except OSError as exc:
-        for tmp, _ in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise UserError(f"{exc.filename or record_dir}: could not be written ({exc.strerror}).") from exc
     for out in outputs:
         record[_key(record_path, out.path)] = journal.sha(out.text.encode("utf-8")) or ""
-    try:
-        journal.write_file(record_path, (json.dumps({"files": record}, indent=1) + "\n").encode())
-    except OSError:
-        pass  # only costs a --force next time
+    files = [(Path(o.path), o.text.encode("utf-8"), 0o755 if o.executable else 0o644) for o in outputs]
+    doc = (json.dumps({"files": record}, indent=1) + "\n").encode()
+    try:  # every output and the record in one publish step: the old files or the new, never some of each
+        publishing.publish_paths(files, Path(record_dir), RECORD, doc)
+    except OSError as exc:
+        raise UserError(
+            f"{exc.filename or record_dir}: could not be written ({exc.strerror}); the outputs are as they "
+            "were. Nothing was written."
+        ) from exc

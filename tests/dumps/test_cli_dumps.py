@@ -132,12 +132,19 @@ def test_compare_leaves_a_pairs_folder_it_did_not_create(tmp_path: Path) -> None
 
 
 def test_pairs_folder_of_an_earlier_run_is_renewed(tmp_path: Path) -> None:
-    from rl_msprobe.dumps.compare import MARKER, pairs_dir
+    from rl_msprobe.dumps.compare import MARKER, pairs_dir, publish_pairs
 
-    pairs = pairs_dir(tmp_path)
-    (pairs / "001_x").mkdir()
-    (pairs / "worker0.log").write_text("")
-    assert sorted(p.name for p in pairs_dir(tmp_path).iterdir()) == [MARKER]
+    staging = pairs_dir(tmp_path)  # built beside <out>/pairs, put in place as a unit at the end
+    (staging / "001_x").mkdir()
+    (staging / "worker0.log").write_text("")
+    publish_pairs(staging, tmp_path, [])
+    pairs = tmp_path / "pairs"
+    assert sorted(p.name for p in pairs.iterdir()) == [MARKER, "001_x", "worker0.log"]
+    staging = pairs_dir(tmp_path)
+    assert sorted(p.name for p in staging.iterdir()) == [MARKER] and (pairs / "001_x").is_dir()
+    publish_pairs(staging, tmp_path, [])
+    assert sorted(p.name for p in pairs.iterdir()) == [MARKER]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs"]  # nothing left beside it
     (pairs / "mine.txt").write_text("user's")
     with pytest.raises(UserError, match="not written by rl-msprobe"):
         pairs_dir(tmp_path)
