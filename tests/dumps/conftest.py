@@ -101,3 +101,69 @@ def consistency_tree(tmp_path: Path) -> tuple[Path, Path]:
     for step in (0, 1, 2):
         write_dump(t / f"step{step}" / "proc400")
     return r, t
+
+
+# ------------------------------------------------------------ real msprobe dumps of one request
+POSITION_STANDIN = Path(__file__).with_name("position_standin.py")
+POSITION_RUNS = {  # name -> position_standin.py arguments after OUT (and the TP rank, if any)
+    "clean": ["rollout"],
+    "decode_plant": ["rollout", "--plant", "model.layers.1.mlp.down_proj", "--when", "decode"],
+    "prefill_plant": [
+        "rollout",
+        "--plant",
+        "model.layers.0.self_attn.o_proj",
+        "--when",
+        "prefill",
+        "--row",
+        "3",
+    ],
+    "tp": ["rollout"],  # two processes: TP ranks 0 and 1 of one gloo group
+    "train": ["train"],
+    "train_flip": ["train", "--flip", "10"],
+    "train_prompt": ["train", "--prompt-only"],  # what today's prefill-only consistency compares
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real msprobe tensor-mode dumps (position_standin.py) of one request: rollout roots
+    (stepN = prefill, then decode steps) and training roots (step0 = the whole forward)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    pytest.importorskip("transformers", reason="transformers is in the `test` extra")
+    base = tmp_path_factory.mktemp("positions")
+    port = str(_free_port())
+    procs = {}
+    for name, args in POSITION_RUNS.items():
+        ranks = [(str(r), "2") for r in range(2)] if name == "tp" else [("0", "1")]
+        for rank, world in ranks:
+            env = {**os.environ, "STANDIN_TASK": "tensor", "RANK": rank, "WORLD_SIZE": world}
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            procs[(name, rank)] = subprocess.Popen(
+                [sys.executable, str(POSITION_STANDIN), args[0], str(base / name), *args[1:]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=base,
+                env=env,
+            )
+    for key, p in procs.items():
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, f"{key} failed:\n{out.decode(errors='replace')[-3000:]}"
+    return {name: base / name for name in POSITION_RUNS}
+
+
+def step_dumps(root: Path) -> list[list[Path]]:
+    """Each msprobe step's dump.json files under ROOT (step order; TP ranks lowest first)."""
+    steps = sorted(root.glob("step*"), key=lambda p: int(p.name[4:]))
+    return [sorted(s.glob("*/dump.json"), key=lambda p: p.parent.name) for s in steps]

@@ -274,22 +274,59 @@ def test_tp_ranks_with_different_step_counts_fail_check(tmp_path: Path) -> None:
     assert json.dumps(report.to_json())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20, not done: tensor-mode dumps of several TP ranks would need their .pt shards "
-    "concatenated (torch, in the training interpreter); such a pair fails with that reason today",
-)
-def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(tmp_path: Path) -> None:
-    from rl_msprobe.dumps import inputs
+def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    """Real msprobe tensor dumps of a TP=2 gloo group (position_standin.py): the prefill's shards,
+    concatenated (fused qkv / gate_up parts put back in the training order), are the TP=1 rollout's
+    tensors, and msprobe's own compare of the merged step against the training forward passes."""
+    import torch
 
-    ranks, _, train = _tp_dumps()
-    paths = []
-    for i, data in enumerate(ranks):
-        doc = {"task": "tensor", "level": "L0", "framework": "pytorch", "data": data}
-        paths.append(write_dump(tmp_path / f"rank{i}", doc))
-    t = write_dump(tmp_path / "train", {"task": "tensor", "level": "L0", "data": train})
-    given = inputs.prepare(t, paths[0], tmp_path / "given", "fsdp", tuple(paths[1:]))
-    assert given.rollout != paths[0]
+    from rl_msprobe.dumps import inputs
+    from rl_msprobe.dumps.compare import run_one
+    from rl_msprobe.dumps.correlate import Pair, Side
+    from rl_msprobe.dumps.runners import ProcessRunner, interpreter
+    from tests.dumps.conftest import step_dumps
+
+    ranks = step_dumps(position_dumps["tp"])[0]
+    whole = step_dumps(position_dumps["clean"])[0][0]
+    train = step_dumps(position_dumps["train_prompt"])[0][0]
+    given = inputs.prepare(train, ranks[0], tmp_path / "given", "fsdp", (ranks[1],))
+    assert given.rollout != ranks[0] and given.written
+    merged = given.rollout.parent / inputs.TENSOR_DIR
+
+    def load(folder: Path, name: str) -> torch.Tensor:
+        return torch.load(folder / name, weights_only=True)
+
+    names = {
+        "Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0.output.0.pt": 1e-5,
+        "Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0.parameters.weight.pt": 0.0,
+        "Module.model.layers.1.mlp.gate_up_proj.MergedColumnParallelLinear.forward.0.output.0.pt": 1e-5,
+        "Module.model.layers.1.mlp.down_proj.RowParallelLinear.forward.0.input.0.pt": 1e-5,
+        "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.parameters.weight.pt": 0.0,
+        "Module.lm_head.ParallelLMHead.forward.0.output.0.pt": 1e-5,  # by shape: [T, V/2] of [1, T, V]
+    }
+    for name, atol in names.items():
+        assert name in given.written, sorted(given.written)
+        got, want = load(merged, name), load(whole.parent / inputs.TENSOR_DIR, name)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=atol, rtol=0), name
+        # the shards as they are ([q0 k0 v0 q1 k1 v1]) would not be: the order is what is tested
+        shards = [load(r.parent / inputs.TENSOR_DIR, name) for r in ranks]
+        dim = 0 if "weight" in name else -1
+        if "qkv" in name or "gate_up" in name:
+            assert not torch.allclose(torch.cat(shards, dim), want, atol=1e-3)
+    doc = json.loads(given.rollout.read_text())["data"]
+    qkv = doc["Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0"]["output"][0]
+    assert qkv["shape"] == [8, 256] and qkv["data_name"].endswith("output.0.pt")
+    # the replicated tensors are rank 0's own files, linked
+    norm = "Module.model.layers.0.input_layernorm.RMSNorm.forward.0.output.0.pt"
+    assert norm not in given.written and (merged / norm).is_file()
+    # msprobe's own compare of the merged step
+    side = lambda p: Side(None, None, None, str(p))  # noqa: E731
+    pair = Pair("tp2", side(ranks[0]), side(train), (side(ranks[1]),))
+    result = run_one(1, pair, tmp_path / "out", "fsdp", ProcessRunner(interpreter(None)))
+    assert result.error is None, result.error
+    assert result.status == "consistent", result.summary.to_json() if result.summary else None
 
 
 def test_a_shard_the_class_does_not_name_is_found_by_shape() -> None:

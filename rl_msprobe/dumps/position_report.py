@@ -1,0 +1,70 @@
+"""The picture of a whole-response compare: judged error by position and layer, prefill and response
+marked, the first divergence circled; beside it, when given, the log-prob gap per response position."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from rl_msprobe.dumps.positions import Result
+from rl_msprobe.reporting.plot import pyplot
+
+
+def plot_map(result: Result, path: Path, logprob_gap: Sequence[float] | None = None) -> str | None:
+    """Write PATH (png); None, or why there is no plot. Colour: log10 of the largest module
+    error / noise floor of each layer at each position (0 = at the floor); LOGPROB_GAP: one
+    value per response position (triage's per-token data), drawn under the map."""
+    plt, why = pyplot()
+    if plt is None:
+        return why
+    layers, grid = result.layer_map()
+    if not grid or not layers:
+        return "nothing was judged: no plot"
+    values = [[math.log10(v) if v and v > 0 else math.nan for v in row] for row in grid]
+    columns = list(map(list, zip(*values)))  # layer x position
+    rows = 2 if logprob_gap else 1
+    fig, axes = plt.subplots(
+        rows,
+        1,
+        figsize=(max(6.0, 0.35 * len(grid) + 2), 2.2 + 0.35 * len(layers) + 1.6 * (rows - 1)),
+        squeeze=False,
+    )
+    ax = axes[0][0]
+    image = ax.imshow(
+        columns, aspect="auto", origin="lower", cmap="viridis", vmin=-3, vmax=3, interpolation="nearest"
+    )
+    fig.colorbar(image, ax=ax, label="log10(error / noise floor)")
+    ax.set_yticks(range(len(layers)), layers)
+    ticks = list(range(len(grid)))
+    ax.set_xticks(
+        ticks,
+        [str(p.start) if p.stop - p.start == 1 else f"{p.start}-{p.stop - 1}" for p in result.positions],
+        fontsize=7,
+    )
+    ax.set_xlabel("position")
+    ax.set_ylabel("layer")
+    boundary = next((i for i, p in enumerate(result.positions) if p.start >= result.prompt), None)
+    if boundary is not None:
+        ax.axvline(boundary - 0.5, color="white", linewidth=1.5)
+        ax.text(boundary - 0.6, len(layers) - 0.6, "prefill", color="white", ha="right", va="top", fontsize=8)
+        ax.text(boundary - 0.4, len(layers) - 0.6, "response", color="white", ha="left", va="top", fontsize=8)
+    first = result.first
+    if first is not None:
+        where, judgement = first
+        x = result.positions.index(where)
+        label = str(judgement.layer) if judgement.layer is not None else None
+        y = layers.index(label) if label in layers else 0
+        ax.scatter([x], [y], s=120, facecolors="none", edgecolors="red", linewidths=2)
+    ax.set_title(result.verdict()[:110], fontsize=8)
+    if logprob_gap:
+        gap_ax = axes[1][0]
+        start = boundary if boundary is not None else 0
+        gap_ax.plot(range(start, start + len(logprob_gap)), list(logprob_gap), marker=".")
+        gap_ax.set_xlim(ax.get_xlim())
+        gap_ax.set_ylabel("log-prob gap")
+        gap_ax.set_xlabel("position")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,117 @@
+"""Whole-response consistency on real msprobe tensor dumps of one request (position_standin.py): a
+vLLM-named tiny Qwen2 decoding with a KV cache against transformers' forward over prompt + response.
+The plants multiply one module's output by 1.01 in decode steps only, or on prompt rows >= 3 of the
+prefill only (issue 32)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_msprobe.dumps import positions
+from rl_msprobe.errors import UserError
+from tests.dumps.conftest import step_dumps, write_dump
+
+PROMPT, RESPONSE = 8, 6  # position_standin.PROMPT / RESPONSE
+
+
+def request(root: Path, train: Path) -> positions.Result:
+    steps = [positions.read_forward(s[0]) for s in step_dumps(root)]
+    return positions.compare_request(steps[0], steps[1:], positions.read_forward(step_dumps(train)[0][0]))
+
+
+def test_clean_is_consistent_at_every_position(position_dumps: dict[str, Path]) -> None:
+    r = request(position_dumps["clean"], position_dumps["train"])
+    assert r.status == "consistent", r.verdict()
+    assert [(p.start, p.phase) for p in r.positions] == [(i, "prefill") for i in range(PROMPT)] + [
+        (PROMPT + k, "decode") for k in range(RESPONSE - 1)
+    ]
+    # every position judges the same modules: projections (fused qkv / gate_up met by their
+    # training parts), norms, attention block, MLP, decoder layers, the head
+    judged = {len(p.judgements) for p in r.positions}
+    assert judged == {21}, judged
+    modules = {j.module for j in r.positions[PROMPT].judgements}
+    assert {"model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj", "lm_head"} <= modules
+    assert max(j.error for p in r.positions for j in p.judgements) < 1e-5  # fp32 round-off only
+    assert r.uncovered == [PROMPT + RESPONSE - 1]  # the last response token is never fed back
+    assert r.verdict().startswith("CONSISTENT at every position: 13 position span(s)")
+
+
+def test_a_decode_only_divergence_is_found_at_the_first_response_position(
+    position_dumps: dict[str, Path],
+) -> None:
+    r = request(position_dumps["decode_plant"], position_dumps["train"])
+    assert r.status == "divergent"
+    first = r.first
+    assert first is not None
+    where, j = first
+    assert (where.start, where.phase, j.module, j.tensor) == (
+        PROMPT,
+        "decode",
+        "model.layers.1.mlp.down_proj",
+        "output.0",
+    )
+    assert j.error == pytest.approx(0.01, rel=0.05) and j.floor_ratio > 50 and j.gain > 50
+    assert all(p.first is None for p in r.positions[:PROMPT])  # the prefill is untouched
+    assert all(p.first is not None and p.first.module == j.module for p in r.positions[PROMPT:])
+    # what a prefill-only compare says about the same job: nothing
+    prefill = positions.read_forward(step_dumps(position_dumps["decode_plant"])[0][0])
+    only = positions.compare_request(
+        prefill, [], positions.read_forward(step_dumps(position_dumps["train"])[0][0])
+    )
+    assert only.status == "consistent", only.verdict()
+    assert "response position 0" in r.verdict() and "model.layers.1.mlp.down_proj" in r.verdict()
+
+
+def test_a_prefill_only_divergence_is_found_inside_the_prompt(position_dumps: dict[str, Path]) -> None:
+    r = request(position_dumps["prefill_plant"], position_dumps["train"])
+    first = r.first
+    assert first is not None
+    where, j = first
+    assert (where.start, where.phase, j.module) == (3, "prefill", "model.layers.0.self_attn.o_proj")
+    assert [p.start for p in r.positions if p.first] == [3, 4, 5, 6, 7]
+
+
+def test_different_token_ids_are_not_compared_naming_the_position(position_dumps: dict[str, Path]) -> None:
+    r = request(position_dumps["clean"], position_dumps["train_flip"])
+    assert r.status == "not compared" and not r.positions
+    assert r.ids_mismatch and "position 10 " in r.ids_mismatch
+    assert r.verdict().startswith("NOT COMPARED: the token ids differ at position 10")
+
+
+def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    train = positions.read_forward(step_dumps(position_dumps["train"])[0][0])
+    steps = []
+    for n, ranks in enumerate(step_dumps(position_dumps["tp"])):
+        assert [p.parent.name for p in ranks] == ["rank0", "rank1"]
+        steps.append(positions.read_step(ranks, train, tmp_path / f"step{n}"))
+    r = positions.compare_request(steps[0], steps[1:], train)
+    assert r.status == "consistent", r.verdict()
+    assert {len(p.judgements) for p in r.positions} == {21}
+
+
+def test_the_layer_map_marks_where_the_divergence_starts(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    from rl_msprobe.dumps.position_report import plot_map
+
+    r = request(position_dumps["decode_plant"], position_dumps["train"])
+    layers, grid = r.layer_map()
+    assert layers == ["embed", "0", "1", "head"] and len(grid) == len(r.positions)
+    assert grid[PROMPT][2] is not None and grid[PROMPT][2] > 50  # layer 1 at the first response position
+    assert all(row[1] is not None and row[1] < 1 for row in grid)  # layer 0: noise everywhere
+    png = tmp_path / "map.png"
+    assert plot_map(r, png) is None and png.stat().st_size > 1000
+    doc = json.loads(json.dumps(r.to_json()))
+    assert doc["first"]["start"] == PROMPT and doc["first"]["module"] == "model.layers.1.mlp.down_proj"
+
+
+def test_a_training_dump_in_statistics_mode_is_refused(tmp_path: Path) -> None:
+    doc = {"task": "statistics", "level": "L0", "data": {"Module.m.Linear.forward.0": {"input_args": []}}}
+    train = positions.read_forward(write_dump(tmp_path / "t", doc))
+    with pytest.raises(UserError, match="dump the training side with task tensor"):
+        positions.compare_request(train, [], train)
