@@ -117,6 +117,16 @@ POSITION_RUNS = {  # name -> position_standin.py arguments after OUT (and the TP
         "--row",
         "3",
     ],
+    # decode steps in statistics mode (STANDIN_TASK): the bounded-size choice for the rollout
+    "decode_plant_stats": [
+        "rollout",
+        "--plant",
+        "model.layers.1.mlp.down_proj",
+        "--when",
+        "decode",
+        "--dump",
+        "decode",
+    ],
     "tp": ["rollout"],  # two processes: TP ranks 0 and 1 of one gloo group
     "train": ["train"],
     "train_flip": ["train", "--flip", "10"],
@@ -148,7 +158,8 @@ def position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, args in POSITION_RUNS.items():
         ranks = [(str(r), "2") for r in range(2)] if name == "tp" else [("0", "1")]
         for rank, world in ranks:
-            env = {**os.environ, "STANDIN_TASK": "tensor", "RANK": rank, "WORLD_SIZE": world}
+            task = "statistics" if name.endswith("_stats") else "tensor"
+            env = {**os.environ, "STANDIN_TASK": task, "RANK": rank, "WORLD_SIZE": world}
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
             procs[(name, rank)] = subprocess.Popen(
                 [sys.executable, str(POSITION_STANDIN), args[0], str(base / name), *args[1:]],

@@ -9,6 +9,8 @@ or as one rank of a real TP group (gloo), and the training forward over prompt +
   ones a shard of their input features and all-reduce, the embedding a shard of the vocabulary.
   ``--plant MODULE --when decode|prefill [--row R] [--scale S]`` multiplies that module's output
   by 1+S in one-token forwards only (decode), or on prompt rows >= R of the prefill only.
+  ``--dump prefill|decode`` dumps only those steps (msprobe's task is one per process: a
+  prefill in tensor mode and decode steps in statistics mode come from two runs).
 - ``train OUT [--flip POS] [--prompt-only]``: transformers' Qwen2ForCausalLM (FSDP1 names) over
   prompt + response (or the prompt alone) in one forward, one msprobe step; ``--flip`` changes
   the token at that position.
@@ -246,12 +248,15 @@ def run_rollout(out: str, a: argparse.Namespace) -> None:
     dbg = standin.debugger(out, out)
     steps = [(PROMPT, list(range(len(PROMPT))))]
     steps += [([tok], [len(PROMPT) + k]) for k, tok in enumerate(RESPONSE[:-1])]
-    for ids, positions in steps:
-        dbg.start(model=model)
+    for n, (ids, positions) in enumerate(steps):
+        dump = a.dump == "all" or (a.dump == "prefill") == (n == 0)
+        if dump:
+            dbg.start(model=model)
         with torch.no_grad():
             model(torch.tensor(ids), torch.tensor(positions))
-        dbg.stop()
-        dbg.step()
+        if dump:
+            dbg.stop()
+            dbg.step()
 
 
 def run_train(out: str, a: argparse.Namespace) -> None:
@@ -276,6 +281,9 @@ def main() -> None:
     p.add_argument("--when", choices=["decode", "prefill"], default="decode")
     p.add_argument("--row", type=int, default=0, help="prefill plant: first prompt row perturbed")
     p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument(
+        "--dump", choices=["all", "prefill", "decode"], default="all", help="rollout: the steps dumped"
+    )
     p.add_argument("--flip", type=int, help="train: change the token id at this position")
     p.add_argument(
         "--prompt-only", action="store_true", help="train: the prompt alone (what PROMPTS_ONLY runs)"

@@ -65,6 +65,31 @@ def test_a_decode_only_divergence_is_found_at_the_first_response_position(
     assert "response position 0" in r.verdict() and "model.layers.1.mlp.down_proj" in r.verdict()
 
 
+def test_decode_steps_in_statistics_mode_are_judged_per_position(position_dumps: dict[str, Path]) -> None:
+    """The bounded-size choice: the prefill in tensor mode, each decode step in statistics mode
+    (one token: its statistics are that position's), the training forward in tensor mode."""
+    prefill = positions.read_forward(step_dumps(position_dumps["clean"])[0][0])
+    decodes = [positions.read_forward(s[0]) for s in step_dumps(position_dumps["decode_plant_stats"])]
+    assert [d.task for d in decodes] == ["statistics"] * (RESPONSE - 1)
+    r = positions.compare_request(
+        prefill, decodes, positions.read_forward(step_dumps(position_dumps["train"])[0][0])
+    )
+    first = r.first
+    assert first is not None, r.verdict()
+    where, j = first
+    assert (where.start, where.phase, j.module, j.tensor) == (
+        PROMPT,
+        "decode",
+        "model.layers.1.mlp.down_proj",
+        "output.0",
+    )
+    assert j.error == pytest.approx(0.01, rel=0.05)
+    assert [p.start for p in r.positions if p.first] == list(range(PROMPT, PROMPT + RESPONSE - 1))
+    # the modules before the plant are judged from statistics at every decode position, and clean
+    before = [x for p in r.positions[PROMPT:] for x in p.judgements if x.layer == 0]
+    assert before and all(not x.divergent and x.error < 1e-5 for x in before)
+
+
 def test_a_prefill_only_divergence_is_found_inside_the_prompt(position_dumps: dict[str, Path]) -> None:
     r = request(position_dumps["prefill_plant"], position_dumps["train"])
     first = r.first
