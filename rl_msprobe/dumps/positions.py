@@ -430,11 +430,26 @@ def _stats_value(leaf: JsonObject) -> Value:
 
 
 class _Side:
-    """Reads one forward's tensors as [tokens, rest] rows, one file at a time (cached)."""
+    """Reads one forward's tensors as [tokens, rest] rows (cached until `drop`)."""
 
     def __init__(self, fwd: Forward, tokens: int, load: Loader):
         self.fwd, self.tokens, self.load = fwd, tokens, load
         self.cache: dict[Path, Array | None] = {}
+
+    def wanted(self, keys: tuple[str, ...], label: str) -> list[Path]:
+        """The tensor files of KEYS' LABEL not read yet (each checked to exist)."""
+        out = []
+        for key in keys:
+            entry = self.fwd.data.get(key)
+            leaf = _leaf(entry, label) if entry else None
+            f = _file(self.fwd, leaf) if leaf else None
+            if f is not None and f not in self.cache:
+                if not f.is_file():
+                    raise UserError(
+                        f"{f}: tensor file named in {self.fwd.path} is missing; re-dump this step."
+                    )
+                out.append(f)
+        return out
 
     def rows(self, key: str, label: str) -> tuple[JsonObject | None, Array | None]:
         entry = self.fwd.data.get(key)
@@ -445,10 +460,13 @@ class _Side:
         if f is None:
             return leaf, None
         if f not in self.cache:
-            if not f.is_file():
-                raise UserError(f"{f}: tensor file named in {self.fwd.path} is missing; re-dump this step.")
-            self.cache[f] = token_rows(self.load([f])[f], self.tokens)
-        return leaf, self.cache[f]
+            self.fill(self.load(self.wanted((key,), label)))
+        return leaf, self.cache.get(f)
+
+    def fill(self, arrays: dict[Path, Array]) -> None:
+        for f, a in arrays.items():
+            if f.parent == self.fwd.folder:
+                self.cache[f] = token_rows(a, self.tokens)
 
     def value(self, keys: tuple[str, ...], label: str, span: tuple[int, int], offset: int) -> Value | None:
         """The value at SPAN (absolute positions; OFFSET: this forward's first position); several
@@ -575,6 +593,12 @@ def compare_request(
         if pair.note:
             result.not_judged[pair.note] = result.not_judged.get(pair.note, 0) + 1
             continue
+        # every file this tensor needs, on both sides, in one load (one process without torch here)
+        files = [f for side in sides for f in side.wanted((pair.rollout_key,), pair.label)]
+        files += tside.wanted(pair.train_keys, pair.label)
+        arrays = load(files) if files else {}
+        for side in [*sides, tside]:
+            side.fill(arrays)
         for i, (step, span) in enumerate(spans):
             side = sides[steps.index(step)]
             if pair.rollout_key not in step.forward.data:

@@ -6,6 +6,7 @@ prefill only (issue 32)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,14 +110,22 @@ def test_different_token_ids_are_not_compared_naming_the_position(position_dumps
 def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
     position_dumps: dict[str, Path], tmp_path: Path
 ) -> None:
+    """Merged and read through another interpreter (`-I`: as when torch is not importable here,
+    the training interpreter's): shards concatenated and tensors read by tensor_files there."""
+    other = [sys.executable, "-I"]
     train = positions.read_forward(step_dumps(position_dumps["train"])[0][0])
     steps = []
     for n, ranks in enumerate(step_dumps(position_dumps["tp"])):
         assert [p.parent.name for p in ranks] == ["rank0", "rank1"]
-        steps.append(positions.read_step(ranks, train, tmp_path / f"step{n}"))
-    r = positions.compare_request(steps[0], steps[1:], train)
+        steps.append(positions.read_step(ranks, train, tmp_path / f"step{n}", other))
+    r = positions.compare_request(steps[0], steps[1:], train, positions.load_arrays(other))
     assert r.status == "consistent", r.verdict()
-    assert {len(p.judgements) for p in r.positions} == {21}
+    assert {len(p.judgements) for p in r.positions} == {21}  # lm_head's output found by shape
+    # the same errors as the TP=1 rollout's, up to round-off
+    one = request(position_dumps["clean"], position_dumps["train"])
+    for a, b in zip(r.positions, one.positions):
+        assert [j.module for j in a.judgements] == [j.module for j in b.judgements]
+        assert max(abs(x.error - y.error) for x, y in zip(a.judgements, b.judgements)) < 1e-5
 
 
 def test_the_layer_map_marks_where_the_divergence_starts(
