@@ -68,3 +68,32 @@ def plot_map(result: Result, path: Path, logprob_gap: Sequence[float] | None = N
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def markdown(result: Result, image: str | None = None) -> list[str]:
+    """The verdict, the map (IMAGE: its file name, when written) and one row per position span."""
+    from rl_msprobe.reporting.markdown import md_table
+
+    lines = ["# Whole-response consistency", "", f"**{result.verdict()}**", ""]
+    if image:
+        lines += [f"![position x layer map]({image})", ""]
+    if result.uncovered:
+        lines += [f"Training positions without a rollout step: {', '.join(map(str, result.uncovered))}.", ""]
+    if result.not_judged:
+        told = "; ".join(f"{why}: {n}" for why, n in sorted(result.not_judged.items()))
+        lines += [f"Tensors not judged (per step): {told}.", ""]
+    rows = []
+    for p in result.positions:
+        first, worst = p.first, max(p.judgements, key=lambda j: j.floor_ratio, default=None)
+        rows.append(
+            [
+                p.label(result.prompt),
+                p.phase,
+                "divergent" if first else "consistent",
+                f"{first.module} {first.tensor}" if first else "–",
+                f"{worst.error:.3g} ({worst.module})" if worst else "–",
+                str(len(p.judgements)),
+            ]
+        )
+    head = ["position", "phase", "verdict", "first divergent module", "largest error", "judged"]
+    return lines + md_table(head, rows)

@@ -291,7 +291,6 @@ class Result:
     ids_mismatch: str | None = None  # NOT COMPARED: why (first differing position)
     not_judged: dict[str, int] = field(default_factory=dict)  # note -> tensors
     uncovered: list[int] = field(default_factory=list)  # training positions no rollout step has
-    notes: list[str] = field(default_factory=list)
 
     @property
     def first(self) -> tuple[Position, Judgement] | None:
@@ -302,12 +301,18 @@ class Result:
         return None
 
     @property
+    def unjudged(self) -> list[int]:
+        """First positions of the spans where no module output could be judged."""
+        return [p.start for p in self.positions if not p.judgements]
+
+    @property
     def status(self) -> str:
+        """divergent | not compared (other token ids, or a position nothing was judged at) | consistent."""
         if self.ids_mismatch:
             return "not compared"
         if self.first:
             return "divergent"
-        if not self.positions or not any(p.judgements for p in self.positions):
+        if not self.positions or self.unjudged:
             return "not compared"
         return "consistent"
 
@@ -325,7 +330,8 @@ class Result:
                 f"{j.precision} noise floor, {j.gain:.3g}x what it received; {bad} of {n} position span(s) diverge"
             )
         if self.status == "not compared":
-            return "NOT COMPARED: no module output could be judged at any position"
+            where = ", ".join(map(str, self.unjudged[:10])) or "any position"
+            return f"NOT COMPARED: no module output could be judged at {where} (do both sides dump the same modules?)"
         judged = sum(len(p.judgements) for p in self.positions)
         floors = ", ".join(
             f"{k} {100 * v:.3g}%"
@@ -367,7 +373,7 @@ class Result:
             "ids_mismatch": self.ids_mismatch,
             "uncovered": self.uncovered,
             "not_judged": self.not_judged,
-            "notes": self.notes,
+            "unjudged": self.unjudged,
             "positions": [p.to_json() for p in self.positions],
         }
 
@@ -631,3 +637,30 @@ def compare_request(
             Position(span[0], span[1], step.phase, tuple(judge(apply_engine_conventions(rows))))
         )
     return result
+
+
+def _dump_json(path: Path) -> Path:
+    """A dump folder's dump.json, or the path itself when it is one."""
+    return path / "dump.json" if path.is_dir() else path
+
+
+def compare_dumps(
+    prefill: Sequence[Path],
+    decodes: Sequence[Sequence[Path]],
+    train: Path,
+    work: Path,
+    python: list[str] | None = None,
+) -> Result:
+    """`compare_request` from msprobe dump folders (or dump.json files): PREFILL and each of
+    DECODES are one step's folders, one per TP rank (lowest first; merged under WORK when there
+    are several); TRAIN the training forward's. PYTHON: the interpreter that reads tensor files
+    when torch does not import here."""
+    if not prefill:
+        raise UserError("no prefill dump given: pass the request's prefill step folder(s).")
+    t = read_forward(_dump_json(train))
+    first = read_step([_dump_json(p) for p in prefill], t, work / "prefill", python)
+    rest = [
+        read_step([_dump_json(p) for p in ranks], t, work / f"decode{k}", python)
+        for k, ranks in enumerate(decodes)
+    ]
+    return compare_request(first, rest, t, load_arrays(python))

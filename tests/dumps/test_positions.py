@@ -23,6 +23,17 @@ def request(root: Path, train: Path) -> positions.Result:
     return positions.compare_request(steps[0], steps[1:], positions.read_forward(step_dumps(train)[0][0]))
 
 
+def test_from_dump_folders(position_dumps: dict[str, Path], tmp_path: Path) -> None:
+    """compare_dumps takes the step folders as msprobe writes them (TP ranks merged on the way)."""
+    folders = [[p.parent for p in s] for s in step_dumps(position_dumps["tp"])]
+    train = step_dumps(position_dumps["train"])[0][0].parent
+    r = positions.compare_dumps(folders[0], folders[1:], train, tmp_path)
+    assert r.status == "consistent" and len(r.positions) == PROMPT + RESPONSE - 1, r.verdict()
+    assert (tmp_path / "decode0" / "rollout" / "dump.json").is_file()
+    with pytest.raises(UserError, match="no prefill dump given"):
+        positions.compare_dumps([], [], train, tmp_path)
+
+
 def test_clean_is_consistent_at_every_position(position_dumps: dict[str, Path]) -> None:
     r = request(position_dumps["clean"], position_dumps["train"])
     assert r.status == "consistent", r.verdict()
@@ -107,19 +118,41 @@ def test_different_token_ids_are_not_compared_naming_the_position(position_dumps
     assert r.verdict().startswith("NOT COMPARED: the token ids differ at position 10")
 
 
+def test_a_step_with_nothing_to_judge_is_not_compared(position_dumps: dict[str, Path]) -> None:
+    """Consistent means judged at every position: a decode step that dumped only the embedding
+    (its token ids) makes the request NOT COMPARED, naming that position."""
+    steps = [positions.read_forward(s[0]) for s in step_dumps(position_dumps["clean"])]
+    embed = {k: v for k, v in steps[2].data.items() if ".embed_tokens." in k}
+    steps[2] = positions.Forward(steps[2].path, steps[2].task, embed)
+    train = positions.read_forward(step_dumps(position_dumps["train"])[0][0])
+    r = positions.compare_request(steps[0], steps[1:], train)
+    embed_only = [p for p in r.positions if p.start == PROMPT + 1]
+    assert embed_only and [j.module for j in embed_only[0].judgements] == ["model.embed_tokens"]
+    steps[2] = positions.Forward(steps[2].path, steps[2].task, {k: v for k, v in embed.items()})
+    # nothing but the ids: drop the embedding's output too
+    key = next(iter(embed))
+    steps[2].data[key] = {**embed[key], "output": []}
+    r = positions.compare_request(steps[0], steps[1:], train)
+    assert r.status == "not compared" and r.unjudged == [PROMPT + 1], r.verdict()
+    assert r.verdict().startswith(f"NOT COMPARED: no module output could be judged at {PROMPT + 1} ")
+
+
 def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
     position_dumps: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Merged and read through another interpreter (`-I`: as when torch is not importable here,
-    the training interpreter's): shards concatenated and tensors read by tensor_files there."""
+    """Merged through another interpreter (`-I`: as when torch is not importable here, the
+    training interpreter's): shards concatenated, and tensors read, by tensor_files there."""
     other = [sys.executable, "-I"]
     train = positions.read_forward(step_dumps(position_dumps["train"])[0][0])
     steps = []
     for n, ranks in enumerate(step_dumps(position_dumps["tp"])):
         assert [p.parent.name for p in ranks] == ["rank0", "rank1"]
         steps.append(positions.read_step(ranks, train, tmp_path / f"step{n}", other))
-    r = positions.compare_request(steps[0], steps[1:], train, positions.load_arrays(other))
+    r = positions.compare_request(steps[0], steps[1:], train)
     assert r.status == "consistent", r.verdict()
+    files = sorted((steps[0].folder).glob("*.pt"))[:4]
+    there, here = positions.load_arrays(other)(files), positions.load_arrays()(files)
+    assert len(there) == 4 and all((there[f] == here[f]).all() for f in files)
     assert {len(p.judgements) for p in r.positions} == {21}  # lm_head's output found by shape
     # the same errors as the TP=1 rollout's, up to round-off
     one = request(position_dumps["clean"], position_dumps["train"])
@@ -131,7 +164,7 @@ def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
 def test_the_layer_map_marks_where_the_divergence_starts(
     position_dumps: dict[str, Path], tmp_path: Path
 ) -> None:
-    from rl_msprobe.dumps.position_report import plot_map
+    from rl_msprobe.dumps.position_report import markdown, plot_map
 
     r = request(position_dumps["decode_plant"], position_dumps["train"])
     layers, grid = r.layer_map()
@@ -139,7 +172,13 @@ def test_the_layer_map_marks_where_the_divergence_starts(
     assert grid[PROMPT][2] is not None and grid[PROMPT][2] > 50  # layer 1 at the first response position
     assert all(row[1] is not None and row[1] < 1 for row in grid)  # layer 0: noise everywhere
     png = tmp_path / "map.png"
-    assert plot_map(r, png) is None and png.stat().st_size > 1000
+    assert plot_map(r, png, logprob_gap=[0.0, 0.01, 0.02, 0.02, 0.03]) is None and png.stat().st_size > 1000
+    md = "\n".join(markdown(r, png.name))
+    assert md.count("| divergent | model.layers.1.mlp.down_proj output.0 |") == RESPONSE - 1
+    assert (
+        "| position 8 (response position 0) | decode | divergent |" in md
+        and "![position x layer map](map.png)" in md
+    )
     doc = json.loads(json.dumps(r.to_json()))
     assert doc["first"]["start"] == PROMPT and doc["first"]["module"] == "model.layers.1.mlp.down_proj"
 

@@ -274,6 +274,31 @@ def test_tp_ranks_with_different_step_counts_fail_check(tmp_path: Path) -> None:
     assert json.dumps(report.to_json())
 
 
+def test_fused_shards_are_put_back_in_the_order_of_their_parts(tmp_path: Path) -> None:
+    """tensor_files.concat: each rank holds a slice of every part ([q_r k_r v_r]); the whole is
+    [q k v]. Parts that do not split over the ranks are refused, naming the file."""
+    import torch
+
+    from rl_msprobe.dumps import tensor_files
+
+    q, k, v = torch.randn(3, 8), torch.randn(3, 4), torch.randn(3, 4)
+    files = []
+    for r in range(2):
+        shard = torch.cat([q[:, 4 * r : 4 * r + 4], k[:, 2 * r : 2 * r + 2], v[:, 2 * r : 2 * r + 2]], -1)
+        files.append(str(tmp_path / f"rank{r}.pt"))
+        torch.save(shard, files[-1])
+    job = {"files": files, "dim": 1, "parts": [8, 4, 4], "out": str(tmp_path / "whole.pt")}
+    reply = tensor_files.handle({"op": "concat", "jobs": [job]})
+    assert reply["ok"], reply
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    assert torch.equal(whole, torch.cat([q, k, v], -1))
+    assert reply["results"][0]["Norm"] == pytest.approx(float(torch.linalg.vector_norm(whole.double())))
+    plain = tensor_files.handle({"op": "concat", "jobs": [{**job, "parts": None}]})
+    assert plain["ok"] and not torch.equal(torch.load(tmp_path / "whole.pt", weights_only=True), whole)
+    bad = tensor_files.handle({"op": "concat", "jobs": [{**job, "parts": [7, 5, 4]}]})
+    assert not bad["ok"] and "rank0.pt" in bad["error"] and "do not split evenly" in bad["error"]
+
+
 def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(
     position_dumps: dict[str, Path], tmp_path: Path
 ) -> None:
