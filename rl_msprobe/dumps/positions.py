@@ -37,12 +37,13 @@ from rl_msprobe.dumps import tensor_jobs
 from rl_msprobe.dumps.fused import parts_of
 from rl_msprobe.dumps.judge import Judgement, is_integer, judge
 from rl_msprobe.dumps.layout import load_json
-from rl_msprobe.dumps.summary import apply_engine_conventions, own_row
+from rl_msprobe.dumps.summary import apply_engine_conventions, module_of, own_row
 from rl_msprobe.dumps.tp_merge import COLUMN, is_tensor
 from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
 
 TENSOR_DIR = "dump_tensor_data"
+MIN_COVERAGE = 0.5  # as dumps compare: below this share of the rollout's modules judged, NOT COMPARED
 _KEY = re.compile(r"^Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.forward\.(?P<n>\d+)$")
 WRAP = "_fsdp_wrapped_module."
 Array = Any  # numpy arrays (numpy is imported where used)
@@ -291,6 +292,7 @@ class Result:
     ids_mismatch: str | None = None  # NOT COMPARED: why (first differing position)
     not_judged: dict[str, int] = field(default_factory=dict)  # note -> tensors
     uncovered: list[int] = field(default_factory=list)  # training positions no rollout step has
+    coverage: float = 1.0  # the smaller share of either side's modules (with an output) judged somewhere
 
     @property
     def first(self) -> tuple[Position, Judgement] | None:
@@ -312,7 +314,7 @@ class Result:
             return "not compared"
         if self.first:
             return "divergent"
-        if not self.positions or self.unjudged:
+        if not self.positions or self.unjudged or self.coverage < MIN_COVERAGE:
             return "not compared"
         return "consistent"
 
@@ -329,6 +331,11 @@ class Result:
                 f"(layer {'–' if j.layer is None else j.layer}): error {j.error:.3g}, {j.floor_ratio:.3g}x the "
                 f"{j.precision} noise floor, {j.gain:.3g}x what it received; {bad} of {n} position span(s) diverge"
             )
+        if self.status == "not compared" and self.positions and not self.unjudged:
+            return (
+                f"NOT COMPARED: only {self.coverage:.0%} of one side's modules met the other's "
+                f"(< {MIN_COVERAGE:.0%}; other names, other module selections, or a dump cut short?)"
+            )
         if self.status == "not compared":
             where = ", ".join(map(str, self.unjudged[:10])) or "any position"
             return f"NOT COMPARED: no module output could be judged at {where} (do both sides dump the same modules?)"
@@ -337,10 +344,17 @@ class Result:
             f"{k} {100 * v:.3g}%"
             for k, v in sorted({j.precision: j.floor for p in self.positions for j in p.judgements}.items())
         )
+        # the last response token is never fed back: its position has no rollout step by design
+        missing = self.uncovered[:-1]
+        gap = (
+            f"; training positions {missing[0]}-{self.uncovered[-1]} have no rollout step (not compared)"
+            if missing
+            else ""
+        )
         return (
-            f"CONSISTENT at every position: {n} position span(s) (prompt {self.prompt}, response "
-            f"{self.train_tokens - self.prompt}), {judged} module outputs judged; none exceeds its input's "
-            f"error and the noise floor ({floors})"
+            f"CONSISTENT at every {'compared ' if missing else ''}position: {n} position span(s) (prompt "
+            f"{self.prompt}, response {self.train_tokens - self.prompt}), {judged} module outputs judged; none "
+            f"exceeds its input's error and the noise floor ({floors}){gap}"
         )
 
     def layer_map(self) -> tuple[list[str], list[list[float | None]]]:
@@ -372,6 +386,7 @@ class Result:
             else None,
             "ids_mismatch": self.ids_mismatch,
             "uncovered": self.uncovered,
+            "coverage": round(self.coverage, 4),
             "not_judged": self.not_judged,
             "unjudged": self.unjudged,
             "positions": [p.to_json() for p in self.positions],
@@ -636,6 +651,15 @@ def compare_request(
         result.positions.append(
             Position(span[0], span[1], step.phase, tuple(judge(apply_engine_conventions(rows))))
         )
+    # coverage, both ways: a side cut short (or named otherwise) leaves the other's modules unmet
+    outputs = {module_of(f"{p.rollout_key}.{p.label}")[0] for p in plan if p.label.startswith("output")}
+    judged = {j.module for p in result.positions for j in p.judgements}
+    used = {k for p in result.positions for j in p.judgements for k in plan[j.index].train_keys}
+    train_outputs = {k for k, e in train.data.items() if _leaf(e, "output.0") is not None}
+    result.coverage = min(
+        len(judged & outputs) / len(outputs) if outputs else 0.0,
+        len(used & train_outputs) / len(train_outputs) if train_outputs else 0.0,
+    )
     return result
 
 

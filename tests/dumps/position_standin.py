@@ -14,7 +14,8 @@ or as one rank of a real TP group (gloo), and the training forward over prompt +
 - ``train OUT [--flip POS] [--prompt-only]``: transformers' Qwen2ForCausalLM (FSDP1 names) over
   prompt + response (or the prompt alone) in one forward, one msprobe step; ``--flip`` changes
   the token at that position.
-``STANDIN_TASK`` picks msprobe's task (tensor by default). Weights: standin.hf_model().
+``STANDIN_TASK`` picks msprobe's task (tensor by default), ``STANDIN_DTYPE=bfloat16`` the models'
+dtype (float32 by default). Weights: standin.hf_model().
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ import standin  # noqa: E402
 
 PROMPT = [1, 17, 42, 99, 5, 311, 27, 64]
 RESPONSE = [133, 7, 250, 8, 19, 402]
+
+
+def hf_model():
+    return standin.hf_model().to(getattr(torch, os.environ.get("STANDIN_DTYPE", "float32")))
 
 
 def tp() -> tuple[int, int]:
@@ -165,7 +170,7 @@ class Qwen2Attention(nn.Module):
     def forward(self, positions, h):
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q.to(v.dtype), k.to(v.dtype), v))  # rotary computes in float32
 
 
 class Qwen2MLP(nn.Module):
@@ -182,7 +187,7 @@ class Qwen2MLP(nn.Module):
 
 
 def _norm(hf_norm, eps: float) -> nn.Module:
-    m = standin.RMSNorm(hf_norm.weight.shape[0], eps)
+    m = standin.RMSNorm(hf_norm.weight.shape[0], eps).to(hf_norm.weight.dtype)
     with torch.no_grad():
         m.weight.copy_(hf_norm.weight)
     return m
@@ -242,7 +247,7 @@ def run_rollout(out: str, a: argparse.Namespace) -> None:
 
         dist.init_process_group("gloo", rank=rank, world_size=n)
     with torch.no_grad():
-        model = VllmQwen2ForCausalLM(standin.hf_model()).eval()
+        model = VllmQwen2ForCausalLM(hf_model()).eval()
     if a.plant:
         plant(model, a.plant, a.when, a.row, a.scale)
     dbg = standin.debugger(out, out)
@@ -260,7 +265,7 @@ def run_rollout(out: str, a: argparse.Namespace) -> None:
 
 
 def run_train(out: str, a: argparse.Namespace) -> None:
-    hf = standin.hf_model()
+    hf = hf_model()
     model = standin.fsdp_like(hf)
     ids = PROMPT if a.prompt_only else PROMPT + RESPONSE
     if a.flip is not None:

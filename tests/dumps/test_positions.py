@@ -49,6 +49,9 @@ def test_clean_is_consistent_at_every_position(position_dumps: dict[str, Path]) 
     assert max(j.error for p in r.positions for j in p.judgements) < 1e-5  # fp32 round-off only
     assert r.uncovered == [PROMPT + RESPONSE - 1]  # the last response token is never fed back
     assert r.verdict().startswith("CONSISTENT at every position: 13 position span(s)")
+    # rollout: 21 of 29 modules (rotary, attention, SiluAndMul x 2 layers, Qwen2Model, logits
+    # processor are not met); training: 27 of 30 (its rotary embedding and the two act_fn)
+    assert r.coverage == pytest.approx(21 / 29)
 
 
 def test_a_decode_only_divergence_is_found_at_the_first_response_position(
@@ -74,6 +77,8 @@ def test_a_decode_only_divergence_is_found_at_the_first_response_position(
         prefill, [], positions.read_forward(step_dumps(position_dumps["train"])[0][0])
     )
     assert only.status == "consistent", only.verdict()
+    assert only.verdict().startswith("CONSISTENT at every compared position: 8 position span(s)")
+    assert only.verdict().endswith("training positions 8-13 have no rollout step (not compared)")
     assert "response position 0" in r.verdict() and "model.layers.1.mlp.down_proj" in r.verdict()
 
 
@@ -135,6 +140,33 @@ def test_a_step_with_nothing_to_judge_is_not_compared(position_dumps: dict[str, 
     r = positions.compare_request(steps[0], steps[1:], train)
     assert r.status == "not compared" and r.unjudged == [PROMPT + 1], r.verdict()
     assert r.verdict().startswith(f"NOT COMPARED: no module output could be judged at {PROMPT + 1} ")
+
+
+def test_a_rollout_dump_cut_short_is_not_compared(position_dumps: dict[str, Path]) -> None:
+    """A prefill dump that stops after its first layer (a crash) leaves most modules unmet."""
+    steps = [positions.read_forward(s[0]) for s in step_dumps(position_dumps["clean"])]
+    short = [
+        positions.Forward(
+            s.path,
+            s.task,
+            {
+                k: v
+                for k, v in s.data.items()
+                if ".layers.1." not in k
+                and "lm_head" not in k
+                and ".norm." not in k
+                and "logits" not in k
+                and "Qwen2Model" not in k
+                and ".mlp" not in k
+            },
+        )
+        for s in steps
+    ]
+    r = positions.compare_request(
+        short[0], short[1:], positions.read_forward(step_dumps(position_dumps["train"])[0][0])
+    )
+    assert r.status == "not compared" and r.coverage < 0.5, (r.coverage, r.verdict())
+    assert r.verdict().startswith("NOT COMPARED: only ")
 
 
 def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
