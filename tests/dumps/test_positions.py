@@ -196,7 +196,7 @@ def test_a_tp2_rollout_is_merged_step_by_step_and_consistent(
 def test_the_layer_map_marks_where_the_divergence_starts(
     position_dumps: dict[str, Path], tmp_path: Path
 ) -> None:
-    from rl_msprobe.dumps.position_report import markdown, plot_map
+    from rl_msprobe.dumps.position_report import logprob_gap, markdown, plot_map
 
     r = request(position_dumps["decode_plant"], position_dumps["train"])
     layers, grid = r.layer_map()
@@ -204,7 +204,20 @@ def test_the_layer_map_marks_where_the_divergence_starts(
     assert grid[PROMPT][2] is not None and grid[PROMPT][2] > 50  # layer 1 at the first response position
     assert all(row[1] is not None and row[1] < 1 for row in grid)  # layer 0: noise everywhere
     png = tmp_path / "map.png"
-    assert plot_map(r, png, logprob_gap=[0.0, 0.01, 0.02, 0.02, 0.03]) is None and png.stat().st_size > 1000
+    triage = tmp_path / "triage" / "123" / "triage.jsonl"
+    triage.parent.mkdir(parents=True)
+    line = {"step": 1, "request_id": "other", "rollout_log_probs": [0.0], "train_log_probs": [1.0]}
+    ours = {
+        **line,
+        "request_id": "3f2a",
+        "rollout_log_probs": [-1.0, -2.0, -0.5],
+        "train_log_probs": [-1.0, -2.5, None],
+    }
+    triage.write_text(json.dumps(line) + "\n" + json.dumps(ours) + "\n")
+    gap = logprob_gap(triage.parent.parent, "3f2a-0badc0de")  # the id vLLM suffixed
+    assert gap is not None and gap[:2] == [0.0, 0.5] and gap[2] != gap[2]  # null: nan
+    assert logprob_gap(triage.parent.parent, "nope") is None
+    assert plot_map(r, png, logprob_gap=gap) is None and png.stat().st_size > 1000
     md = "\n".join(markdown(r, png.name))
     assert md.count("| divergent | model.layers.1.mlp.down_proj output.0 |") == RESPONSE - 1
     assert (
