@@ -28,9 +28,7 @@ def weights() -> None:
     help="Write weights.md, weights.html, weights.json here.",
 )
 @click.option(
-    "--force",
-    is_flag=True,
-    help="Replace files in --out that rl-msprobe did not write (or that were edited).",
+    "--force", is_flag=True, help="Replace files in --out that rl-msprobe did not write (or that were edited)."
 )
 @json_option
 @handles_user_errors

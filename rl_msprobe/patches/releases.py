@@ -22,9 +22,6 @@ def default_release(patch_set: PatchSet) -> str:
     newest tested release, or for a set that starts above it (SGLang's native-debugger sets) the
     newest release those sets are tested on."""
     row = projects.project(patch_set.project)
-    if (
-        version_in_range(row.newest_tested, patch_set.min_version, patch_set.max_version)
-        or row.native_tested is None
-    ):
+    if version_in_range(row.newest_tested, patch_set.min_version, patch_set.max_version) or row.native_tested is None:
         return row.newest_tested
     return row.native_tested

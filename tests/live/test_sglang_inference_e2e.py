@@ -179,9 +179,7 @@ def test_weight_syncs_are_equal_then_name_each_planted_tensor(run):
     # sync 1 is clean: every part held in the dtype and shape it was received in reuses the received
     # statistics (same bytes), no other part does (a dtype conversion: the engine's own dtype)
     lines = [json.loads(x) for p in folder.glob("re*-*.jsonl") for x in p.read_text().splitlines()]
-    layout = {
-        (x["stage"], x["name"]): (x["dtype"], x["shape"]) for x in lines if x["sync"] == 1 and "name" in x
-    }
+    layout = {(x["stage"], x["name"]): (x["dtype"], x["shape"]) for x in lines if x["sync"] == 1 and "name" in x}
     alike = sum(layout.get(("received", n)) == v for (stage, n), v in layout.items() if stage == "resident")
     print(f"SGLang sync 1: {first['resident_reused']} resident fingerprints reused, {alike} held as received")
     assert first["resident_reused"] == alike, first

@@ -87,9 +87,7 @@ def test_fresh_fetch_of_an_sdist_only_release(tmp_path, monkeypatch):
     left = [p.name for p in (tmp_path / "cache" / "releases").glob(".*") if p.is_dir()]
     assert not left, f"no temporary folder may be left behind: {left}"
     # the fetch's lock file stays by design (upstream/releases._fetch_lock), and nothing else
-    assert [p.name for p in (tmp_path / "cache" / "releases").glob(".*")] == [
-        ".vllm-ascend-0.23.0.post1.lock"
-    ]
+    assert [p.name for p in (tmp_path / "cache" / "releases").glob(".*")] == [".vllm-ascend-0.23.0.post1.lock"]
 
 
 @pytest.mark.parametrize(
