@@ -105,32 +105,37 @@ def consistency_tree(tmp_path: Path) -> tuple[Path, Path]:
 
 # ------------------------------------------------------------ real msprobe dumps of one request
 POSITION_STANDIN = Path(__file__).with_name("position_standin.py")
-POSITION_RUNS = {  # name -> position_standin.py arguments after OUT (and the TP rank, if any)
-    "clean": ["rollout"],
-    "decode_plant": ["rollout", "--plant", "model.layers.1.mlp.down_proj", "--when", "decode"],
-    "prefill_plant": [
+PLANT_DECODE = {"plant": "model.layers.1.mlp.down_proj", "when": "decode"}
+PLANT_PREFILL = {"plant": "model.layers.0.self_attn.o_proj", "when": "prefill", "row": 3}
+POSITION_RUNS = {  # process -> (side, msprobe task, TP size, the variants it writes as OUT/NAME)
+    "rollout": (
         "rollout",
-        "--plant",
-        "model.layers.0.self_attn.o_proj",
-        "--when",
-        "prefill",
-        "--row",
-        "3",
-    ],
-    # decode steps in statistics mode (STANDIN_TASK): the bounded-size choice for the rollout
-    "decode_plant_stats": [
+        "tensor",
+        1,
+        [
+            {"name": "clean"},
+            {"name": "decode_plant", **PLANT_DECODE},
+            {"name": "prefill_plant", **PLANT_PREFILL},
+        ],
+    ),
+    # decode steps in statistics mode: the bounded-size choice for the rollout
+    "rollout_stats": (
         "rollout",
-        "--plant",
-        "model.layers.1.mlp.down_proj",
-        "--when",
-        "decode",
-        "--dump",
-        "decode",
-    ],
-    "tp": ["rollout"],  # two processes: TP ranks 0 and 1 of one gloo group
-    "train": ["train"],
-    "train_flip": ["train", "--flip", "10"],
-    "train_prompt": ["train", "--prompt-only"],  # what today's prefill-only consistency compares
+        "statistics",
+        1,
+        [{"name": "decode_plant_stats", "dump": "decode", **PLANT_DECODE}],
+    ),
+    "rollout_tp": ("rollout", "tensor", 2, [{"name": "tp"}]),  # ranks 0 and 1 of one gloo group
+    "train": (
+        "train",
+        "tensor",
+        1,
+        [
+            {"name": "train"},
+            {"name": "train_flip", "flip": 10},
+            {"name": "train_prompt", "prompt_only": True},
+        ],
+    ),
 }
 
 
@@ -155,23 +160,30 @@ def position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("positions")
     port = str(_free_port())
     procs = {}
-    for name, args in POSITION_RUNS.items():
-        ranks = [(str(r), "2") for r in range(2)] if name == "tp" else [("0", "1")]
-        for rank, world in ranks:
-            task = "statistics" if name.endswith("_stats") else "tensor"
-            env = {**os.environ, "STANDIN_TASK": task, "RANK": rank, "WORLD_SIZE": world}
+    for proc, (side, task, world, variants) in POSITION_RUNS.items():
+        for rank in range(world):
+            env = {**os.environ, "STANDIN_TASK": task, "RANK": str(rank), "WORLD_SIZE": str(world)}
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-            procs[(name, rank)] = subprocess.Popen(
-                [sys.executable, str(POSITION_STANDIN), args[0], str(base / name), *args[1:]],
+            procs[(proc, rank)] = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(POSITION_STANDIN),
+                    side,
+                    str(base / proc),
+                    "--variants",
+                    json.dumps(variants),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 cwd=base,
                 env=env,
             )
     for key, p in procs.items():
-        out, _ = p.communicate(timeout=600)
+        out, _ = p.communicate(timeout=1800)  # a loaded 2-core machine: ~1 min alone, 10x that seen
         assert p.returncode == 0, f"{key} failed:\n{out.decode(errors='replace')[-3000:]}"
-    return {name: base / name for name in POSITION_RUNS}
+    return {
+        v["name"]: base / proc / v["name"] for proc, (*_, variants) in POSITION_RUNS.items() for v in variants
+    }
 
 
 def step_dumps(root: Path) -> list[list[Path]]:

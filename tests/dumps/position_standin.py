@@ -14,13 +14,15 @@ or as one rank of a real TP group (gloo), and the training forward over prompt +
 - ``train OUT [--flip POS] [--prompt-only]``: transformers' Qwen2ForCausalLM (FSDP1 names) over
   prompt + response (or the prompt alone) in one forward, one msprobe step; ``--flip`` changes
   the token at that position.
-``STANDIN_TASK`` picks msprobe's task (tensor by default), ``STANDIN_DTYPE=bfloat16`` the models'
+``--variants JSON`` runs several of these in one process (one msprobe import), each variant's
+steps moved to ``OUT/NAME/step{k}``. ``STANDIN_TASK`` picks msprobe's task (tensor by default), ``STANDIN_DTYPE=bfloat16`` the models'
 dtype (float32 by default). Weights: standin.hf_model().
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -222,13 +224,16 @@ class VllmQwen2ForCausalLM(nn.Module):
         return self.logits_processor(self.lm_head, self.model(ids, positions))
 
 
-def plant(model: nn.Module, name: str, when: str, row: int, scale: float) -> None:
-    """MODULE's output times 1+SCALE: in one-token forwards (decode), or on prefill rows >= ROW."""
+def plant(model: nn.Module, name: str, when: str, row: int, scale: float, on=lambda: True) -> None:
+    """MODULE's output times 1+SCALE: in one-token forwards (decode), or on prefill rows >= ROW;
+    only while ON() says so (one model serves several variants)."""
     module = model.get_submodule(name)
     inner = module.forward
 
     def forward(*args, **kwargs):
         out = inner(*args, **kwargs)
+        if not on():
+            return out
         if when == "decode" and out.shape[0] == 1:
             return out * (1 + scale)
         if when == "prefill" and out.shape[0] > 1:
@@ -240,6 +245,26 @@ def plant(model: nn.Module, name: str, when: str, row: int, scale: float) -> Non
     module.forward = forward
 
 
+def _variants(a: argparse.Namespace) -> list[dict]:
+    """--variants JSON, or the one run the other flags describe (name None: straight into OUT)."""
+    if a.variants:
+        return json.loads(a.variants)
+    one = {"name": None, "plant": a.plant, "when": a.when, "row": a.row, "scale": a.scale, "dump": a.dump}
+    return [{**one, "flip": a.flip, "prompt_only": a.prompt_only}]
+
+
+def _sort_steps(out: str, names: list[str | None]) -> None:
+    """msprobe numbered the steps of every variant in one sequence: OUT/step{g} -> OUT/NAME/step{k}."""
+    counts: dict[str, int] = {}
+    for g, name in enumerate(names):
+        if name is None:
+            continue
+        k = counts.get(name, 0)
+        counts[name] = k + 1
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        os.rename(os.path.join(out, f"step{g}"), os.path.join(out, name, f"step{k}"))
+
+
 def run_rollout(out: str, a: argparse.Namespace) -> None:
     rank, n = tp()
     if n > 1:
@@ -248,34 +273,54 @@ def run_rollout(out: str, a: argparse.Namespace) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=n)
     with torch.no_grad():
         model = VllmQwen2ForCausalLM(hf_model()).eval()
-    if a.plant:
-        plant(model, a.plant, a.when, a.row, a.scale)
+    variants = _variants(a)
+    active = [0]
+    for i, v in enumerate(variants):
+        if v.get("plant"):
+            on = lambda i=i: active[0] == i  # noqa: E731
+            plant(model, v["plant"], v.get("when", "decode"), v.get("row", 0), v.get("scale", 0.01), on)
     dbg = standin.debugger(out, out)
     steps = [(PROMPT, list(range(len(PROMPT))))]
     steps += [([tok], [len(PROMPT) + k]) for k, tok in enumerate(RESPONSE[:-1])]
-    for n, (ids, positions) in enumerate(steps):
-        dump = a.dump == "all" or (a.dump == "prefill") == (n == 0)
-        if dump:
-            dbg.start(model=model)
-        with torch.no_grad():
-            model(torch.tensor(ids), torch.tensor(positions))
-        if dump:
-            dbg.stop()
-            dbg.step()
+    names: list[str | None] = []
+    for i, v in enumerate(variants):
+        active[0] = i
+        which = v.get("dump", "all")
+        for number, (ids, positions) in enumerate(steps):
+            dump = which == "all" or (which == "prefill") == (number == 0)
+            if dump:
+                dbg.start(model=model)
+            with torch.no_grad():
+                model(torch.tensor(ids), torch.tensor(positions))
+            if dump:
+                dbg.stop()
+                dbg.step()
+                names.append(v.get("name"))
+    if n > 1:  # every rank's dumps are written before rank 0 moves the step folders they share
+        import torch.distributed as dist
+
+        dist.barrier()
+        if rank:
+            return
+    _sort_steps(out, names)
 
 
 def run_train(out: str, a: argparse.Namespace) -> None:
     hf = hf_model()
     model = standin.fsdp_like(hf)
-    ids = PROMPT if a.prompt_only else PROMPT + RESPONSE
-    if a.flip is not None:
-        ids[a.flip] = (ids[a.flip] + 1) % 512
     dbg = standin.debugger(out, out)
-    dbg.start(model=model)
-    with torch.no_grad():
-        model(input_ids=torch.tensor([ids]))
-    dbg.stop()
-    dbg.step()
+    names: list[str | None] = []
+    for v in _variants(a):
+        ids = list(PROMPT) if v.get("prompt_only") else PROMPT + RESPONSE
+        if v.get("flip") is not None:
+            ids[v["flip"]] = (ids[v["flip"]] + 1) % 512
+        dbg.start(model=model)
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+        dbg.stop()
+        dbg.step()
+        names.append(v.get("name"))
+    _sort_steps(out, names)
 
 
 def main() -> None:
@@ -292,6 +337,11 @@ def main() -> None:
     p.add_argument("--flip", type=int, help="train: change the token id at this position")
     p.add_argument(
         "--prompt-only", action="store_true", help="train: the prompt alone (what PROMPTS_ONLY runs)"
+    )
+    p.add_argument(
+        "--variants",
+        help='JSON list of runs in one process, e.g. [{"name": "clean"}, {"name": "p", "plant": MODULE, '
+        '"when": "decode"}] (train: "flip", "prompt_only"): each into OUT/NAME/step{k}',
     )
     a = p.parse_args()
     (run_rollout if a.side == "rollout" else run_train)(a.out, a)
