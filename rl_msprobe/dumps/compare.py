@@ -332,7 +332,9 @@ def run_one(
     start = time.monotonic()
     try:
         peers = tuple(dumps[f"rollout{i}"] for i in range(1, len(pair.rollout_ranks)))
-        given = inputs.prepare(dumps["train"], dumps["rollout"], out_dir / "inputs", backend, peers)
+        given = inputs.prepare(
+            dumps["train"], dumps["rollout"], out_dir / "inputs", backend, peers, runner.python
+        )
     except UserError as exc:
         result.error = str(exc)
         return result

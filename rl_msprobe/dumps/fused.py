@@ -45,14 +45,39 @@ def _width(leaf: JsonObject | None) -> int | None:
     return int(leaf["shape"][-1]) if leaf and leaf.get("shape") else None
 
 
-def fuse(train: JsonObject, rollout: JsonObject) -> tuple[JsonObject, list[str]]:
-    """(training data with fused entries where the rollout has fused modules, notes)."""
-    # module name without FSDP wrappers -> (key, entry), forward entries only
+def _plain(train: JsonObject) -> dict[str, tuple[str, JsonObject]]:
+    """Module name without FSDP wrappers -> (key, entry), first forward entries only."""
     plain: dict[str, tuple[str, JsonObject]] = {}
     for key, entry in train.items():
         parsed = _parse(key.replace(WRAP, ""))
         if parsed and isinstance(entry, dict) and parsed[2] == "forward.0":
             plain.setdefault(parsed[0], (key, entry))
+    return plain
+
+
+def _siblings(plain: dict[str, tuple[str, JsonObject]], name: str) -> list[tuple[str, str, JsonObject]]:
+    """The training modules directly under NAME's parent, in forward order."""
+    parent = name.rsplit(".", 1)[0]
+    return [
+        (n, k, e)
+        for n, (k, e) in plain.items()
+        if n.rsplit(".", 1)[0] == parent and n != parent and "." not in n[len(parent) + 1 :]
+    ]
+
+
+def parts_of(train: JsonObject, name: str, width: int) -> list[tuple[str, str, int]]:
+    """(module name, training key, output width) of the training modules that make the rollout's
+    fused module NAME (output WIDTH wide), in their order; [] when none do (module doc)."""
+    return [
+        (n, k, w)
+        for n, k, e in _parts(_siblings(_plain(train), name), width)
+        if (w := _width(_first(e, "output")))
+    ]
+
+
+def fuse(train: JsonObject, rollout: JsonObject) -> tuple[JsonObject, list[str]]:
+    """(training data with fused entries where the rollout has fused modules, notes)."""
+    plain = _plain(train)
     # training key -> fused (key, entry), or None: dropped
     replace: dict[str, tuple[str, JsonObject] | None] = {}
     notes = []
@@ -63,12 +88,7 @@ def fuse(train: JsonObject, rollout: JsonObject) -> tuple[JsonObject, list[str]]
         name = parsed[0]
         parent = name.rsplit(".", 1)[0]
         width = _width(_first(rentry, "output"))
-        siblings = [
-            (n, k, e)
-            for n, (k, e) in plain.items()
-            if n.rsplit(".", 1)[0] == parent and n != parent and "." not in n[len(parent) + 1 :]
-        ]
-        parts = _parts(siblings, width)
+        parts = _parts(_siblings(plain, name), width)
         if not parts:
             continue
         first_key = parts[0][1]

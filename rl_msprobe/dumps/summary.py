@@ -575,6 +575,44 @@ def summarize(csv_path: Path) -> PairSummary:
     )
 
 
+def own_row(
+    index: int,
+    rollout_name: str,
+    train_name: str,
+    error: float | None,
+    *,
+    result: str = "",
+    message: str = "",
+    comparable: bool = True,
+    note: str = "",
+    dtypes: tuple[str, str] = ("", ""),
+    finding: bool = False,
+) -> Row:
+    """A row rl-msprobe measured itself (not read from msprobe's CSV): module, tensor and layer
+    from the rollout name; DTYPES (training, rollout)."""
+    module, tensor = module_of(rollout_name)
+    m = _LAYER.search(module + ".")
+    return Row(
+        index=index,
+        train_name=train_name,
+        rollout_name=rollout_name,
+        module=module,
+        tensor=tensor,
+        layer=int(m.group(1)) if m else None,
+        cosine=None,
+        max_abs_err=None,
+        rel_err=None,
+        result=result,
+        message=message,
+        comparable=comparable,
+        note=note,
+        train_dtype=dtypes[0],
+        rollout_dtype=dtypes[1],
+        error=error,
+        finding=finding,
+    )
+
+
 TP_MESSAGE = "rl-msprobe: a replicated tensor differs between tensor-parallel ranks"
 
 
@@ -588,25 +626,10 @@ def with_tp_findings(summary: PairSummary, disagreements: list[Disagreement]) ->
         name = f"{d.key}.{d.tensor}"
         module, tensor = module_of(name)
         at = next((i for i, r in enumerate(rows) if r.module == module), len(rows))
-        m = _LAYER.search(module + ".")
         msg = f"{TP_MESSAGE}: rank(s) {', '.join(map(str, d.ranks))} differ from the lowest rank by {d.error:.3g}"
+        index = rows[at].index if at < len(rows) else len(rows)
         rows.insert(
             at,
-            Row(
-                index=rows[at].index if at < len(rows) else len(rows),
-                train_name="",
-                rollout_name=name,
-                module=module,
-                tensor=tensor,
-                layer=int(m.group(1)) if m else None,
-                cosine=None,
-                max_abs_err=None,
-                rel_err=None,
-                result="error",
-                message=json.dumps([msg]),
-                comparable=True,
-                error=d.error,
-                finding=True,
-            ),
+            own_row(index, name, "", d.error, result="error", message=json.dumps([msg]), finding=True),
         )
     return replace(summary, rows=rows, layers=layer_curve(rows))

@@ -19,9 +19,9 @@ holds a tensor of the same module name and role, its shape must be the merged on
 tensor is taken as whole, with a note). Never from a model name.
 
 msprobe's statistics merge exactly: max of maxes, min of mins, the mean weighted by element
-count, the L2 norm as sqrt(sum of squared norms). Tensor-mode shards (`.pt` files) would be
-concatenated on the shard dimension; that needs torch in the training interpreter and is not
-done here (`merge` refuses with a clear reason).
+count, the L2 norm as sqrt(sum of squared norms). Tensor-mode shards (`.pt` files) are listed
+(`Merged.shards`: the tensor, its dimension, each rank's file) for `inputs` to concatenate
+(`tensor_files`, with torch).
 """
 
 from __future__ import annotations
@@ -55,6 +55,19 @@ class Disagreement:
         return {"key": self.key, "tensor": self.tensor, "ranks": self.ranks, "error": self.error}
 
 
+@dataclass(frozen=True)
+class Shard:
+    """A tensor merged from TP shards: where it sits in the merged data, on which dimension, and
+    each rank's tensor file (tensor mode; empty in statistics mode), lowest rank first."""
+
+    key: str
+    cls: str
+    role: str
+    index: int | str
+    dim: int
+    files: tuple[str, ...]
+
+
 @dataclass
 class Merged:
     data: JsonObject
@@ -62,6 +75,7 @@ class Merged:
     disagreements: list[Disagreement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unknown: int = 0  # tensors that differ across ranks with no whole training counterpart
+    shards: list[Shard] = field(default_factory=list)  # every tensor merged from shards
 
 
 def shard_dim(cls: str, role: str, index: int | str, ndim: int) -> int | None:
@@ -179,8 +193,13 @@ def _set(entry: JsonObject, role: str, index: int | str, value: object) -> None:
     entry[role][index] = value
 
 
-def training_shapes(train: JsonObject) -> dict[tuple[str, str], list[int]]:
-    """(module name without FSDP wrappers, tensor label) -> shape, from the training dump's data."""
+def training_shapes(
+    train: JsonObject, tokens: tuple[int, int] | None = None
+) -> dict[tuple[str, str], list[int]]:
+    """(module name without FSDP wrappers, tensor label) -> shape, from the training dump's data.
+    TOKENS (training forward's, rollout step's): a whole-response compare, where the training
+    forward has more tokens than the step; its token axis (the first of that size) is given the
+    step's count, so that the shapes say what a whole tensor of the step would be."""
     out: dict[tuple[str, str], list[int]] = {}
     for key, entry in train.items():
         m = _KEY.match(key.replace("_fsdp_wrapped_module.", ""))
@@ -188,19 +207,30 @@ def training_shapes(train: JsonObject) -> dict[tuple[str, str], list[int]]:
             continue
         for role, index, leaf in _leaves(entry):
             if is_tensor(leaf):
-                out[(m.group("name"), _label(role, index))] = list(leaf["shape"])
+                shape = [int(x) for x in leaf["shape"]]
+                if tokens and tokens[0] in shape:
+                    shape[shape.index(tokens[0])] = tokens[1]
+                out[(m.group("name"), _label(role, index))] = shape
     return out
 
 
-def merge(ranks: list[JsonObject], train: JsonObject | None = None) -> Merged:
-    """Merge the `data` of each TP rank's dump.json (lowest rank first) into one (module doc)."""
+def _files(present: list[JsonObject]) -> tuple[str, ...]:
+    names = [c.get("data_name") for c in present]
+    return tuple(n for n in names if isinstance(n, str)) if all(isinstance(n, str) for n in names) else ()
+
+
+def merge(
+    ranks: list[JsonObject], train: JsonObject | None = None, tokens: tuple[int, int] | None = None
+) -> Merged:
+    """Merge the `data` of each TP rank's dump.json (lowest rank first) into one (module doc);
+    TOKENS: see `training_shapes`."""
     import copy
 
     base = copy.deepcopy(ranks[0])
     result = Merged(base)
     if len(ranks) == 1:
         return result
-    shapes = training_shapes(train or {})
+    shapes = training_shapes(train or {}, tokens)
     for key, entry in base.items():
         if not isinstance(entry, dict):
             continue
@@ -248,10 +278,12 @@ def merge(ranks: list[JsonObject], train: JsonObject | None = None) -> Merged:
                 if dim is not None:
                     _set(entry, role, index, merge_stats(present, dim))
                     result.sharded[f"{cls} (by shape)"] = result.sharded.get(f"{cls} (by shape)", 0) + 1
+                    result.shards.append(Shard(key, cls, role, index, dim, _files(present)))
                     continue
             if dim is not None:
                 _set(entry, role, index, merge_stats(present, dim))
                 result.sharded[cls] = result.sharded.get(cls, 0) + 1
+                result.shards.append(Shard(key, cls, role, index, dim, _files(present)))
                 continue
             differing = [i for i, c in enumerate(present[1:], 1) if _differ(present[0], c) > AGREE]
             if differing:

@@ -101,3 +101,92 @@ def consistency_tree(tmp_path: Path) -> tuple[Path, Path]:
     for step in (0, 1, 2):
         write_dump(t / f"step{step}" / "proc400")
     return r, t
+
+
+# ------------------------------------------------------------ real msprobe dumps of one request
+POSITION_STANDIN = Path(__file__).with_name("position_standin.py")
+PLANT_DECODE = {"plant": "model.layers.1.mlp.down_proj", "when": "decode"}
+PLANT_PREFILL = {"plant": "model.layers.0.self_attn.o_proj", "when": "prefill", "row": 3}
+POSITION_RUNS = {  # process -> (side, msprobe task, TP size, the variants it writes as OUT/NAME)
+    "rollout": (
+        "rollout",
+        "tensor",
+        1,
+        [
+            {"name": "clean"},
+            {"name": "decode_plant", **PLANT_DECODE},
+            {"name": "prefill_plant", **PLANT_PREFILL},
+        ],
+    ),
+    # decode steps in statistics mode: the bounded-size choice for the rollout
+    "rollout_stats": (
+        "rollout",
+        "statistics",
+        1,
+        [{"name": "decode_plant_stats", "dump": "decode", **PLANT_DECODE}],
+    ),
+    "rollout_tp": ("rollout", "tensor", 2, [{"name": "tp"}]),  # ranks 0 and 1 of one gloo group
+    "train": (
+        "train",
+        "tensor",
+        1,
+        [
+            {"name": "train"},
+            {"name": "train_flip", "flip": 10},
+            {"name": "train_prompt", "prompt_only": True},
+        ],
+    ),
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real msprobe tensor-mode dumps (position_standin.py) of one request: rollout roots
+    (stepN = prefill, then decode steps) and training roots (step0 = the whole forward)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    pytest.importorskip("transformers", reason="transformers is in the `test` extra")
+    base = tmp_path_factory.mktemp("positions")
+    port = str(_free_port())
+    procs = {}
+    for proc, (side, task, world, variants) in POSITION_RUNS.items():
+        for rank in range(world):
+            env = {**os.environ, "STANDIN_TASK": task, "RANK": str(rank), "WORLD_SIZE": str(world)}
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            procs[(proc, rank)] = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(POSITION_STANDIN),
+                    side,
+                    str(base / proc),
+                    "--variants",
+                    json.dumps(variants),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=base,
+                env=env,
+            )
+    for key, p in procs.items():
+        out, _ = p.communicate(timeout=1800)  # a loaded 2-core machine: ~1 min alone, 10x that seen
+        assert p.returncode == 0, f"{key} failed:\n{out.decode(errors='replace')[-3000:]}"
+    return {
+        v["name"]: base / proc / v["name"] for proc, (*_, variants) in POSITION_RUNS.items() for v in variants
+    }
+
+
+def step_dumps(root: Path) -> list[list[Path]]:
+    """Each msprobe step's dump.json files under ROOT (step order; TP ranks lowest first)."""
+    steps = sorted(root.glob("step*"), key=lambda p: int(p.name[4:]))
+    return [sorted(s.glob("*/dump.json"), key=lambda p: p.parent.name) for s in steps]

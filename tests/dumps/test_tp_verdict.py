@@ -274,22 +274,84 @@ def test_tp_ranks_with_different_step_counts_fail_check(tmp_path: Path) -> None:
     assert json.dumps(report.to_json())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20, not done: tensor-mode dumps of several TP ranks would need their .pt shards "
-    "concatenated (torch, in the training interpreter); such a pair fails with that reason today",
-)
-def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(tmp_path: Path) -> None:
-    from rl_msprobe.dumps import inputs
+def test_fused_shards_are_put_back_in_the_order_of_their_parts(tmp_path: Path) -> None:
+    """tensor_files.concat: each rank holds a slice of every part ([q_r k_r v_r]); the whole is
+    [q k v]. Parts that do not split over the ranks are refused, naming the file."""
+    import torch
 
-    ranks, _, train = _tp_dumps()
-    paths = []
-    for i, data in enumerate(ranks):
-        doc = {"task": "tensor", "level": "L0", "framework": "pytorch", "data": data}
-        paths.append(write_dump(tmp_path / f"rank{i}", doc))
-    t = write_dump(tmp_path / "train", {"task": "tensor", "level": "L0", "data": train})
-    given = inputs.prepare(t, paths[0], tmp_path / "given", "fsdp", tuple(paths[1:]))
-    assert given.rollout != paths[0]
+    from rl_msprobe.dumps import tensor_files
+
+    q, k, v = torch.randn(3, 8), torch.randn(3, 4), torch.randn(3, 4)
+    files = []
+    for r in range(2):
+        shard = torch.cat([q[:, 4 * r : 4 * r + 4], k[:, 2 * r : 2 * r + 2], v[:, 2 * r : 2 * r + 2]], -1)
+        files.append(str(tmp_path / f"rank{r}.pt"))
+        torch.save(shard, files[-1])
+    job = {"files": files, "dim": 1, "parts": [8, 4, 4], "out": str(tmp_path / "whole.pt")}
+    reply = tensor_files.handle({"op": "concat", "jobs": [job]})
+    assert reply["ok"], reply
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    assert torch.equal(whole, torch.cat([q, k, v], -1))
+    assert reply["results"][0]["Norm"] == pytest.approx(float(torch.linalg.vector_norm(whole.double())))
+    plain = tensor_files.handle({"op": "concat", "jobs": [{**job, "parts": None}]})
+    assert plain["ok"] and not torch.equal(torch.load(tmp_path / "whole.pt", weights_only=True), whole)
+    bad = tensor_files.handle({"op": "concat", "jobs": [{**job, "parts": [7, 5, 4]}]})
+    assert not bad["ok"] and "rank0.pt" in bad["error"] and "do not split evenly" in bad["error"]
+
+
+def test_tensor_mode_shards_of_several_tp_ranks_are_concatenated(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    """Real msprobe tensor dumps of a TP=2 gloo group (position_standin.py): the prefill's shards,
+    concatenated (fused qkv / gate_up parts put back in the training order), are the TP=1 rollout's
+    tensors, and msprobe's own compare of the merged step against the training forward passes."""
+    import torch
+
+    from rl_msprobe.dumps import inputs
+    from rl_msprobe.dumps.compare import run_one
+    from rl_msprobe.dumps.correlate import Pair, Side
+    from rl_msprobe.dumps.runners import ProcessRunner, interpreter
+    from tests.dumps.conftest import step_dumps
+
+    ranks = step_dumps(position_dumps["tp"])[0]
+    whole = step_dumps(position_dumps["clean"])[0][0]
+    train = step_dumps(position_dumps["train_prompt"])[0][0]
+    given = inputs.prepare(train, ranks[0], tmp_path / "given", "fsdp", (ranks[1],))
+    assert given.rollout != ranks[0] and given.written
+    merged = given.rollout.parent / inputs.TENSOR_DIR
+
+    def load(folder: Path, name: str) -> torch.Tensor:
+        return torch.load(folder / name, weights_only=True)
+
+    names = {
+        "Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0.output.0.pt": 1e-5,
+        "Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0.parameters.weight.pt": 0.0,
+        "Module.model.layers.1.mlp.gate_up_proj.MergedColumnParallelLinear.forward.0.output.0.pt": 1e-5,
+        "Module.model.layers.1.mlp.down_proj.RowParallelLinear.forward.0.input.0.pt": 1e-5,
+        "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.parameters.weight.pt": 0.0,
+        "Module.lm_head.ParallelLMHead.forward.0.output.0.pt": 1e-5,  # by shape: [T, V/2] of [1, T, V]
+    }
+    for name, atol in names.items():
+        assert name in given.written, sorted(given.written)
+        got, want = load(merged, name), load(whole.parent / inputs.TENSOR_DIR, name)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=atol, rtol=0), name
+        # the shards as they are ([q0 k0 v0 q1 k1 v1]) would not be: the order is what is tested
+        shards = [load(r.parent / inputs.TENSOR_DIR, name) for r in ranks]
+        dim = 0 if "weight" in name else -1
+        if "qkv" in name or "gate_up" in name:
+            assert not torch.allclose(torch.cat(shards, dim), want, atol=1e-3)
+    doc = json.loads(given.rollout.read_text())["data"]
+    qkv = doc["Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0"]["output"][0]
+    assert qkv["shape"] == [8, 256] and qkv["data_name"].endswith("output.0.pt")
+    # the replicated tensors are rank 0's own files, linked
+    norm = "Module.model.layers.0.input_layernorm.RMSNorm.forward.0.output.0.pt"
+    assert norm not in given.written and (merged / norm).is_file()
+    # msprobe's own compare of the merged step
+    side = lambda p: Side(None, None, None, str(p))  # noqa: E731
+    pair = Pair("tp2", side(ranks[0]), side(train), (side(ranks[1]),))
+    result = run_one(1, pair, tmp_path / "out", "fsdp", ProcessRunner(interpreter(None)))
+    assert result.error is None, result.error
+    assert result.status == "consistent", result.summary.to_json() if result.summary else None
 
 
 def test_a_shard_the_class_does_not_name_is_found_by_shape() -> None:

@@ -1,0 +1,150 @@
+"""How big the dumps of a whole-response compare get, said before the job runs (docs/whole-response.md).
+
+One request: the rollout's prefill (P rows) and its R-1 decode steps, and the training forward
+over P+R rows. Per dumped module, msprobe writes (tensor mode, L0) every input and output tensor
+and, at every step, the module's parameters; in statistics mode one JSON leaf per tensor.
+The per-file and per-leaf costs are measured on msprobe 26.2.0 (benchmarks/bench_positions.py,
+vLLM-named modules: a `torch.save` file costs its data plus ~2.3 KiB, most of it the archive's
+member names; a dump.json leaf 0.32 KiB in statistics mode, 0.41 KiB in tensor mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rl_msprobe.errors import UserError
+
+PT_OVERHEAD = 2340  # bytes a torch.save file costs beyond its data (measured, small tensors)
+LEAF_JSON = {"statistics": 320, "tensor": 413}  # bytes of dump.json per tensor leaf, measured
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object], where: str = "config.json") -> ModelShape:
+        """From a Hugging Face config.json (Qwen2 / Llama keys)."""
+
+        def get(key: str, default: int | None = None) -> int:
+            v = config.get(key, default)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(
+                    f"{where}: `{key}` is {v!r}; a positive integer is needed to estimate the dump size."
+                )
+            return v
+
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        return cls(
+            hidden=hidden,
+            intermediate=get("intermediate_size"),
+            layers=get("num_hidden_layers"),
+            heads=heads,
+            kv_heads=get("num_key_value_heads", heads),
+            head_dim=get("head_dim", hidden // heads),
+            vocab=get("vocab_size"),
+        )
+
+    def modules(self) -> dict[str, tuple[list[int], list[int], int]]:
+        """Per decoder layer, vLLM's module names: (input widths, output widths, parameters)."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "input_layernorm": ([h], [h], h),
+            "qkv_proj": ([h], [q + 2 * kv], (q + 2 * kv) * (h + 1)),
+            "attn": ([q, kv, kv], [q], 0),
+            "o_proj": ([q], [h], h * q),
+            "self_attn": ([h], [h], 0),
+            "post_attention_layernorm": ([h], [h], h),
+            "gate_up_proj": ([h], [2 * i], 2 * i * h),
+            "act_fn": ([2 * i], [i], 0),
+            "down_proj": ([i], [h], h * i),
+            "mlp": ([h], [h], 0),
+            "decoder_layer": ([h], [h], 0),
+        }
+
+
+# modules a whole-response compare dumps by default: the layer's projections, norms and blocks
+DEFAULT_MODULES = (
+    "input_layernorm",
+    "qkv_proj",
+    "o_proj",
+    "post_attention_layernorm",
+    "gate_up_proj",
+    "down_proj",
+)
+
+# Qwen2.5-7B (config.json of Qwen/Qwen2.5-7B-Instruct)
+QWEN2_5_7B = ModelShape(
+    hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, head_dim=128, vocab=152064
+)
+
+
+@dataclass(frozen=True)
+class SizeEstimate:
+    rollout_prefill: int
+    rollout_decode: int
+    train: int
+    files: int
+
+    @property
+    def total(self) -> int:
+        return self.rollout_prefill + self.rollout_decode + self.train
+
+    def describe(self) -> str:
+        return (
+            f"estimated dump size for one request: {self.total / GIB:.3g} GiB (rollout prefill "
+            f"{self.rollout_prefill / GIB:.3g}, decode steps {self.rollout_decode / GIB:.3g}, training "
+            f"forward {self.train / GIB:.3g}; {self.files} tensor files)"
+        )
+
+
+def estimate(
+    shape: ModelShape,
+    prompt: int,
+    response: int,
+    *,
+    modules: Sequence[str] = DEFAULT_MODULES,
+    layers: Sequence[int] | None = None,
+    dtype_bytes: int = 2,
+    decode_task: str = "statistics",
+    head: bool = False,
+) -> SizeEstimate:
+    """Bytes of one request's dumps (module doc): MODULES of LAYERS (default all) and the
+    embedding (its input is the token ids), the prefill and the training forward in tensor
+    mode, the decode steps in DECODE_TASK (statistics: one JSON leaf per tensor and step;
+    tensor: each step's row and, as msprobe writes them, the modules' weights again). HEAD: the
+    final norm and lm_head too (the logits: a vocabulary-wide row per token)."""
+    table = shape.modules()
+    unknown = [m for m in modules if m not in table]
+    if unknown:
+        raise UserError(f"module(s) {', '.join(unknown)}: not one of {', '.join(table)}.")
+    n = len(layers) if layers is not None else shape.layers
+    # activations: tensors and elements per row; weights: files and elements; embedding included
+    acts = n * sum(len(table[m][0]) + len(table[m][1]) for m in modules) + 2
+    width = n * sum(sum(table[m][0]) + sum(table[m][1]) for m in modules) + 1 + shape.hidden
+    weights = n * sum(1 for m in modules if table[m][2]) + 1
+    params = n * sum(table[m][2] for m in modules) + shape.vocab * shape.hidden
+    if head:
+        acts, width = acts + 4, width + 3 * shape.hidden + shape.vocab
+        weights, params = weights + 2, params + shape.hidden + shape.vocab * shape.hidden
+    leaves = acts + weights
+
+    def forward(rows: int, tensor: bool) -> int:
+        data = (rows * width + params) * dtype_bytes + leaves * PT_OVERHEAD if tensor else 0
+        return leaves * LEAF_JSON["tensor" if tensor else "statistics"] + data
+
+    steps = max(response - 1, 0)
+    decode_tensor = decode_task == "tensor"
+    files = leaves * (2 + (steps if decode_tensor else 0))
+    return SizeEstimate(
+        forward(prompt, True), steps * forward(1, decode_tensor), forward(prompt + response, True), files
+    )
