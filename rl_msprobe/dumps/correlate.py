@@ -46,7 +46,7 @@ def strip_request_id(request_id: str) -> str:
     return request_id[:-2] if request_id.endswith("_P") else request_id
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per pair and TP rank of a long run
 class Side:
     """One side's dump of a pair: the validated ids from its log (None: not from a log), and the path."""
 
@@ -59,7 +59,7 @@ class Side:
         return {"pid": self.pid, "rank": self.rank, "step": self.step, "dump": self.dump}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pair:
     request_id: str
     rollout: Side  # the lowest TP rank
@@ -128,7 +128,7 @@ def find_logs(root: Path, name: str) -> list[Path]:
     """`{root}/{pid}/{name}` (or `{root}/{name}`), sorted; UserError if there is none."""
     if not root.is_dir():
         raise UserError(f"{root}: not a directory. Pass the dump_path folder of that side.")
-    logs = sorted(walk_files(root, {name}, max_depth=2))
+    logs = sorted(walk_files(root, {name}, max_depth=1))  # {root}/{pid}/{name}: not into step folders
     if not logs:
         raise UserError(
             f"{root}: no {name} in it or in its {{pid}} sub-folders. "
@@ -275,7 +275,7 @@ _Prefill = tuple[int | None, int | None, int, str]
 
 # A rollout candidate: (pid, rank, step, where) of the one-request prefill; `chunked` once a
 # later prefill of the same id shows the prompt was split over several steps.
-@dataclass
+@dataclass(slots=True)
 class _Candidate:
     pid: int | None
     rank: int | None
@@ -287,6 +287,8 @@ class _Candidate:
     peers: list[_Prefill] = field(default_factory=list)  # of the other TP ranks
 
     def ranks(self) -> list[_Prefill]:
+        if not self.peers:  # TP 1: no sort (asked several times per pair)
+            return [(self.pid, self.rank, self.step, self.where)]
         return sorted([(self.pid, self.rank, self.step, self.where), *self.peers], key=lambda p: p[1] or 0)
 
     def peer_of(self, pid: object, rank: object) -> bool:

@@ -145,8 +145,8 @@ class DumpIndex:
         self._real: str | None = None
 
     def _entries(self, d: str, keep: bool) -> dict[str, bool]:
-        """The names in folder D and whether each is a symlink (from one scandir: no stat per name);
-        KEEP: remember it (the base folders, asked once per pair)."""
+        """The names in base folder D and whether each is a symlink (one scandir, no stat per name);
+        KEEP: remember it (asked once per pair)."""
         entries = self._listing.get(d)
         if entries is None:
             try:
@@ -161,33 +161,28 @@ class DumpIndex:
     def find(self, pid: int | None, step: int, rank: int | None) -> str | None:
         """The dump of (pid, step, rank), inside the root, or None. The ids are validated integers
         (see correlate), so they cannot climb out of the root themselves; a symlink on the way is
-        resolved and must stay inside. Paths are joined as text, folders listed once: a log of a
-        million lines asks a million times."""
+        resolved and must stay inside. Paths are joined as text, the base folders listed once,
+        the rest is an lstat or two: a log of a million lines asks a million times."""
         step_dir = f"step{step}"
         root = self._base
         if pid is None:
             bases: tuple[tuple[str, bool], ...] = ((root, False),)
         else:
-            bases = (
-                (os.path.join(root, str(pid)), self._entries(root, True).get(str(pid), False)),
-                (root, False),
-            )
+            pid_link = self._entries(root, True).get(str(pid), False)
+            bases = ((f"{root}{os.sep}{pid}", pid_link), (root, False))
         for base, base_link in bases:
             step_link = self._entries(base, True).get(step_dir)
             if step_link is None:
                 continue
-            step_path = os.path.join(base, step_dir)
-            ranks = self._entries(step_path, False)
+            step_path = f"{base}{os.sep}{step_dir}"
             for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
-                rank_link = ranks.get(rank_dir)
-                if rank_link is None:
-                    continue
-                path = os.path.join(step_path, rank_dir, DUMP_FILE)
+                path = f"{step_path}{os.sep}{rank_dir}{os.sep}{DUMP_FILE}"
                 try:
-                    info = os.lstat(path)
+                    folder, info = os.lstat(f"{step_path}{os.sep}{rank_dir}"), os.lstat(path)
                 except OSError:
                     continue
-                if not (base_link or step_link or rank_link or stat.S_ISLNK(info.st_mode)):
+                links = base_link or step_link or stat.S_ISLNK(folder.st_mode) or stat.S_ISLNK(info.st_mode)
+                if not links:
                     if stat.S_ISREG(info.st_mode):
                         return path
                 elif os.path.isfile(path) and self._inside(path):
