@@ -14,11 +14,14 @@ memory from the kernel's accounting of that child, os.wait4), the ratio taken pa
 "Before" is `git archive` of --before (default: the commit this work started from) unpacked in a
 temporary folder; "after" is this checkout.
 
-Figures (2 shared cores, under another test run's load; medians of 3 pairs):
-  correlate, one line of 10^6 requests: before 7.8 s 675 MB, after 3.6 s 134 MB (2.2x, 5.0x)
-  correlate, 200,000 lines:             before 13 s 172 MB, after 6.5 s 160 MB (2.0x, 1.1x)
-  check, dump.json of 10^6 entries:     before 42 s 2,380 MB, after 11 s 25 MB (3.8x, 95x)
-See the numbers branch's report for what was not brought to 5x, and why.
+Figures (2026-12-03, 2 cores shared with another session's test run; medians of 3 pairs, the
+ratios taken pair by pair; before = ae66ae5):
+  correlate, one line of 10^6 requests: before 4.4 s 691 MB, after 1.6 s 139 MB (time 2.7x, memory 5.0x)
+  correlate, 200,000 lines, dumps:      before 71 s 332 MB, after 16 s 285 MB (time 4.4x, memory 1.2x;
+                                        the memory is the 200,000 pairs of the result)
+  check, dump.json of 10^6 entries:     before 31 s 2,442 MB, after 11 s 25 MB (time 2.9x, memory 96x)
+What is left of the time is json's own scanner on every value (a dump entry's statistics, a
+request object): the bound of a reader that checks every byte it reads.
 
 Run: python benchmarks/bench_scale.py [--requests N] [--lines L] [--keys K] [--repeat R] [--before REV]
 """
