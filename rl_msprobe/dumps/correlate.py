@@ -148,7 +148,7 @@ def read_jsonl(path: Path, bad: list[str], stream: str | None = None) -> Iterato
     A line longer than one read has its STREAM list as a `jsonl.Streamed` (see jsonl.py)."""
     loads = json.loads
     with bounded.open_regular(path, "JSONL log") as f:
-        for n, line in jsonl.read(f, path, stream or ""):
+        for n, line in jsonl.read(f, path, stream or "", need=("phase",)):
             if isinstance(line, dict):
                 yield n, line
                 continue

@@ -100,7 +100,7 @@ class Parser:
             self._more()
             self.want *= 2  # one value longer than a chunk: read it in fewer passes
 
-    def members(self, doc: dict[str, Any], stream: str | None) -> Streamed | None:
+    def members(self, doc: dict[str, Any], stream: str | None, need: tuple[str, ...] = ()) -> Streamed | None:
         """Read `"key": value` pairs into DOC up to the closing brace (or up to STREAM's list:
         returned as a Streamed, which reads the rest when exhausted)."""
         if self.char() == "}":
@@ -112,7 +112,7 @@ class Parser:
             if not isinstance(key, str):
                 raise ValueError("a key that is not a string")
             self.expect(":")
-            if key == stream and self.char() in "[{":
+            if key == stream and self.char() in "[{" and all(k in doc for k in need):
                 streamed = Streamed(self, doc, self.text[self.i] == "{")
                 self.i += 1
                 doc[key] = streamed
@@ -239,11 +239,13 @@ class Streamed:
 
 
 def read(
-    handle: BinaryIO, path: object, stream: str, limit: int = bounded.LOG_LINE
+    handle: BinaryIO, path: object, stream: str, need: tuple[str, ...] = (), limit: int = bounded.LOG_LINE
 ) -> Iterator[tuple[int, bytes | dict[str, Any] | None]]:
     """(line number, raw line) for a line that fits in one read; (number, dict) for a longer one,
-    whose STREAM list is a Streamed; (number, None) for a longer one that is not a JSON object.
-    A Streamed the caller left unread is read to the end of its line before the next line."""
+    whose STREAM list is a Streamed where the keys NEED came before it (else it is read whole, as
+    json would: the caller decides by them how to read the list); (number, None) for a longer one
+    that is not a JSON object. A Streamed the caller left unread is read to the end of its line
+    before the next line."""
     number = 0
     while True:
         first = handle.readline(CHUNK)
@@ -257,7 +259,7 @@ def read(
         doc: dict[str, Any] = {}
         try:
             parser.expect("{")
-            streamed = parser.members(doc, stream)
+            streamed = parser.members(doc, stream, need)
         except ValueError:
             parser.drain()
             yield number, None

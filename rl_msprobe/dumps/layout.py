@@ -34,7 +34,9 @@ _PID = re.compile(r"^\d+$")
 
 def load_json(path: Path) -> object:
     """Parse a JSON file; UserError (exit 2) naming the file when it cannot be read or parsed,
-    including JSON nested too deeply for Python's parser (RecursionError)."""
+    including JSON nested too deeply for Python's parser (RecursionError). NaN / Infinity stay
+    numbers: in a dump's statistics they are msprobe's record of a tensor that held them, a finding
+    the compare reports, not bad input (unlike a weights fingerprint or a token count)."""
     from rl_msprobe import bounded
     from rl_msprobe.errors import UserError
 

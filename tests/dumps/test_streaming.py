@@ -197,3 +197,15 @@ def test_dump_check_finds_a_dump_cut_anywhere(tmp_path, small_reads) -> None:
 def test_dump_check_verdicts_on_small_documents(tmp_path, small_reads, text, why) -> None:
     (tmp_path / "d.json").write_text(text)
     assert why in (check_dump_file(tmp_path / "d.json") or "ok")
+
+
+def test_a_long_line_whose_phase_comes_after_its_requests_reads_as_json_reads_it(
+    tmp_path, small_reads
+) -> None:
+    """The helpers write `phase` before `requests`; an edited line with it after is read whole."""
+    doc = dispatch(100, 0, 1, "prefill", *[(f"r{i}", "new", 3) for i in range(12)])
+    phase = doc.pop("phase")
+    r, t = _log(tmp_path, [dispatch(100, 0, 0, "prefill", ("a", "new", 3)), {**doc, "phase": phase}])
+    result = correlate(r, t)
+    assert result.skipped["rollout: prefill with several requests"] == 1
+    assert [u.request_id for u in result.unmatched if "together" in u.why][:2] == ["r0", "r1"]
