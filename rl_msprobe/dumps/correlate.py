@@ -304,17 +304,22 @@ def _batched_only(batched: dict[str, str], candidates: dict[str, _Candidate]) ->
     """The rollout's requests only ever prefilled together with others, per step: the first
     BATCHED_LISTED by id, then one entry counting the rest (a step of a million requests would
     otherwise be a million identical lines)."""
-    listed: dict[str, int] = {}  # step -> its requests seen
+    counts = Counter(
+        batched.values() if not candidates else (w for r, w in batched.items() if r not in candidates)
+    )
+    left = sum(min(BATCHED_LISTED, n) for n in counts.values())  # entries by id still to list
+    listed: Counter[str] = Counter()
     for rid, where in batched.items():
-        if rid in candidates:
+        if left == 0:
+            break
+        if rid in candidates or listed[where] >= BATCHED_LISTED:
             continue
-        seen = listed.get(where, 0)
-        listed[where] = seen + 1
-        if seen < BATCHED_LISTED:
-            yield Unmatched(
-                rid, "rollout", f"prefilled together with other requests ({where}); not comparable alone"
-            )
-    for where, count in listed.items():
+        listed[where] += 1
+        left -= 1
+        yield Unmatched(
+            rid, "rollout", f"prefilled together with other requests ({where}); not comparable alone"
+        )
+    for where, count in counts.items():
         if count > BATCHED_LISTED:
             yield Unmatched(
                 None,
@@ -355,19 +360,21 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                         pass
                     skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
                     continue
-                for r, tokens in _requests(line, at):
-                    count += 1
-                    if count == 1:
-                        first = (r, tokens)
-                        continue
-                    if count == 2 and first is not None:
-                        _stage(*first, fresh, going_on)
-                    kind = r.get("type")  # _stage, inlined: a step may hold a million requests
-                    if kind == "new":
-                        rid = r.get("request_id")
-                        fresh.append(strip(rid if type(rid) is str else str(rid)))
-                    elif kind == "cached" and tokens > 1:
-                        going_on.append(strip(str(r.get("request_id"))))
+                requests = _requests(line, at)
+                first = next(requests, None)
+                second = next(requests, None) if first is not None else None
+                count = 0 if first is None else 1 if second is None else 2
+                if first is not None and second is not None:
+                    _stage(*first, fresh, going_on)
+                    _stage(*second, fresh, going_on)
+                    for r, tokens in requests:  # _stage, inlined: a step may hold a million requests
+                        kind = r.get("type")
+                        if kind == "new":
+                            rid = r.get("request_id")
+                            rid = rid if type(rid) is str else str(rid)
+                            fresh.append(strip(rid) if rid[-9:-8] == "-" or rid[-2:] == "_P" else rid)
+                        elif kind == "cached" and tokens > 1:
+                            going_on.append(strip(str(r.get("request_id"))))
             except ValueError:  # a long line cut short: nothing learnt from it is kept
                 bad.append(f"{at()}: not a JSON line (cut short by a killed process?)")
                 continue
