@@ -5,8 +5,10 @@ million requests is ~50 MB) is decoded chunk by chunk and parsed with json's own
 value at a time: its keys up to STREAM (the dispatch log's `requests`, written last) become the
 line's dict, and STREAM's value becomes a `Streamed` that yields the list's elements as the reader
 asks for them, then reads the rest of the line. Memory holds one chunk and one element, never the
-line or its list. A line that turns out not to be JSON (cut short by a killed process) raises
-ValueError from the iteration: the caller keeps what it learnt from a line until the line ends.
+line or its list (elements are parsed a BATCH of text at a time where they can be). A line that
+turns out not to be JSON (cut short by a killed process) raises ValueError from the iteration:
+the caller keeps what it learnt from a line until the line ends. `Parser(whole=True)` reads a
+whole file the same way (dump.json's `data` object, pair by pair: layout.check_dump_file).
 """
 
 from __future__ import annotations
