@@ -14,12 +14,14 @@ memory from the kernel's accounting of that child, os.wait4), the ratio taken pa
 "Before" is `git archive` of --before (default: the commit this work started from) unpacked in a
 temporary folder; "after" is this checkout.
 
-Figures (2026-12-03, 2 cores shared with another session's test run; medians of 3 pairs, the
-ratios taken pair by pair; before = ae66ae5):
-  correlate, one line of 10^6 requests: before 4.4 s 691 MB, after 1.6 s 139 MB (time 2.7x, memory 5.0x)
-  correlate, 200,000 lines, dumps:      before 71 s 332 MB, after 16 s 285 MB (time 4.4x, memory 1.2x;
-                                        the memory is the 200,000 pairs of the result)
-  check, dump.json of 10^6 entries:     before 31 s 2,442 MB, after 11 s 25 MB (time 2.9x, memory 96x)
+Figures (2026-12-03, 2 cores shared with other sessions' test runs; medians of 3 pairs, the
+ratios taken pair by pair; before = ae66ae5). Two runs an hour apart, under different loads:
+  correlate, one line of 10^6 requests: before 4.4 / 4.1 s 691 MB, after 1.6 / 1.4 s 139 MB
+                                        (time 2.7x / 3.0x, memory 5.0x)
+  correlate, 200,000 lines, dumps:      before 71 / 45 s 332 MB, after 16 / 12 s 285 MB
+                                        (time 4.4x / 3.7x, memory 1.2x: the result's 200,000 pairs)
+  check, dump.json of 10^6 entries:     before 31 / 17 s 2,442 MB, after 11 / 6.0 s 25 MB
+                                        (time 2.9x / 2.6x, memory 96x)
 What is left of the time is json's own scanner on every value (a dump entry's statistics, a
 request object): the bound of a reader that checks every byte it reads.
 
