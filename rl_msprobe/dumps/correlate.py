@@ -19,20 +19,20 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, overload
 
 from rl_msprobe import bounded
+from rl_msprobe.dumps import jsonl
 from rl_msprobe.dumps.layout import DISPATCH_LOG, TRAIN_LOG, DumpIndex, walk_files
 from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
 
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 # verl's SGLang PD replica sends a request to its prefill server as `{request_id}_P` (and to the
-# decode server as `{request_id}_D`, whose passes are decode, not the prefill that pairs)
-_VERL_PD_PREFILL = re.compile(r"_P$")
+# decode server as `{request_id}_D`, whose passes are decode, not the prefill that pairs): stripped
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
 USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
@@ -41,10 +41,12 @@ USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer r
 def strip_request_id(request_id: str) -> str:
     """Drop the `-<8 hex>` suffix vLLM >= 0.14 appends to the request id it was given, and the
     `_P` verl's SGLang PD replica appends for its prefill server."""
-    return _VERL_PD_PREFILL.sub("", _VLLM_SUFFIX.sub("", request_id))
+    if len(request_id) >= 9 and request_id[-9] == "-":  # the regex only where it can match
+        request_id = _VLLM_SUFFIX.sub("", request_id)
+    return request_id[:-2] if request_id.endswith("_P") else request_id
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per pair and TP rank of a long run
 class Side:
     """One side's dump of a pair: the validated ids from its log (None: not from a log), and the path."""
 
@@ -57,7 +59,7 @@ class Side:
         return {"pid": self.pid, "rank": self.rank, "step": self.step, "dump": self.dump}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pair:
     request_id: str
     rollout: Side  # the lowest TP rank
@@ -78,7 +80,7 @@ class Pair:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them is the result of a long log
 class Unmatched:
     request_id: str | None
     side: str  # rollout | train
@@ -126,7 +128,7 @@ def find_logs(root: Path, name: str) -> list[Path]:
     """`{root}/{pid}/{name}` (or `{root}/{name}`), sorted; UserError if there is none."""
     if not root.is_dir():
         raise UserError(f"{root}: not a directory. Pass the dump_path folder of that side.")
-    logs = sorted(walk_files(root, {name}, max_depth=2))
+    logs = sorted(walk_files(root, {name}, max_depth=1))  # {root}/{pid}/{name}: not into step folders
     if not logs:
         raise UserError(
             f"{root}: no {name} in it or in its {{pid}} sub-folders. "
@@ -140,14 +142,21 @@ def find_logs(root: Path, name: str) -> list[Path]:
     return logs
 
 
-def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, JsonObject]]:
+def read_jsonl(path: Path, bad: list[str], stream: str | None = None) -> Iterator[tuple[int, JsonObject]]:
     """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'
-    (a line cut short by a killed process is expected); JSON nested too deeply is bad input."""
+    (a line cut short by a killed process is expected); JSON nested too deeply is bad input.
+    A line longer than one read has its STREAM list as a `jsonl.Streamed` (see jsonl.py)."""
     loads = json.loads
     with bounded.open_regular(path, "JSONL log") as f:
-        for n, line in enumerate(bounded.lines(f, path, "JSONL log"), 1):
+        for n, line in jsonl.read(f, path, stream or "", need=("phase",)):
+            if isinstance(line, dict):
+                yield n, line
+                continue
+            if line is None:
+                bad.append(f"{path}:{n}: not a JSON line (cut short by a killed process?)")
+                continue
             try:
-                obj = loads(line)
+                obj = loads(line.decode("utf-8"))  # str: loads skips guessing the encoding
             except RecursionError:
                 raise UserError(
                     f"{path}:{n}: JSON nested too deeply; not a line rl-msprobe's helpers write. "
@@ -163,15 +172,38 @@ def read_jsonl(path: Path, bad: list[str]) -> Iterator[tuple[int, JsonObject]]:
                 bad.append(f"{path}:{n}: not a JSON object")
 
 
-def _continues_prefill(request: JsonObject) -> bool:
+TOKEN_LIMIT = 1 << 31  # tokens one request schedules in one step; a model's context is ~1e6
+
+
+def _shown(value: object) -> str:
+    """A value as the log's JSON writes it (Infinity, NaN), cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        if value.bit_length() > 13_000:
+            return "a number of thousands of digits"  # str() refuses 4300+ digits
+        text = str(value)
+        return f"{text[:40]}... ({len(text)} digits)"
+    try:
+        return json.dumps(value)[:60]
+    except (TypeError, ValueError):
+        return repr(value)[:60]
+
+
+def _tokens(request: JsonObject, where: Callable[[], str], k: int) -> int:
+    """A request's `tokens`: a whole number in 0..TOKEN_LIMIT (0 where absent), else bad input."""
+    value = request.get("tokens", 0)
+    if type(value) is int and 0 <= value <= TOKEN_LIMIT:
+        return value
+    raise UserError(
+        f"{where()}: `requests[{k}].tokens` is {_shown(value)}; rl-msprobe's helpers write the number of "
+        f"tokens the step scheduled for the request there, a whole number in 0..{TOKEN_LIMIT:,}. "
+        "The log was edited or is not one of theirs: fix or remove that line."
+    )
+
+
+def _continues_prefill(request: JsonObject, tokens: int) -> bool:
     """A `cached` entry scheduling more than one token: the rest of a chunked prompt (or speculative
     tokens). One token is a plain decode riding along in a mixed step."""
-    if request.get("type") != "cached":
-        return False
-    try:
-        return int(request.get("tokens") or 0) > 1
-    except (TypeError, ValueError, OverflowError):  # `"tokens": Infinity`
-        return False
+    return request.get("type") == "cached" and tokens > 1
 
 
 _ID_LIMIT = 10**18  # pids, steps and ranks become folder names; past this they are not a run's
@@ -206,16 +238,35 @@ def _pid(line: JsonObject, log: Path, where: str) -> int | None:
     return int(log.parent.name) if _DIGITS.match(log.parent.name) else None
 
 
-def _requests(line: JsonObject, where: str) -> list[JsonObject]:
+def _requests(line: JsonObject, where: Callable[[], str]) -> Iterator[tuple[JsonObject, int]]:
+    """Each request object of a line and its validated token count (a `jsonl.Streamed` list is
+    read as it goes; ValueError where its line turns out not to be JSON)."""
     requests = line.get("requests")
     if requests is None:
-        return []
-    if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
+        return
+    if not isinstance(requests, (list, jsonl.Streamed)):
         raise UserError(
-            f"{where}: `requests` is {type(requests).__name__} {str(requests)[:60]!r}; the dispatch log "
+            f"{where()}: `requests` is {type(requests).__name__} {str(requests)[:60]!r}; the dispatch log "
             "holds a list of {request_id, type, tokens} objects there. Fix or remove that line."
         )
-    return requests
+    k = -1
+    for r in requests:
+        k += 1
+        if type(r) is not dict:
+            raise UserError(
+                f"{where()}: `requests` is a list holding {type(r).__name__} {str(r)[:60]!r} at [{k}]; the "
+                "dispatch log holds {request_id, type, tokens} objects there. Fix or remove that line."
+            )
+        tokens = r.get("tokens", 0)
+        yield r, (tokens if type(tokens) is int and 0 <= tokens <= TOKEN_LIMIT else _tokens(r, where, k))
+
+
+def _stage(request: JsonObject, tokens: int, fresh: list[str], going_on: list[str]) -> None:
+    """One request of a prefill step with several: its id among the new ones or the continuing."""
+    if request.get("type") == "new":
+        fresh.append(strip_request_id(str(request.get("request_id"))))
+    elif _continues_prefill(request, tokens):
+        going_on.append(strip_request_id(str(request.get("request_id"))))
 
 
 # (pid, rank, step, where) of one rank's one-request prefill
@@ -224,7 +275,7 @@ _Prefill = tuple[int | None, int | None, int, str]
 
 # A rollout candidate: (pid, rank, step, where) of the one-request prefill; `chunked` once a
 # later prefill of the same id shows the prompt was split over several steps.
-@dataclass
+@dataclass(slots=True)
 class _Candidate:
     pid: int | None
     rank: int | None
@@ -236,12 +287,46 @@ class _Candidate:
     peers: list[_Prefill] = field(default_factory=list)  # of the other TP ranks
 
     def ranks(self) -> list[_Prefill]:
+        if not self.peers:  # TP 1: no sort (asked several times per pair)
+            return [(self.pid, self.rank, self.step, self.where)]
         return sorted([(self.pid, self.rank, self.step, self.where), *self.peers], key=lambda p: p[1] or 0)
 
     def peer_of(self, pid: object, rank: object) -> bool:
         """Another TP worker (its own pid and rank) of the same engine step, not a second prefill."""
         seen = self.ranks()
         return pid not in {p[0] for p in seen} and rank is not None and rank not in {p[1] for p in seen}
+
+
+BATCHED_LISTED = 20  # requests of one batched step named one by one; the rest are counted in one entry
+
+
+def _batched_only(batched: dict[str, str], candidates: dict[str, _Candidate]) -> Iterator[Unmatched]:
+    """The rollout's requests only ever prefilled together with others, per step: the first
+    BATCHED_LISTED by id, then one entry counting the rest (a step of a million requests would
+    otherwise be a million identical lines)."""
+    counts = Counter(
+        batched.values() if not candidates else (w for r, w in batched.items() if r not in candidates)
+    )
+    left = sum(min(BATCHED_LISTED, n) for n in counts.values())  # entries by id still to list
+    listed: Counter[str] = Counter()
+    for rid, where in batched.items():
+        if left == 0:
+            break
+        if rid in candidates or listed[where] >= BATCHED_LISTED:
+            continue
+        listed[where] += 1
+        left -= 1
+        yield Unmatched(
+            rid, "rollout", f"prefilled together with other requests ({where}); not comparable alone"
+        )
+    for where, count in counts.items():
+        if count > BATCHED_LISTED:
+            yield Unmatched(
+                None,
+                "rollout",
+                f"{count - BATCHED_LISTED:,} more requests prefilled together with other requests ({where}); "
+                "not comparable alone",
+            )
 
 
 def correlate(rollout_root: Path, train_root: Path) -> Correlation:
@@ -258,41 +343,71 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
     strip = strip_request_id
 
     for log in rollout_logs:
-        for n, line in read_jsonl(log, bad):
+        folder = log.parent.name
+        for n, line in read_jsonl(log, bad, "requests"):
+
+            def at(n: int = n, log: Path = log) -> str:
+                return f"{log}:{n}"
+
             phase = line.get("phase")
-            if phase != "prefill":
-                skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
+            first: tuple[JsonObject, int] | None = None
+            fresh: list[str] = []  # several requests: the ids of type new, and of prefills continuing
+            going_on: list[str] = []
+            count = 0
+            try:
+                if phase != "prefill":
+                    for _ in _requests(line, at):  # the token counts are checked, nothing is kept
+                        pass
+                    skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
+                    continue
+                requests = _requests(line, at)
+                first = next(requests, None)
+                second = next(requests, None) if first is not None else None
+                count = 0 if first is None else 1 if second is None else 2
+                if first is not None and second is not None:
+                    _stage(*first, fresh, going_on)
+                    _stage(*second, fresh, going_on)
+                    for r, tokens in requests:  # _stage, inlined: a step may hold a million requests
+                        kind = r.get("type")
+                        if kind == "new":
+                            rid = r.get("request_id")
+                            rid = rid if type(rid) is str else str(rid)
+                            fresh.append(strip(rid) if rid[-9:-8] == "-" or rid[-2:] == "_P" else rid)
+                        elif kind == "cached" and tokens > 1:
+                            going_on.append(strip(str(r.get("request_id"))))
+            except ValueError:  # a long line cut short: nothing learnt from it is kept
+                bad.append(f"{at()}: not a JSON line (cut short by a killed process?)")
                 continue
-            where = f"{log}:{n}"
-            requests = _requests(line, where)
-            if len(requests) != 1:
-                skipped["rollout: prefill with several requests" if requests else "rollout: no requests"] += 1
-                for r in requests:
-                    rid = strip(str(r.get("request_id")))
-                    if r.get("type") == "new" and rid not in candidates:
-                        batched.setdefault(rid, f"{log.parent.name}/step{line.get('step')}")
-                    elif rid in candidates and _continues_prefill(r):
-                        candidates[rid].chunked = True
+            where = at()
+            if count != 1 or first is None:
+                skipped["rollout: prefill with several requests" if count else "rollout: no requests"] += 1
+                if count:
+                    step_at = f"{folder}/step{line.get('step')}"
+                    if candidates:
+                        fresh = [rid for rid in fresh if rid not in candidates]
+                    for rid in fresh:
+                        batched.setdefault(rid, step_at)
+                    for rid in going_on:
+                        if rid in candidates:
+                            candidates[rid].chunked = True
                 continue
-            req = requests[0]
+            req, tokens = first
             rid = strip(str(req.get("request_id")))
             if req.get("type") != "new":
                 skipped["rollout: prefill continuing a request (type cached)"] += 1
-                if rid in candidates and _continues_prefill(req):
+                if rid in candidates and _continues_prefill(req, tokens):
                     candidates[rid].chunked = True
                 elif rid not in candidates:  # no prefill from token 0: a prefix / radix cache hit
-                    cache_hits.setdefault(
-                        rid, f"{log.parent.name}/step{line.get('step')}, {req.get('tokens')} token(s)"
-                    )
+                    cache_hits.setdefault(rid, f"{folder}/step{line.get('step')}, {tokens} token(s)")
                 continue
             pid = _pid(line, log, where)
             rank = _id(line.get("rank"), where, "rank", required=False)
             step = _id(line.get("step"), where, "step")
             if rid in candidates:
-                first = candidates[rid]
-                if first.peer_of(pid, rank):
+                first_seen = candidates[rid]
+                if first_seen.peer_of(pid, rank):
                     skipped["rollout: one-request prefill (TP peer rank)"] += 1
-                    first.peers.append((pid, rank, step, where))
+                    first_seen.peers.append((pid, rank, step, where))
                 else:
                     skipped["rollout: repeated prefill of a request"] += 1
                 continue
@@ -375,7 +490,7 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 r_dump = rollout_index.find(r_pid, r_step, r_rank)
                 if r_dump is None:
                     break
-                sides.append(Side(r_pid, r_rank, r_step, str(r_dump)))
+                sides.append(Side(r_pid, r_rank, r_step, r_dump))
             t_dump = train_index.find(pid, step, rank)
             if len(sides) < len(cand.ranks()) or t_dump is None:
                 if len(sides) < len(cand.ranks()):
@@ -385,18 +500,12 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                     side, missing = "train", train_index.expected(pid, step, rank)
                 result.unmatched.append(Unmatched(rid, side, f"missing dump: {missing}"))
                 continue
-            result.pairs.append(Pair(rid, sides[0], Side(pid, rank, step, str(t_dump)), tuple(sides[1:])))
+            result.pairs.append(Pair(rid, sides[0], Side(pid, rank, step, t_dump), tuple(sides[1:])))
 
     for rid, cand in candidates.items():
         if not cand.matched:
             result.unmatched.append(Unmatched(rid, "rollout", "no training micro-batch with this id"))
-    for rid, where in batched.items():
-        if rid not in candidates:
-            result.unmatched.append(
-                Unmatched(
-                    rid, "rollout", f"prefilled together with other requests ({where}); not comparable alone"
-                )
-            )
+    result.unmatched.extend(_batched_only(batched, candidates))
     for b in bad:
         result.unmatched.append(Unmatched(None, "rollout" if DISPATCH_LOG in b else "train", b))
     return result

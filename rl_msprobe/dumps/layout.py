@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -33,7 +34,9 @@ _PID = re.compile(r"^\d+$")
 
 def load_json(path: Path) -> object:
     """Parse a JSON file; UserError (exit 2) naming the file when it cannot be read or parsed,
-    including JSON nested too deeply for Python's parser (RecursionError)."""
+    including JSON nested too deeply for Python's parser (RecursionError). NaN / Infinity stay
+    numbers: in a dump's statistics they are msprobe's record of a tensor that held them, a finding
+    the compare reports, not bad input (unlike a weights fingerprint or a token count)."""
     from rl_msprobe import bounded
     from rl_msprobe.errors import UserError
 
@@ -104,20 +107,26 @@ def _number(digits: str, limit: int, where: str, what: str) -> int:
 
 
 def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path]:
-    """Files named one of `names` below root (depth-limited, sorted, symlinked dirs not followed)."""
-    stack = [(root, 0)]
+    """Files named one of `names` below root (depth-limited, sorted, symlinked dirs not followed).
+    Folders are walked as text: only the files found become Paths (a run has 100,000s of folders)."""
+    stack: list[tuple[str, int]] = [(str(root), 0)]
     while stack:
         d, depth = stack.pop()
         try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name, reverse=True)
+            with os.scandir(d) as it:
+                entries = sorted(it, key=_entry_name, reverse=True)
         except OSError:
             continue
         for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                if depth < max_depth and e.name != "dump_tensor_data":
-                    stack.append((Path(e.path), depth + 1))
-            elif e.name in names:
-                yield Path(e.path)
+            if e.name in names:
+                if not e.is_dir(follow_symlinks=False):
+                    yield Path(e.path)
+            elif depth < max_depth and e.name != "dump_tensor_data" and e.is_dir(follow_symlinks=False):
+                stack.append((e.path, depth + 1))
+
+
+def _entry_name(entry: os.DirEntry[str]) -> str:
+    return entry.name
 
 
 def find_dumps(root: Path) -> list[DumpRef]:
@@ -133,42 +142,64 @@ class DumpIndex:
 
     def __init__(self, root: Path):
         self.root = root
-        self._listing: dict[Path, frozenset[str]] = {}
-        self._real: Path | None = None
+        self._base = str(root)
+        self._listing: dict[str, dict[str, bool]] = {}
+        self._real: str | None = None
 
-    def _names(self, d: Path) -> frozenset[str]:
-        names = self._listing.get(d)
-        if names is None:
+    def _entries(self, d: str, keep: bool) -> dict[str, bool]:
+        """The names in base folder D and whether each is a symlink (one scandir, no stat per name);
+        KEEP: remember it (asked once per pair)."""
+        entries = self._listing.get(d)
+        if entries is None:
             try:
-                names = frozenset(os.listdir(d))
+                with os.scandir(d) as it:
+                    entries = {e.name: e.is_symlink() for e in it}
             except OSError:
-                names = frozenset()
-            self._listing[d] = names
-        return names
+                entries = {}
+            if keep:
+                self._listing[d] = entries
+        return entries
 
-    def find(self, pid: int | None, step: int, rank: int | None) -> Path | None:
-        """The dump of (pid, step, rank), resolved and inside the root, or None. The ids are
-        validated integers (see correlate), so they cannot climb out of the root themselves."""
+    def find(self, pid: int | None, step: int, rank: int | None) -> str | None:
+        """The dump of (pid, step, rank), inside the root, or None. The ids are validated integers
+        (see correlate), so they cannot climb out of the root themselves; a symlink on the way is
+        resolved and must stay inside. Paths are joined as text, the base folders listed once,
+        the rest is an lstat or two: a log of a million lines asks a million times."""
         step_dir = f"step{step}"
-        bases = (self.root / str(pid), self.root) if pid is not None else (self.root,)
-        for base in bases:
-            if step_dir not in self._names(base):  # listed once per base folder
+        root = self._base
+        if pid is None:
+            bases: tuple[tuple[str, bool], ...] = ((root, False),)
+        else:
+            pid_link = self._entries(root, True).get(str(pid), False)
+            bases = ((f"{root}{os.sep}{pid}", pid_link), (root, False))
+        for base, base_link in bases:
+            step_link = self._entries(base, True).get(step_dir)
+            if step_link is None:
                 continue
+            step_path = f"{base}{os.sep}{step_dir}"
             for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
-                path = base / step_dir / rank_dir / DUMP_FILE
-                if path.is_file() and self._inside(path):
+                path = f"{step_path}{os.sep}{rank_dir}{os.sep}{DUMP_FILE}"
+                try:
+                    folder, info = os.lstat(f"{step_path}{os.sep}{rank_dir}"), os.lstat(path)
+                except OSError:
+                    continue
+                links = base_link or step_link or stat.S_ISLNK(folder.st_mode) or stat.S_ISLNK(info.st_mode)
+                if not links:
+                    if stat.S_ISREG(info.st_mode):
+                        return path
+                elif os.path.isfile(path) and self._inside(path):
                     return path
         return None
 
-    def _inside(self, path: Path) -> bool:
+    def _inside(self, path: str) -> bool:
         """False for a dump reached through a symlink that leads out of the root."""
         if self._real is None:
-            self._real = self.root.resolve()
-        return self._real in path.resolve().parents
+            self._real = os.path.realpath(self.root)
+        return os.path.realpath(path).startswith(self._real + os.sep)
 
-    def expected(self, pid: object, step: object, rank: object) -> Path:
+    def expected(self, pid: object, step: object, rank: object) -> str:
         """The path the helpers would have written (for messages about a missing dump)."""
-        return self.root / str(pid) / f"step{step}" / f"rank{rank}" / DUMP_FILE
+        return os.path.join(self._base, str(pid), f"step{step}", f"rank{rank}", DUMP_FILE)
 
 
 # ------------------------------------------------------------------------------------ check
@@ -199,23 +230,37 @@ class LayoutReport:
 
 
 def check_dump_file(path: Path) -> str | None:
-    """Why a dump.json is unusable (empty, not JSON, no `data`), or None."""
+    """Why a dump.json is unusable (empty, not JSON, no `data`), or None. Streamed: `data` is
+    read entry by entry and each entry dropped once parsed, so a dump of a million entries costs
+    one entry's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
+    tensor that holds one) parses as a number: it is a finding for `dumps compare`, not a broken
+    file, unlike a fingerprint or a token count, where no real run writes one."""
     from rl_msprobe import bounded
+    from rl_msprobe.dumps import jsonl
     from rl_msprobe.errors import UserError
 
     try:
         if path.stat().st_size == 0:
             return "empty file"
-        doc = json.loads(bounded.read_bytes(path, "msprobe dump.json", bounded.DUMP_JSON))
+        with bounded.open_regular(path, "msprobe dump.json", bounded.DUMP_JSON) as f:
+            parser = jsonl.Parser(f, f.read(jsonl.CHUNK), str(path), bounded.DUMP_JSON, whole=True)
+            if parser.char() != "{":
+                parser.value()
+                parser.end()
+                return "no top-level `data` (not an msprobe dump.json)"
+            parser.i += 1
+            head: dict[str, object] = {}
+            data = parser.members(head, "data")
+            entries = sum(1 for _ in data) if data is not None else None
     except UserError as exc:
         return str(exc)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return f"unparsable: {exc}"
     except RecursionError:
         return "unparsable: JSON nested too deeply"
-    if not isinstance(doc, dict) or "data" not in doc:
+    if "data" not in head:
         return "no top-level `data` (not an msprobe dump.json)"
-    if not doc["data"]:
+    if not (entries if data is not None else head["data"]):
         return "`data` is empty: nothing was dumped (was debugger.start() reached with the model?)"
     return None
 

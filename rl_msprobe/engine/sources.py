@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import os
 import re
+import subprocess
 from pathlib import Path
 
 from rl_msprobe.engine import journal
@@ -34,7 +36,10 @@ def decode(data: bytes, path: str) -> str:
 
 
 def read_bytes(root: Path, rel: str) -> bytes | None:
-    return journal.read(root / rel)
+    data = journal.read(root / rel)
+    if data is None:
+        _refuse_sparse(root, rel)
+    return data
 
 
 def text_reader(root: Path) -> shape.Reader:
@@ -48,6 +53,30 @@ def text_reader(root: Path) -> shape.Reader:
         return cache[rel]
 
     return read
+
+
+def _refuse_sparse(root: Path, rel: str) -> None:
+    """A file git has but a sparse checkout left off the disk is not a file upstream lacks: say so
+    (otherwise it reads as a tree of another version, or as the wrong --tree)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-t", "--", rel],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return
+    if proc.returncode == 0 and proc.stdout.startswith("S "):
+        folder = str(Path(rel).parent)
+        raise UserError(
+            f"{root / rel}: in git but not on disk: the sparse checkout of this repository leaves it out. "
+            "rl-msprobe reads and patches the files themselves; check it out "
+            f"(git -C {root} sparse-checkout add {folder}, or sparse-checkout disable) and run again. "
+            "Nothing was changed."
+        )
 
 
 def is_ours(data: bytes) -> bool:

@@ -37,6 +37,8 @@ def open_tree(target: Target, writing: bool) -> Tree:
     if repo is not None and repo.working_tree_dir is not None:
         ignored = gitenv.note(str(repo.working_tree_dir))
         notes += [ignored] if ignored else []
+    if repo is not None and writing:
+        _refuse_object_format(repo)
     if repo is not None and writing and git.head_state(repo)[1] is None:
         raise UserError(
             f"{repo.working_tree_dir}: a git repository with no commits yet; rl-msprobe commits on top of the "
@@ -44,6 +46,18 @@ def open_tree(target: Target, writing: bool) -> Tree:
         )
     state = journal.state_dir(target.root, Path(repo.git_dir) if repo is not None else None)
     return Tree(repo, state, target.root, notes)
+
+
+def _refuse_object_format(repo: Repo) -> None:
+    """A repository of git's SHA-256 object format is said to be one (its HEAD is no "no commits
+    yet" to GitPython, and its object names are no SHA-1 to rl-msprobe's commit)."""
+    found = git.run(repo, "rev-parse", "--show-object-format").stdout.strip()
+    if found not in ("", "sha1"):
+        raise UserError(
+            f"{repo.working_tree_dir}: a git repository in the {found} object format; rl-msprobe commits in "
+            "SHA-1 repositories only. Patch a SHA-1 copy of the tree (git init in a copy, then git add -A && "
+            "git commit). Nothing was changed."
+        )
 
 
 def where(tree: Tree) -> str:

@@ -637,6 +637,18 @@ def _head(text: bytes) -> JsonObject:
     return doc
 
 
+class BadNumber(UserError):
+    """A number in a triage line that the helper never writes (read_triage names the file and line)."""
+
+
+def _shown(value: int | float) -> str:
+    """A number as the line has it: Infinity, -Infinity, NaN (1e400 reads as Infinity), digits."""
+    if isinstance(value, float):
+        return json.dumps(value) if not math.isfinite(value) else repr(value)
+    text = repr(value) if value.bit_length() < 13_000 else "a 4,000-digit number"
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} digits)"
+
+
 def check_head(doc: Any) -> None:
     """A parsed line's small fields as the helper writes them (TypeError / ValueError naming the key
     otherwise): a step that is a number up to MAX_STEP or a string, scalar ids, a mask that is a list."""
@@ -645,8 +657,17 @@ def check_head(doc: Any) -> None:
     step = doc.get("step")
     if isinstance(step, bool) or not isinstance(step, _SCALARS):
         raise TypeError(f"`step` is a {type(step).__name__}, not a number")
-    if isinstance(step, (int, float)) and not (math.isfinite(step) and 0 <= step <= MAX_STEP):
-        raise ValueError(f"`step` is outside 0..{MAX_STEP:,} (more steps than a real run has)")
+    for key in ("step", "index", "prompt_len"):  # whole numbers where they are numbers at all
+        value = doc.get(key)
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+            limit = MAX_STEP if key == "step" else MAX_TOKEN_ID * 64
+            whole = isinstance(value, int) or (math.isfinite(value) and value.is_integer())
+            if not whole or not 0 <= value <= limit:
+                raise BadNumber(
+                    f"`{key}` is {_shown(value)}; the triage helper writes a whole number in 0..{limit:,} "
+                    "there (the trainer's global step, the row in the batch, the prompt's length). The log was "
+                    "edited or is not the helper's: fix or remove that line."
+                )
     for key in ("request_id", "uid", "index", "prompt_len", "train_dtype", "rollout_dtype", "error"):
         if not isinstance(doc.get(key), _SCALARS):
             raise TypeError(f"`{key}` is a {type(doc[key]).__name__}, not a string or number")
@@ -694,7 +715,10 @@ def read_triage(root: Path, keep: int = 10) -> Triage:
                                 doc["prompt_ids"] = PromptText(split[2])
                         except ValueError:
                             doc, tail = loads(raw), None  # says where the line itself is broken
-                    check_head(doc)
+                    try:
+                        check_head(doc)
+                    except BadNumber as exc:
+                        raise UserError(f"{path}:{number}: {exc}") from None
                     if "error" in doc:
                         result.error_count += 1
                         if len(result.errors) < 5:

@@ -5,7 +5,9 @@ sources, never runs them, so nothing is built. Fetches of one release are serial
 processes by a lock file beside it (two commands at once, or a test session and its background
 prefetch): the second waits and finds the release in place. Nothing is half-written: pip downloads
 into a private folder whose archive is moved into the shared `downloads/` whole, and the release
-folder appears by one rename.
+folder appears by one rename. The cache heals itself: an archive in `downloads/` is tested (zip
+CRCs, the gzip stream) before it is unpacked and fetched again when damaged, and the folders a
+killed fetch left are removed by the next fetch (while no fetch of their release runs).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def fetch_release(project: str, version: str) -> Path:
     """
     package = packages()[project]
     dest = release_dir(project, version)
+    _clean_stale(cache_dir() / "downloads", dest.parent)
     if (dest / package / "__init__.py").is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +151,10 @@ def _fetch_lock(dest: Path) -> Iterator[None]:
         ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        _current["release"] = dest.name
         yield
     finally:
+        _current.pop("release", None)
         os.close(fd)  # releases the lock
 
 
@@ -158,6 +163,9 @@ def _fetch_locked(project: str, version: str, package: str, dest: Path) -> None:
     downloads.mkdir(parents=True, exist_ok=True)
     spec = f"{project}=={version}"
     archive = _find_download(downloads, project, version)
+    if archive is not None and _damaged(archive):
+        archive.unlink()  # cut short or corrupted: fetched again below
+        archive = None
     # pip writes into a private folder; a finished archive is then renamed into `downloads/`
     work = Path(tempfile.mkdtemp(prefix=f".{project}-{version}-pip-", dir=downloads))
     private = work / "downloads"
@@ -174,9 +182,82 @@ def _fetch_locked(project: str, version: str, package: str, dest: Path) -> None:
             archive = _keep(_find_download(private, project, version), downloads)
             if archive is None and source is None:
                 raise UserError(f"could not fetch {spec} from the package index: {stderr.strip()[-400:]}")
+        if archive is not None and _damaged(archive):
+            archive.unlink()
+            raise UserError(
+                f"{spec}: the archive the package index sent ({archive.name}) is damaged ({_damaged(archive)}"
+                "); run again (it is fetched anew), or check the index or proxy PIP_INDEX_URL names."
+            )
         _unpack_release(archive, source, dest, package)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _damaged(archive: Path) -> str | None:
+    """Why a downloaded wheel or sdist cannot be unpacked (None: whole). Every member's CRC for a
+    zip (a wheel), the whole gzip stream (its CRC and length are at the end) for a tar.gz: a
+    download cut short, or damaged on disk, is caught before it is used, not on every run after."""
+    import gzip
+    import zlib
+
+    try:
+        if archive.suffix in (".whl", ".zip"):
+            with zipfile.ZipFile(archive) as zf:
+                bad = zf.testzip()
+            return None if bad is None else f"member {bad} fails its CRC"
+        with gzip.open(archive) as stream:
+            while stream.read(1 << 20):
+                pass
+        return None
+    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+# what a killed fetch leaves: pip's private folder in downloads/, a half-unpacked folder beside
+# the release (tempfile.mkdtemp's names: the prefix, then 8 characters)
+_STALE = (
+    ("downloads", re.compile(r"^\.(?P<release>.+)-pip-[a-z0-9_]{8}$")),
+    ("releases", re.compile(r"^\.(?P<release>.+)-[a-z0-9_]{8}$")),
+)
+
+
+def _clean_stale(downloads: Path, releases: Path) -> None:
+    """Remove the folders killed fetches left (pip's private downloads, half-unpacked releases),
+    each only while its release's lock is free (no fetch of it is running): the caller holds its
+    own release's lock, which is taken again here without waiting (flock is per descriptor)."""
+    for folder, pattern in ((downloads, _STALE[0][1]), (releases, _STALE[1][1])):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            match = pattern.match(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            lock = releases / f".{match.group('release')}.lock"
+            if _lock_is_free(lock, held=releases / f".{_current.get('release')}.lock"):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+_current: dict[str, str] = {}  # the release whose lock this process holds while fetching
+
+
+def _lock_is_free(lock: Path, held: Path) -> bool:
+    if lock == held:
+        return True  # ours: nothing else is fetching this release
+    try:
+        fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return True  # never locked: no fetch of that release has run here
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _keep(download: Path | None, downloads: Path) -> Path | None:

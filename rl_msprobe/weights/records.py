@@ -16,6 +16,7 @@ from pathlib import Path
 from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
+from rl_msprobe.weights import validate
 from rl_msprobe.weights.fingerprint import Fingerprint
 
 STAGES = ("sent", "received", "resident")
@@ -25,7 +26,7 @@ LINE_LIMIT = 1 << 20  # one tensor's line is ~400 bytes
 SYNC_LIMIT = 10_000_000  # one sync per training step
 RANK_LIMIT = 1_000_000
 INDEX_LIMIT = 1 << 31  # a tensor's place in the model's order
-FIX = "the files are written by the verl-weights patch set; rerun the job rather than editing them"
+FIX = validate.FIX
 
 
 @dataclass(frozen=True)
@@ -117,28 +118,35 @@ def _check_meta(doc: JsonObject, path: Path, line: int) -> None:
 
 def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
     try:
+        sync = _whole(doc, "sync", path, line, SYNC_LIMIT)
+        rank = _whole(doc, "rank", path, line, RANK_LIMIT)
+        name = doc["name"]
+        if not isinstance(name, str):
+            raise _bad(path, line, f"name is {json.dumps(name)[:40]}, not a string")
+        where = f"{path}:{line}"
+        fp = validate.fingerprint(doc["fp"], where, name)
+        dims = validate.shape(doc.get("shape"), fp.count, where, name)
+        tp = _optional_whole(doc, "tp_size", path, line, RANK_LIMIT)
         return Entry(
             stage=doc["stage"],
-            sync=_whole(doc, "sync", path, line, SYNC_LIMIT),
-            rank=_whole(doc, "rank", path, line, RANK_LIMIT),
+            sync=sync,
+            rank=rank,
             process=process,
-            name=str(doc["name"]),
+            name=name,
             index=_whole(doc, "index", path, line, INDEX_LIMIT, default=-1),
-            dtype=str(doc.get("dtype", "")),
-            fp=Fingerprint.from_dict(doc["fp"]),
+            dtype=validate.dtype(doc.get("dtype"), where, name),
+            fp=fp,
             hash=_text(doc, "hash", path, line),
             step=_optional_whole(doc, "step", path, line, SYNC_LIMIT),
             how=_text(doc, "how", path, line),
             engine_name=_text(doc, "engine_name", path, line),
             same_as=_text(doc, "same_as", path, line),
             unreadable=bool(doc.get("unreadable", False)),
-            shape=tuple(int(n) for n in doc["shape"]) if isinstance(doc.get("shape"), list) else None,
-            shards={int(d): Fingerprint.from_dict(fp) for d, fp in (doc.get("shard_fp") or {}).items()},
+            shape=dims,
+            shards=validate.shards(doc.get("shard_fp"), fp, dims, tp, where, name),
         )
     except KeyError as exc:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None
-    except (TypeError, ValueError, OverflowError, AttributeError) as exc:
-        raise _bad(path, line, f"a value of the wrong type ({str(exc)[:80]})") from None
 
 
 def _one_hash_kind(kinds: dict[str, str], folder: Path) -> None:
@@ -164,6 +172,7 @@ def read_run(folder: Path) -> Run:
         )
     run = Run(folder)
     kinds: dict[str, str] = {}  # hash kind -> the first line that has it
+    consistency = validate.Consistency()
     for path in paths:
         process = path.stem.split("-", 1)[1] if "-" in path.stem else path.stem
         run.files += 1
@@ -186,6 +195,7 @@ def read_run(folder: Path) -> Run:
                 if doc.get("stage") not in STAGES:
                     raise _bad(path, number, f"stage {doc.get('stage')!r} is not one of {', '.join(STAGES)}")
                 entry = _entry(doc, path, number, process)
+                consistency.check(entry.stage, entry.name, entry.dtype, entry.shape, path, number)
                 if entry.hash:
                     kinds.setdefault(hash_kind(entry.hash), f"{path.name}:{number}")
                 run.entries[entry.stage][entry.sync].setdefault(process, {})[entry.name] = entry

@@ -89,10 +89,10 @@ def test_dump_index_accepts_every_layout(tmp_path: Path) -> None:
     c = write_dump(tmp_path / "step3" / "proc9")
     d = write_dump(tmp_path / "9" / "step4" / "proc9")
     idx = DumpIndex(tmp_path)
-    assert idx.find(9, 1, 3) == a
-    assert idx.find(9, 2, 0) == b
-    assert idx.find(9, 3, 0) == c
-    assert idx.find(9, 4, 0) == d
+    assert idx.find(9, 1, 3) == str(a)
+    assert idx.find(9, 2, 0) == str(b)
+    assert idx.find(9, 3, 0) == str(c)
+    assert idx.find(9, 4, 0) == str(d)
     assert idx.find(9, 1, 0) is None
     assert idx.find(8, 4, 0) is None
 
