@@ -181,11 +181,12 @@ def detect(
 )
 @click.option(
     "--risk-level",
-    default="ALL",
+    default="FOCUS",
     show_default=True,
     type=click.Choice(["ALL", "FOCUS", "CORE"]),
-    help="msprobe risk_level at L1 / mix: ALL keeps every API call; FOCUS (msprobe's own default) drops "
-    "reshape / view / transpose / cat / to and other low-risk calls; CORE keeps only matmul, linear, "
+    help="msprobe risk_level at L1 / mix: FOCUS (msprobe's own default, written explicitly) drops "
+    "reshape / view / transpose / cat / to and other low-risk calls; ALL keeps every API call (a vLLM "
+    "rollout dump then runs ~60x slower); CORE keeps only matmul, linear, "
     "norm, embedding and attention calls. Module rows are always dumped.",
 )
 @click.option(

@@ -465,7 +465,7 @@ def _check_choices(request: PlanRequest, chosen: str) -> None:
         raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
     if request.options.risk_level not in msprobe_config.RISK_LEVELS:
         raise UserError(
-            f"--risk-level {request.options.risk_level}: use ALL (the default), FOCUS or CORE."
+            f"--risk-level {request.options.risk_level}: use FOCUS (the default), ALL or CORE."
         )
     stages = request.options.stages
     if stages:

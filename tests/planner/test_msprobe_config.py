@@ -19,7 +19,7 @@ def test_built_configs_are_valid(role: str, level: str) -> None:
     doc = build_config(role, None if role == "training" else "/abs/dump", level=level, steps=[0], ranks=[])
     assert validate(doc, role) == []
     assert doc["level"] == level
-    assert doc["risk_level"] == "ALL"  # said explicitly: msprobe's own default (FOCUS) drops calls
+    assert doc["risk_level"] == "FOCUS"  # said explicitly, so the dump never depends on msprobe's default
     assert ("dump_path" in doc) is (role != "training")
 
 

@@ -29,7 +29,7 @@ def test_the_request_carries_the_parsed_choices() -> None:
         True,
     )
     opts = request.options
-    assert (opts.level, opts.risk_level, opts.steps, opts.ranks) == ("mix", "ALL", [1, 2], [0])
+    assert (opts.level, opts.risk_level, opts.steps, opts.ranks) == ("mix", "FOCUS", [1, 2], [0])
     assert opts.stages == ["actor_update", "ref_compute_log_prob"]
     assert (opts.pd, opts.python, opts.backend) == (False, "py3", None)
 

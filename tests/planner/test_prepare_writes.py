@@ -116,11 +116,11 @@ def test_bad_python_exit_2(script: Path, python: str) -> None:
 
 @pytest.mark.parametrize("risk", [None, "FOCUS"])
 def test_every_config_says_its_risk_level(script: Path, risk: str | None) -> None:
-    """ALL unless asked; every config written carries it; the summary and --json say it."""
+    """FOCUS unless asked; every config written carries it; the summary and --json say it."""
     extra = ["--risk-level", risk] if risk else []
     code, doc, err = _prepare(script, "--mode", "consistency", *extra)
     assert code in (0, 1) and doc and doc["written"], err
-    expected = risk or "ALL"
+    expected = risk or "FOCUS"
     assert doc["msprobe"] == {"level": "mix", "task": "statistics", "risk_level": expected}
     assert len(doc["configs"]) == 2
     for path in doc["configs"].values():
