@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_msprobe.dumps import positions
+from rl_msprobe.dumps.judge import Judgement
 from rl_msprobe.errors import UserError
 from tests.dumps.conftest import step_dumps, write_dump
 
@@ -21,6 +22,14 @@ PROMPT, RESPONSE = 8, 6  # position_standin.PROMPT / RESPONSE
 def request(root: Path, train: Path) -> positions.Result:
     steps = [positions.read_forward(s[0]) for s in step_dumps(root)]
     return positions.compare_request(steps[0], steps[1:], positions.read_forward(step_dumps(train)[0][0]))
+
+
+DECODE_PLANT = "model.layers.1.mlp.down_proj"  # what the stand-in's decode plants perturb
+
+
+def _at(where: positions.Position, judged: Judgement) -> tuple[int, str, str, str]:
+    """(first position, its phase, module, tensor) of a first divergence."""
+    return (where.start, where.phase, judged.module, judged.tensor)
 
 
 def test_from_dump_folders(position_dumps: dict[str, Path], tmp_path: Path) -> None:
@@ -62,12 +71,7 @@ def test_a_decode_only_divergence_is_found_at_the_first_response_position(
     first = r.first
     assert first is not None
     where, j = first
-    assert (where.start, where.phase, j.module, j.tensor) == (
-        PROMPT,
-        "decode",
-        "model.layers.1.mlp.down_proj",
-        "output.0",
-    )
+    assert _at(where, j) == (PROMPT, "decode", DECODE_PLANT, "output.0")
     assert j.error == pytest.approx(0.01, rel=0.05) and j.floor_ratio > 50 and j.gain > 50
     assert all(p.first is None for p in r.positions[:PROMPT])  # the prefill is untouched
     assert all(p.first is not None and p.first.module == j.module for p in r.positions[PROMPT:])
@@ -94,12 +98,7 @@ def test_decode_steps_in_statistics_mode_are_judged_per_position(position_dumps:
     first = r.first
     assert first is not None, r.verdict()
     where, j = first
-    assert (where.start, where.phase, j.module, j.tensor) == (
-        PROMPT,
-        "decode",
-        "model.layers.1.mlp.down_proj",
-        "output.0",
-    )
+    assert _at(where, j) == (PROMPT, "decode", DECODE_PLANT, "output.0")
     assert j.error == pytest.approx(0.01, rel=0.05)
     assert [p.start for p in r.positions if p.first] == list(range(PROMPT, PROMPT + RESPONSE - 1))
     # the modules before the plant are judged from statistics at every decode position, and clean

@@ -17,6 +17,7 @@ import pytest
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.upstream import detect_version, fetch_release
+from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
 pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
@@ -29,7 +30,7 @@ NEWEST_WITH_V1 = "0.33.0"
 # adds the oldest release of the range and two between (0.30.0: V1's __init__ gains a decorator;
 # 0.32.0: what the CPU e2e runs) to the newest of each shape
 FULL_CYCLE = ["0.24.0", "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]
-CYCLE = [v if v in (NEWEST_WITH_V1, NEWEST) else pytest.param(v, marks=pytest.mark.full) for v in FULL_CYCLE]
+CYCLE = newest_in_default(FULL_CYCLE, keep=[NEWEST_WITH_V1])  # the newest of each shape by default
 # every release in the range (eight more sdist downloads, ~47 MB each): RL_MSPROBE_VLLM_ALL_RELEASES=1
 EVERY = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.31.0"]
 LINES = CYCLE + (
