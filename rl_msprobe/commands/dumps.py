@@ -1,4 +1,4 @@
-"""`rl-msprobe dumps check | correlate | compare`: thin click layer over rl_msprobe.dumps.
+"""`rl-msprobe dumps check | correlate | compare | positions`: thin click layer over rl_msprobe.dumps.
 
 Exit codes: 0 fine (layout complete / pairs found / consistent), 1 problems found, 2 bad input.
 Library imports stay inside the functions so `rl-msprobe --help` stays light.
@@ -300,3 +300,74 @@ def compare(
         click.echo(verdict(run))
         click.echo(f"report: {paths['md']}\n        {paths['html']}")
     sys.exit(0 if run.consistent else 1)
+
+
+@dumps.command()
+@click.argument("rollout", type=_dir)
+@click.argument("train", type=_dir)
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for the report.")
+@click.option(
+    "--request",
+    "requests",
+    multiple=True,
+    help="Compare only this request id (repeat for several; default: every recorded request).",
+)
+@click.option(
+    "--triage",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Triage's folder (verl-triage): the log-prob gap per response position under each map.",
+)
+@click.option(
+    "--python", "python", metavar="PY", help="Interpreter that reads tensor files when torch is not here."
+)
+@click.option("--force", is_flag=True, help="Replace report files in --out that rl-msprobe did not write.")
+@json_option
+@handles_user_errors
+def positions(
+    rollout: Path,
+    train: Path,
+    out: Path,
+    requests: tuple[str, ...],
+    triage: Path | None,
+    python: str | None,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Whole-response consistency: every position of each request, prefill and decode steps.
+
+    ROLLOUT: the rollout dump_path (dispatch logs and every step's dump); TRAIN: the actor's dump_path,
+    with the per-token records of DUMP_POSITIONS=1. The verdict names the first position and, there,
+    the first divergent module. Exit 0 consistent, 1 divergent or NOT COMPARED, 2 bad input.
+    """
+    import shlex
+    import tempfile
+    import time
+
+    from rl_msprobe.dumps.position_report import write_job
+    from rl_msprobe.dumps.whole_response import compare_job, sizes, summary
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rl-msprobe-positions-") as work:
+        wanted = set(requests) if requests else None
+        results = compare_job(rollout, train, Path(work), shlex.split(python) if python else None, wanted)
+    seconds = time.monotonic() - started
+    paths = write_job(results, out, force, triage)
+    status, verdict = summary(results)
+    if as_json:
+        emit_json(
+            {
+                "status": status,
+                "verdict": verdict,
+                "seconds": round(seconds, 3),
+                "bytes": sizes(rollout, train),
+                "requests": [r.to_json() for r in results],
+                "report": {k: str(v) for k, v in paths.items()},
+            }
+        )
+    else:
+        for r in results:
+            click.echo(f"{r.request_id}: {r.verdict()}")
+        click.echo(verdict)
+        click.echo(f"report: {paths['md']}")
+    sys.exit(0 if status == "consistent" else 1)

@@ -287,7 +287,9 @@ def _echo_not_covered(
             f"{indent}NOT COVERED for {gap.entry_point}: {gap.set}: capability '{gap.capability}': {gap.reason}"
         )
     shown = [
-        f"{name} ({'covered' if ok else 'NOT covered'})" for name, ok in by_entry.items() if name not in absent
+        f"{name} ({'covered' if ok else 'NOT covered'})"
+        for name, ok in by_entry.items()
+        if name not in absent
     ]
     if shown:
         click.echo(f"{indent}entry points: {', '.join(shown)}")

@@ -215,6 +215,18 @@ def detect(
     "--no-env-check", is_flag=True, help="Do not check msprobe in --python first (you take the risk)."
 )
 @click.option(
+    "--prefill-only",
+    is_flag=True,
+    help="Consistency: compare the prompt's prefill only (no per-token record of the actor's forward over "
+    "the response, DUMP_POSITIONS unset).",
+)
+@click.option(
+    "--max-dump-gib",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Consistency: refuse when the estimated dump of one training step exceeds this (default 50).",
+)
+@click.option(
     "--weights",
     "with_weights",
     is_flag=True,

@@ -52,6 +52,8 @@ class PrepareFlags:
     python: str | None
     command: int | None
     no_env_check: bool
+    prefill_only: bool
+    max_dump_gib: float | None
     with_weights: bool
     force: bool
     as_json: bool
@@ -78,6 +80,8 @@ class PrepareFlags:
                 pd=self.pd,
                 train_backend=self.train_backend,
                 python=self.python,
+                prefill_only=self.prefill_only,
+                max_dump_gib=self.max_dump_gib,
             ),
             command=self.command,
             task=self.task,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rl_msprobe.dumps.positions import Result
+from rl_msprobe.dumps.whole_response import RequestResult
 from rl_msprobe.reporting.plot import pyplot
 
 
@@ -140,3 +141,58 @@ def logprob_gap(triage: Path, request_id: str) -> list[float] | None:
                     for r, t in zip(rollout, train)
                 ]
     return None
+
+
+JOB_FILES = ("positions.md", "positions.json")
+
+
+def write_job(
+    results: Sequence[RequestResult], out: Path, force: bool = False, triage: Path | None = None
+) -> dict[str, Path]:
+    """`dumps positions --out`: positions.md (the job's verdict, a table of requests, then each
+    request's verdict, map and positions), positions.json, and one map per request
+    (positions-<n>.png), all published at once (`ReportFolder`). TRIAGE: triage's folder, for the
+    log-prob gap under each map."""
+    import json
+    import tempfile
+
+    from rl_msprobe.dumps.whole_response import summary
+    from rl_msprobe.report_folder import ReportFolder
+    from rl_msprobe.reporting.markdown import md_table
+
+    status, verdict = summary(list(results))
+    lines = ["# Whole-response consistency of the job", "", f"**{verdict}**", ""]
+    rows = [[r.request_id, r.status, _first_text(r)] for r in results]
+    lines += md_table(["request", "status", "first divergence"], rows) + [""]
+    images: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="rl-msprobe-maps-") as tmp:
+        for n, r in enumerate(results):
+            lines += [f"## Request {r.request_id}", ""]
+            if r.result is None:
+                lines += [f"**{r.verdict()}**", ""]
+                continue
+            gap = logprob_gap(triage, r.request_id) if triage is not None else None
+            name = f"positions-{n}.png"
+            why = plot_map(r.result, Path(tmp) / name, gap)
+            if why is None:
+                images[name] = (Path(tmp) / name).read_bytes()
+            body = markdown(r.result, name if why is None else None)
+            lines += body[2:] + ([f"No plot: {why}."] if why else []) + [""]
+    doc = {"status": status, "verdict": verdict, "requests": [r.to_json() for r in results]}
+    with ReportFolder(out, force) as folder:
+        folder.claim([*JOB_FILES, *images])
+        paths = {
+            "md": folder.write("positions.md", "\n".join(lines) + "\n"),
+            "json": folder.write("positions.json", json.dumps(doc, indent=1) + "\n"),
+        }
+        for name, data in images.items():
+            folder.write(name, data)
+    return paths
+
+
+def _first_text(r: RequestResult) -> str:
+    first = r.result.first if r.result is not None else None
+    if first is None:
+        return "–"
+    p, j = first
+    return f"{p.label(r.result.prompt) if r.result else ''}: {j.module} {j.tensor}"

@@ -148,3 +148,43 @@ def estimate(
     return SizeEstimate(
         forward(prompt, True), steps * forward(1, decode_tensor), forward(prompt + response, True), files
     )
+
+
+# The whole-response run as `prepare --mode consistency` writes it (docs/whole-response.md): the
+# rollout dumps every step in statistics mode, the actor writes one per-token record per request.
+# Bytes per decoder layer, measured (benchmarks/bench_positions.py; the live tp2 job):
+ROLLOUT_STEP_PER_LAYER = 34_000  # one rollout step's dump folder (dump.json, stack.json, construct.json), L0
+MIX_FACTOR = 1.0  # level mix adds the API rows of FOCUS risk to the module rows
+RECORD_PER_TOKEN_PER_LAYER = 2_630  # the per-token record (JSON, three numbers per tensor and token)
+
+
+@dataclass(frozen=True)
+class WholeResponseSize:
+    """One training step's whole-response dumps: REQUESTS requests of PROMPT + RESPONSE tokens."""
+
+    requests: int
+    rollout: int  # every step's statistics: the prefill and RESPONSE - 1 decode steps, per request
+    records: int  # the actor's per-token records
+
+    @property
+    def total(self) -> int:
+        return self.rollout + self.records
+
+    def describe(self) -> str:
+        return (
+            f"estimated whole-response dump per training step ({self.requests} request(s)): "
+            f"{self.total / GIB:.3g} GiB (rollout steps {self.rollout / GIB:.3g}, per-token records "
+            f"{self.records / GIB:.3g})"
+        )
+
+
+def whole_response(
+    layers: int, prompt: int, response: int, requests: int = 1, level: str = "mix"
+) -> WholeResponseSize:
+    """The size of one training step's whole-response dumps (module doc); LAYERS: decoder layers."""
+    if min(layers, prompt, response, requests) < 1:
+        raise UserError("layers, prompt, response and requests must be at least 1 to estimate the dump size.")
+    per_step = ROLLOUT_STEP_PER_LAYER * layers * (MIX_FACTOR if level == "mix" else 1.0)
+    rollout = int(requests * response * per_step)  # one prefill and response - 1 decode steps
+    records = requests * (prompt + response) * layers * RECORD_PER_TOKEN_PER_LAYER
+    return WholeResponseSize(requests, rollout, records)

@@ -5,8 +5,9 @@ per generated token (decode step k: one row, position P+k); the trainer runs one
 prompt + response. msprobe compares two dumps of one forward; here each rollout step is
 compared with the rows of the training forward at the same positions (docs/whole-response.md):
 
-- the training dump must be in tensor mode (its rows are cut out of the `.pt` files); a
-  rollout step in tensor mode is compared row by row (one position per row), one in statistics
+- the training side gives rows: the per-token record of the verl engine hook
+  (`DUMP_POSITIONS=1`: each token's Max, Min and norm, summed over a span as needed) or a
+  tensor-mode dump (its rows are cut out of the `.pt` files); a rollout step in tensor mode is compared row by row (one position per row), one in statistics
   mode as a whole (a decode step's statistics are its one position's; a prefill in statistics
   mode gives one span, positions 0..P-1, not resolved further);
 - modules are paired by name (FSDP wrappers and class dropped) and tensor (`output.0`, ...); a
@@ -43,6 +44,7 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
 
 TENSOR_DIR = "dump_tensor_data"
+PER_TOKEN = "per_token"  # a training record of per-token statistics (verl engine hook, DUMP_POSITIONS=1)
 MIN_COVERAGE = 0.5  # as dumps compare: below this share of the rollout's modules judged, NOT COMPARED
 _KEY = re.compile(r"^Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.forward\.(?P<n>\d+)$")
 WRAP = "_fsdp_wrapped_module."
@@ -438,6 +440,22 @@ def _file(fwd: Forward, leaf: JsonObject) -> Path | None:
     return fwd.folder / name if isinstance(name, str) and fwd.task == "tensor" else None
 
 
+def span_statistics(leaf: JsonObject, start: int, stop: int) -> tuple[float, float, float] | None:
+    """Max, Min and L2 norm of rows START..STOP-1 of a per-token leaf (`per_token` lists, one
+    value per token, as the verl engine hook records them with DUMP_POSITIONS=1)."""
+    per = leaf.get("per_token")
+    if not isinstance(per, dict):
+        return None
+    cols = [per.get(k) for k in ("Max", "Min", "Norm")]
+    if not all(isinstance(c, list) and len(c) >= stop for c in cols) or start >= stop or start < 0:
+        return None
+    hi, lo, norm = (c[start:stop] for c in cols)  # type: ignore[index]
+    try:
+        return float(max(hi)), float(min(lo)), math.sqrt(sum(float(x) ** 2 for x in norm))
+    except (TypeError, ValueError):
+        return None
+
+
 def _stats_value(leaf: JsonObject) -> Value:
     """A statistics-mode leaf's Max, Min, Norm (integers: Max and Min; Norm 0)."""
     dtype = str(leaf.get("dtype"))
@@ -495,16 +513,26 @@ class _Side:
         import numpy as np
 
         rows, dtype = [], ""
+        spans: list[tuple[float, float, float]] = []
         for key in keys:
             leaf, r = self.rows(key, label)
             if leaf is None:
                 return None
             dtype = str(leaf.get("dtype"))
+            if self.fwd.task == PER_TOKEN:
+                stats = span_statistics(leaf, span[0] - offset, span[1] - offset)
+                if stats is None:
+                    return None
+                spans.append(stats)
+                continue
             if r is None:
                 if len(keys) == 1 and span[1] - span[0] == self.tokens:
                     return _stats_value(leaf)  # statistics mode: the whole forward is the span
                 return None
             rows.append(r[span[0] - offset : span[1] - offset])
+        if spans:  # fused parts side by side: the statistics of their concatenation
+            hi, lo = max(x[0] for x in spans), min(x[1] for x in spans)
+            return Value(dtype, stats=(hi, lo, math.sqrt(sum(x[2] ** 2 for x in spans))))
         block = np.concatenate(rows, axis=-1) if len(rows) > 1 else rows[0]
         return Value(dtype, row=block.reshape(-1)) if block.shape[0] == span[1] - span[0] else None
 
@@ -568,10 +596,11 @@ def compare_request(
 ) -> Result:
     """Judge every position of one request (module doc). PREFILL / DECODES: the rollout's steps
     (TP ranks already merged), TRAIN: the training forward over prompt + response."""
-    if train.task != "tensor":
+    if train.task not in ("tensor", PER_TOKEN):
         raise UserError(
-            f"{train.path}: the training dump is in {train.task} mode; per-position comparison cuts rows "
-            "out of the training tensors: dump the training side with task tensor (docs/whole-response.md)."
+            f"{train.path}: the training dump is in {train.task} mode; per-position comparison needs rows: "
+            "the per-token record of the verl engine hook (DUMP_POSITIONS=1, written by `prepare --mode "
+            "consistency`) or a tensor-mode dump (docs/whole-response.md)."
         )
     load = load or load_arrays()
     steps, ids = steps_of(prefill, decodes)

@@ -464,9 +464,7 @@ def _check_choices(request: PlanRequest, chosen: str) -> None:
     if request.options.level not in msprobe_config.LEVELS:
         raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
     if request.options.risk_level not in msprobe_config.RISK_LEVELS:
-        raise UserError(
-            f"--risk-level {request.options.risk_level}: use FOCUS (the default), ALL or CORE."
-        )
+        raise UserError(f"--risk-level {request.options.risk_level}: use FOCUS (the default), ALL or CORE.")
     stages = request.options.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]

@@ -79,6 +79,7 @@ WEIGHTS_PLANT = REPO / "tests" / "support" / "weights_plant.py"
 RESIDENT = "model.layers.1.self_attn.k_proj.weight"
 RECEIVED = "model.layers.0.mlp.up_proj.weight"
 RESIDENT_SYNC, RECEIVED_SYNC = 5, 6
+DECODE_STEP, PREFILL_STEP = 7, 8  # the tp2 job's phase-only plants (whole-response consistency)
 WEIGHT_FAULTS = (
     {"sync": RESIDENT_SYNC, "stage": "resident", "name": RESIDENT, "factor": 1.001, "rank": 1},
     {"sync": RECEIVED_SYNC, "stage": "received", "name": RECEIVED, "factor": 1.001, "rank": None},
@@ -91,9 +92,16 @@ class Plant:
     module: str
     tp_rank: int | None = None
     scale: float = 1.01
+    phase: str | None = None  # decode: one-token forwards only; prefill: the prefill only; None: both
 
     def to_json(self) -> dict:
-        return {"sync": self.step, "module": self.module, "scale": self.scale, "tp_rank": self.tp_rank}
+        return {
+            "sync": self.step,
+            "module": self.module,
+            "scale": self.scale,
+            "tp_rank": self.tp_rank,
+            "phase": self.phase,
+        }
 
 
 @dataclass(frozen=True)
@@ -114,11 +122,15 @@ CONFIGS = (
         2,
         "qwen2",
         "float32",
-        6,
+        8,
         (
             Plant(2, "model.layers.0.mlp.down_proj"),
             Plant(3, "model.layers.1.input_layernorm"),
             Plant(4, "model.layers.1.self_attn.qkv_proj", tp_rank=1),
+            # whole-response consistency (issue 32): a fault in the decode steps only, then one in the
+            # prefill only, at steps of their own after the weight faults of syncs 5 and 6
+            Plant(DECODE_STEP, "model.layers.1.self_attn.o_proj", phase="decode"),
+            Plant(PREFILL_STEP, "model.layers.0.mlp.gate_up_proj", phase="prefill"),
         ),
         ("--weights",),  # weight parity on TP=2 (issue 22): the weights module's job, folded in
         WEIGHT_FAULTS,
@@ -186,6 +198,8 @@ class Run:
     # `weights compare --json` of <dump-dir>/weights, for a configuration prepared with --weights
     weights: tuple[subprocess.CompletedProcess, dict] | None = None
     weights_report: Path | None = None  # its --out folder
+    # `dumps positions --json` over the whole job (whole-response consistency, issue 32)
+    positions: tuple[subprocess.CompletedProcess, dict] | None = None
     weights_plant_log: list[dict] = field(default_factory=list)
     model: Path | None = None  # the job's model folder (its checkpoint's tensor names)
 
@@ -314,6 +328,10 @@ def flow(tmp_path_factory) -> Flow:
             t0 = time.monotonic()
             _compare_steps(run, python, root / f"compare-{c.name}")
             seconds[f"{c.name}_compare"] = time.monotonic() - t0
+            t0 = time.monotonic()
+            proc = cli(*("dumps", "positions", *sides), "--out", str(root / f"positions-{c.name}"), "--json")
+            run.positions = (proc, as_json(proc))
+            seconds[f"{c.name}_positions"] = time.monotonic() - t0
             if "--weights" in c.prepare:
                 t0 = time.monotonic()
                 run.weights_report = root / f"weights-{c.name}"
@@ -426,6 +444,8 @@ def test_planted_one_percent_faults_are_found_at_exactly_that_module(flow: Flow)
         _ran(run)
         assert {p.module for p in run.config.plants} <= {m for e in run.plant_log for m in e["active"]}
         for plant in run.config.plants:
+            if plant.phase == "decode":
+                continue  # invisible to the prefill: test_tp2_a_decode_only_fault_...
             proc, doc = run.compare(plant.step - 1)  # training dump step s-1 is training step s
             assert proc.returncode == 1 and doc["verdict"].startswith("DIVERGENT"), doc.get("verdict", doc)
             assert doc["pairs"] and all(p["status"] == "divergent" for p in doc["pairs"]), doc["verdict"]
@@ -602,3 +622,101 @@ def test_tp2_weights_verdict_first_difference_exit_code_and_report(flow: Flow) -
     assert run.weights_report is not None
     md = (run.weights_report / "weights.md").read_text()
     assert RESIDENT in md and RECEIVED in md and "on rank 1 (of [0, 1])" in md
+
+
+# --- whole-response consistency (issue 32): `dumps positions` over the same jobs ---
+
+
+def _positions(run: Run) -> dict:
+    assert run.positions is not None
+    proc, doc = run.positions
+    assert "error" not in doc and proc.returncode in (0, 1), doc
+    return doc
+
+
+def _requests_of(run: Run, step: int) -> list[dict]:
+    """`dumps positions`' results for the requests of training step STEP (1-based), by the
+    correlate pairs (training dump step STEP-1)."""
+    ids = {p["request_id"] for p in run.correlate["pairs"] if p["train"]["step"] == step - 1}
+    found = [r for r in _positions(run)["requests"] if r["request_id"] in ids]
+    assert len(found) == len(ids) == run.config.ranks, (step, sorted(ids), [r["request_id"] for r in found])
+    return found
+
+
+def _first(request: dict) -> dict:
+    first = request["positions"]["first"]
+    assert first is not None, request["verdict"]
+    return first
+
+
+def test_whole_response_every_request_has_its_steps_and_record(flow: Flow) -> None:
+    for run in flow.runs.values():
+        doc = _positions(run)
+        assert len(doc["requests"]) == 2 * run.config.steps if run.config.ranks == 2 else run.config.steps
+        for r in doc["requests"]:
+            assert r["status"] != "not compared", r["verdict"]
+            pos = r["positions"]
+            # the prompt as one span (statistics) or row by row (tensor), then every decode step
+            response = pos["train_tokens"] - pos["prompt"]
+            decodes = [p for p in pos["positions"] if p["phase"] == "decode"]
+            assert len(decodes) == response - 1 and pos["uncovered"] == [pos["train_tokens"] - 1], r[
+                "verdict"
+            ]
+        print(
+            f"whole-response {run.config.name}: {len(doc['requests'])} requests in {doc['seconds']} s; "
+            f"bytes {doc['bytes']}; {flow.seconds.get(run.config.name + '_positions', 0):.0f} s with the CLI"
+        )
+
+
+def test_whole_response_clean_steps_are_consistent_at_every_position(flow: Flow) -> None:
+    """TP=2 fp32 (default tier); TP=1 tensor and TP=2 bf16 in the full tier: the clean step 1."""
+    for run in flow.runs.values():
+        for r in _requests_of(run, 1):
+            assert r["status"] == "consistent", r["verdict"]
+            assert r["verdict"].startswith("CONSISTENT at every position"), r["verdict"]
+            worst = max(p["worst_error"] or 0 for p in r["positions"]["positions"])
+            print(f"whole-response {run.config.name} clean: largest judged error {worst:.3g}")
+
+
+def test_tp2_a_decode_only_fault_is_at_the_first_response_position_and_invisible_to_the_prefill(
+    flow: Flow,
+) -> None:
+    run = flow.runs["tp2"]
+    plant = next(p for p in run.config.plants if p.phase == "decode")
+    for r in _requests_of(run, plant.step):
+        assert r["status"] == "divergent", r["verdict"]
+        first = _first(r)
+        assert (first["start"], first["phase"]) == (r["positions"]["prompt"], "decode"), r["verdict"]
+        assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
+        assert "response position 0" in r["verdict"]
+    # today's prefill-only compare of the same step: nothing to see
+    proc, doc = run.compare(plant.step - 1)
+    assert proc.returncode == 0 and doc["verdict"].startswith("CONSISTENT"), doc.get("verdict", doc)
+
+
+def test_tp2_a_prefill_only_fault_is_inside_the_prompt(flow: Flow) -> None:
+    run = flow.runs["tp2"]
+    plant = next(p for p in run.config.plants if p.phase == "prefill")
+    for r in _requests_of(run, plant.step):
+        first = _first(r)
+        assert first["phase"] == "prefill" and first["start"] < r["positions"]["prompt"], r["verdict"]
+        assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
+    proc, doc = run.compare(plant.step - 1)
+    assert proc.returncode == 1 and f"{plant.module} output.0" in doc["verdict"], doc.get("verdict", doc)
+
+
+def test_whole_response_faults_in_both_phases_are_found_at_that_module(flow: Flow) -> None:
+    for run in flow.runs.values():
+        for plant in (p for p in run.config.plants if p.phase is None):
+            for r in _requests_of(run, plant.step):
+                first = _first(r)
+                assert first["phase"] == "prefill", r["verdict"]
+                assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
+
+
+def test_whole_response_report_is_written(flow: Flow) -> None:
+    run = flow.runs["tp2"]
+    doc = _positions(run)
+    md = Path(doc["report"]["md"]).read_text()
+    assert doc["verdict"].startswith("DIVERGENT") and doc["verdict"] in md
+    assert (Path(doc["report"]["md"]).parent / "positions-0.png").is_file()

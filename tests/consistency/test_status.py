@@ -109,4 +109,6 @@ def test_missing_trainer_files_follow_the_tree_and_a_missing_capability_refuses(
     (entry,) = json.loads(out)["sets"]
     assert code == 1 and entry["status"] == "conflict"
     (legacy,) = [f for f in entry["files"] if f["codemod"] == "verl-ray-trainer"]
-    assert legacy["status"] == "conflict" and "not in this tree" in legacy["detail"]  # an absent file is never "found"
+    assert (
+        legacy["status"] == "conflict" and "not in this tree" in legacy["detail"]
+    )  # an absent file is never "found"

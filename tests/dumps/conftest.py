@@ -123,7 +123,13 @@ POSITION_RUNS = {  # process -> (side, msprobe task, TP size, the variants it wr
         "rollout",
         "statistics",
         1,
-        [{"name": "decode_plant_stats", "dump": "decode", **PLANT_DECODE}],
+        [
+            {"name": "decode_plant_stats", "dump": "decode", **PLANT_DECODE},
+            # every step in statistics mode: what a live rollout dumps (issue 32's whole-response run)
+            {"name": "stats_clean"},
+            {"name": "stats_decode_plant", **PLANT_DECODE},
+            {"name": "stats_prefill_plant", **PLANT_PREFILL},
+        ],
     ),
     "rollout_tp": ("rollout", "tensor", 2, [{"name": "tp"}]),  # ranks 0 and 1 of one gloo group
     "train": (
@@ -135,6 +141,13 @@ POSITION_RUNS = {  # process -> (side, msprobe task, TP size, the variants it wr
             {"name": "train_flip", "flip": 10},
             {"name": "train_prompt", "prompt_only": True},
         ],
+    ),
+    # the verl engine hook's per-token records (DUMP_POSITIONS=1) of the same forward
+    "train_records": (
+        "train",
+        "tensor",
+        1,
+        [{"name": "record", "per_token": True}, {"name": "record_flip", "per_token": True, "flip": 10}],
     ),
 }
 

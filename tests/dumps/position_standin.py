@@ -14,6 +14,9 @@ or as one rank of a real TP group (gloo), and the training forward over prompt +
 - ``train OUT [--flip POS] [--prompt-only]``: transformers' Qwen2ForCausalLM (FSDP1 names) over
   prompt + response (or the prompt alone) in one forward, one msprobe step; ``--flip`` changes
   the token at that position.
+A train variant with ``per_token`` writes, instead of an msprobe step, the per-token record of
+rl-msprobe's verl engine hook (``PositionRecorder``, ``DUMP_POSITIONS=1``) as
+``OUT/NAME/positions/{pid}/forward{K}.json``.
 ``--variants JSON`` runs several of these in one process (one msprobe import), each variant's
 steps moved to ``OUT/NAME/step{k}``. ``STANDIN_TASK`` picks msprobe's task (tensor by default), ``STANDIN_DTYPE=bfloat16`` the models'
 dtype (float32 by default). Weights: standin.hf_model().
@@ -32,6 +35,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import standin  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PROMPT = [1, 17, 42, 99, 5, 311, 27, 64]
 RESPONSE = [133, 7, 250, 8, 19, 402]
@@ -305,15 +310,46 @@ def run_rollout(out: str, a: argparse.Namespace) -> None:
     _sort_steps(out, names)
 
 
+def _hooks_module():
+    """rl-msprobe's verl engine hook file (what `patch apply verl-engine` adds to verl), imported
+    from the package: its PositionRecorder is what DUMP_POSITIONS=1 runs in the actor."""
+    import importlib.util
+
+    path = os.path.join(
+        ROOT, "rl_msprobe", "patches", "files", "verl", "verl", "utils", "rl_msprobe_hooks.py"
+    )
+    spec = importlib.util.spec_from_file_location("rl_msprobe_hooks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(model, ids: list[int], folder: str) -> None:
+    """A per-token record of one forward, as the verl engine hook writes it (FOLDER/positions/...)."""
+    os.makedirs(folder, exist_ok=True)
+    config = os.path.join(folder, "config_actor.json")
+    with open(config, "w") as handle:
+        json.dump({"dump_path": folder}, handle)
+    os.environ["MSPROBE_ACTOR_CONFIG"] = config
+    recorder = _hooks_module().PositionRecorder(model, ["request-0"], 0)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    recorder.finish()
+
+
 def run_train(out: str, a: argparse.Namespace) -> None:
     hf = hf_model()
     model = standin.fsdp_like(hf)
-    dbg = standin.debugger(out, out)
+    variants = _variants(a)
+    dbg = None if all(v.get("per_token") for v in variants) else standin.debugger(out, out)
     names: list[str | None] = []
-    for v in _variants(a):
+    for v in variants:
         ids = list(PROMPT) if v.get("prompt_only") else PROMPT + RESPONSE
         if v.get("flip") is not None:
             ids[v["flip"]] = (ids[v["flip"]] + 1) % 512
+        if v.get("per_token"):  # the hook's record instead of an msprobe step
+            _record(model, ids, os.path.join(out, v["name"]))
+            continue
         dbg.start(model=model)
         with torch.no_grad():
             model(input_ids=torch.tensor([ids]))

@@ -257,7 +257,9 @@ def make_v2_runner_class(helper):
         def __init__(self):
             self.model_config = NS(enforce_eager=True)
             self.model = object()
-            self.req_states = NS(req_id_to_index={}, prefill_len=Lengths([0] * 8), prompt_len=Lengths([0] * 8))
+            self.req_states = NS(
+                req_id_to_index={}, prefill_len=Lengths([0] * 8), prompt_len=Lengths([0] * 8)
+            )
             self.forwards = 0
             helper.init_runner(self)
 

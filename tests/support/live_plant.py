@@ -13,7 +13,8 @@ and everything downstream sees it, as it would a real fault.
 ``RL_MSPROBE_PLANT`` holds the plan, a JSON list of
 ``{"sync": K, "module": "model.layers.0.mlp.down_proj", "scale": 1.01, "tp_rank": null}``
 (``tp_rank`` N: only that tensor-parallel rank's output, i.e. one shard of a column-parallel
-module). ``RL_MSPROBE_PLANT_LOG`` gets one JSON line per sync and rank: what is active.
+module; ``"phase": "decode"``: only in one-token forwards, the decode steps; ``"prefill"``: only in
+forwards of several tokens, the prefill; absent: every forward). ``RL_MSPROBE_PLANT_LOG`` gets one JSON line per sync and rank: what is active.
 """
 
 import json
@@ -48,8 +49,15 @@ def _wrap(module, name: str) -> None:
 
     def forward(*args, **kwargs):
         out = original(*args, **kwargs)
-        scale = _STATE["active"].get(name)
-        return out if scale is None else _scaled(out, scale)
+        active = _STATE["active"].get(name)
+        if active is None:
+            return out
+        scale, phase = active
+        first = out[0] if isinstance(out, tuple) else out
+        tokens = int(first.shape[0]) if first.dim() > 1 else 1
+        if (phase == "decode" and tokens != 1) or (phase == "prefill" and tokens == 1):
+            return out
+        return _scaled(out, scale)
 
     module.forward = forward
     _STATE["wrapped"].add(name)
@@ -67,10 +75,16 @@ def after_weight_sync(worker) -> None:
         if name not in _STATE["wrapped"]:
             _wrap(modules[name], name)
         if item["sync"] == sync and item.get("tp_rank") in (None, rank):
-            active[name] = float(item["scale"])
+            active[name] = (float(item["scale"]), item.get("phase"))
     _STATE["active"] = active
     log = os.environ.get(LOG_VAR)
     if log:
         with open(log, "a") as handle:
-            line = {"pid": os.getpid(), "sync": sync, "tp_rank": rank, "active": active}
+            line = {
+                "pid": os.getpid(),
+                "sync": sync,
+                "tp_rank": rank,
+                "active": {k: v[0] for k, v in active.items()},
+            }
+            line["phases"] = {k: v[1] for k, v in active.items()}
             handle.write(json.dumps(line) + "\n")

@@ -163,6 +163,8 @@ class Options:
     pd: bool | None = None
     train_backend: str | None = None  # training backend forced by the user
     python: str | None = None  # prepare --python: the interpreter that runs verl
+    prefill_only: bool = False  # consistency: no per-token record of the response (DUMP_POSITIONS)
+    max_dump_gib: float | None = None  # consistency: the most one training step may dump (estimate)
 
 
 @dataclass

@@ -409,8 +409,77 @@ def requirements(ctx: Context) -> Requirements:
                 "vLLM-Ascend: the vllm-ascend-dispatch-log patch writes dispatch_log.jsonl, which links each "
                 "inference prefill step to its request id (recommended for `rl-msprobe dumps correlate`)."
             )
+    if not ctx.options.prefill_only:
+        _whole_response(ctx, req)
     req.checks.append(_no_lora_ref_note)
     return req
+
+
+POSITIONS = EnvRule(
+    "consistency.env.DUMP_POSITIONS",
+    "DUMP_POSITIONS",
+    "1",
+    "the actor's log-prob forward over prompt + response records per-token statistics: every response "
+    "position compared with its decode step (rl-msprobe dumps positions; --prefill-only: the prefill alone)",
+    required=False,  # a script without it still runs a prefill-only consistency job
+)
+DEFAULT_MAX_DUMP_GIB = 50.0
+
+
+def _model_layers(ctx: Context) -> tuple[int | None, str]:
+    """(decoder layers of the actor's model, where they were read or why not)."""
+    import json
+
+    value, origin = ctx.value("actor_rollout_ref.model.path")
+    if origin == "runtime" or not isinstance(value, str) or "$" in value:
+        return None, "the model path is only known at run time"
+    config = os.path.join(os.path.expanduser(value), "config.json")
+    try:
+        with open(config, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError):
+        return None, f"{config} is not readable here"
+    layers = doc.get("num_hidden_layers") if isinstance(doc, dict) else None
+    if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):
+        layers = layers or doc["text_config"].get("num_hidden_layers")
+    if not isinstance(layers, int) or layers < 1:
+        return None, f"{config} has no num_hidden_layers"
+    return layers, config
+
+
+def _whole_response(ctx: Context, req: Requirements) -> None:
+    """DUMP_POSITIONS=1, and the size it costs said before the job runs (refused past the limit)."""
+    apply(ctx, req, [POSITIONS])
+    from rl_msprobe.dumps.position_size import GIB, whole_response
+
+    layers, where = _model_layers(ctx)
+    prompt = ctx.int_value("data.max_prompt_length") or 512
+    response = ctx.int_value("data.max_response_length") or 512
+    requests = _data_parallel_size(ctx) or 1
+    if layers is None:
+        req.notes.append(
+            f"Whole-response consistency: no size estimate ({where}); each training step dumps every rollout "
+            "step of its requests in statistics mode and one per-token record per request."
+        )
+        return
+    size = whole_response(layers, prompt, response, requests, ctx.options.level)
+    req.notes.append(
+        f"Whole-response consistency: {size.describe()}, for {layers} layers ({where}), prompt {prompt} and "
+        f"response {response} tokens (data.max_prompt_length / max_response_length); every training step "
+        "dumps this much."
+    )
+    limit = ctx.options.max_dump_gib or DEFAULT_MAX_DUMP_GIB
+    if size.total > limit * GIB:
+        req.violations.append(
+            Violation(
+                "consistency.dump_size",
+                "data.max_response_length",
+                f"{size.total / GIB:.3g} GiB per training step",
+                f"<= {limit:g} GiB",
+                f"the whole-response dump would exceed --max-dump-gib {limit:g}: shorten the responses, raise "
+                "--max-dump-gib, or compare the prefill only (--prefill-only)",
+            )
+        )
 
 
 # SGLang: verl's SGLang server does not read rollout.enable_prefix_caching (only vLLM's does)

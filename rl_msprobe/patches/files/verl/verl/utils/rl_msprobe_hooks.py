@@ -17,10 +17,20 @@ Environment (read at every call, so a Ray worker sees what its runtime env gives
   DUMP_DETERMINISTIC=1      seed_all(mode=True) as msprobe documents for precision comparison:
                             it calls torch.use_deterministic_algorithms(True), so a
                             non-deterministic CUDA/NPU kernel then raises. Set 0 to only seed.
+  DUMP_POSITIONS=1          also record per-token statistics (Max, Min, Norm of each token's row of
+                            every module input and output) of the actor's log-prob forward over
+                            prompt + response, beside msprobe's dump: the training half of
+                            `rl-msprobe dumps positions` (whole-response consistency). msprobe's
+                            statistics describe a whole tensor and cannot be cut into positions.
 
 Output: one msprobe step per dumped micro-batch in `{dump_path}/step{N}/rank{R}/dump.json`,
 and one line per dumped micro-batch in `{dump_path}/{pid}/update_actor_log.jsonl`:
   {"source": "update_actor", "timestamp", "pid", "rank", "step", "phase", "request_ids", "num_requests"}
+With DUMP_POSITIONS=1, one file per recorded micro-batch, `{dump_path}/positions/{pid}/forward{K}.json`:
+  {"task": "per_token", "pid", "rank", "forward", "timestamp", "request_ids", "tokens", "data": {
+   "Module.<name>.<Class>.forward.<n>": {"input_args": [leaf...], "output": [leaf...]}}}
+  leaf (tensor): {"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Norm", "token_axis",
+                  "per_token": {"Max": [...], "Min": [...], "Norm": [...]}}; other values: {"type": "other"}
 The reference-model engine (`engine_config.forward_only`) is never dumped.
 
 This file depends on nothing but the standard library and (lazily) msprobe and torch.distributed; it never imports rl-msprobe.
@@ -77,14 +87,20 @@ def wants_batch(batch) -> bool:
     Without PROMPTS_ONLY=1, or when the batch has neither field, every batch is dumped."""
     if os.environ.get("PROMPTS_ONLY", "").strip() != "1" or batch is None:
         return True
+    responses = _responses(batch)
+    return True if responses is None else _empty(responses)
+
+
+def _responses(batch):
+    """BATCH's `responses` (else `response_mask`) field; None when it has neither."""
     for key in ("responses", "response_mask"):
         try:
             value = batch[key] if key in batch.keys() else None  # noqa: SIM118 (older tensordict refuses `in`)
         except Exception:
             value = None
         if value is not None:
-            return _empty(value)
-    return True
+            return value
+    return None
 
 
 def debugger():
@@ -236,19 +252,143 @@ def _finish(engine, batch, step, phase: str) -> None:
 
 
 def micro_batch_start(engine, micro_batch, forward_only):
-    """Before a micro-batch's forward (and backward): start the debugger on engine.module."""
-    if not wants(engine, forward_only) or not wants_batch(micro_batch):
+    """Before a micro-batch's forward (and backward): start the debugger on engine.module, and
+    (DUMP_POSITIONS=1) the per-token recorder on a log-prob forward over responses."""
+    if not wants(engine, forward_only):
         return None
+    recorder = None
+    if forward_only and positions_enabled() and _has_responses(micro_batch):
+        recorder = PositionRecorder(engine.module, request_ids(micro_batch), _rank(engine))
+    if not wants_batch(micro_batch):
+        return (None, micro_batch, None, None, recorder) if recorder is not None else None
     phase = "log_prob" if forward_only else "update_actor"
-    return (engine, micro_batch, _start(engine.module), phase)
+    return (engine, micro_batch, _start(engine.module), phase, recorder)
 
 
 def micro_batch_end(token) -> None:
-    """After the micro-batch: stop, log its request ids, step."""
+    """After the micro-batch: stop, log its request ids, step; write the per-token record."""
     if token is None:
         return
-    engine, micro_batch, step, phase = token
-    _finish(engine, micro_batch, step, phase)
+    engine, micro_batch, step, phase, recorder = token
+    if engine is not None:
+        _finish(engine, micro_batch, step, phase)
+    if recorder is not None:
+        recorder.finish()
+
+
+# ---------------------------------------------------------------- per-token statistics
+
+
+def positions_enabled() -> bool:
+    return os.environ.get("DUMP_POSITIONS", "").strip() == "1"
+
+
+def _has_responses(batch) -> bool:
+    """Does BATCH carry response tokens (not the prompts-only copy, not a batch without the field)?"""
+    responses = _responses(batch) if batch is not None else None
+    return responses is not None and not _empty(responses)
+
+
+def _positions_folder() -> str:
+    config = os.environ.get("MSPROBE_ACTOR_CONFIG", "")
+    try:
+        with open(config, encoding="utf-8") as handle:
+            dump_path = json.load(handle).get("dump_path")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise RlMsprobeConfigError(
+            f"DUMP_POSITIONS=1 but MSPROBE_ACTOR_CONFIG={config!r} cannot be read ({exc}): point it at the "
+            "training msprobe config.json, or unset DUMP_POSITIONS."
+        ) from None
+    if not isinstance(dump_path, str) or not dump_path:
+        raise RlMsprobeConfigError(f"DUMP_POSITIONS=1: {config} sets no dump_path.")
+    return os.path.join(dump_path, "positions", str(os.getpid()))
+
+
+class PositionRecorder:
+    """Forward hooks on every submodule of MODEL for one forward: each tensor input / output's
+    Max, Min and L2 norm per token (the token axis: its first axis as long as the token ids the
+    first integer input, the embedding's, holds). Keys as msprobe names module rows."""
+
+    forwards = 0  # per process: the file number
+
+    def __init__(self, model, request_ids, rank) -> None:
+        self.request_ids, self.rank = list(request_ids), rank
+        self.tokens = None
+        self.data = {}
+        self.calls = {}
+        self.handles = []
+        for name, module in model.named_modules():
+            if name:
+                self.handles.append(module.register_forward_hook(self._hook(name, type(module).__name__)))
+
+    def _hook(self, name, cls):
+        def hook(module, args, output):
+            self._record(name, cls, args, output)
+
+        return hook
+
+    def _record(self, name, cls, args, output) -> None:
+        import torch
+
+        if self.tokens is None:
+            ids = next((a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()), None)
+            if ids is None or getattr(ids, "is_nested", False):
+                return
+            self.tokens = int(ids.numel())
+        n = self.calls.get(name, 0)
+        self.calls[name] = n + 1
+        outputs = output if isinstance(output, (tuple, list)) else [output]
+        self.data[f"Module.{name}.{cls}.forward.{n}"] = {
+            "input_args": [self._leaf(a) for a in args],
+            "output": [self._leaf(o) for o in outputs],
+        }
+
+    def _leaf(self, value) -> dict:
+        import torch
+
+        if not isinstance(value, torch.Tensor) or getattr(value, "is_nested", False) or value.numel() == 0:
+            return {"type": "other"}
+        axis = next((i for i, n in enumerate(value.shape) if n == self.tokens), None)
+        if axis is None:
+            return {"type": "other"}
+        with torch.no_grad():
+            rows = value.detach().movedim(axis, 0).reshape(self.tokens, -1)
+            rows = rows.float() if rows.is_floating_point() else rows.double()
+            hi, lo = rows.max(dim=1).values, rows.min(dim=1).values
+            norm = rows.float().norm(dim=1) if value.is_floating_point() else torch.zeros_like(hi)
+        return {
+            "type": "torch.Tensor",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+            "token_axis": axis,
+            "Max": float(hi.max()),
+            "Min": float(lo.min()),
+            "Norm": float(norm.norm()),
+            "per_token": {"Max": hi.tolist(), "Min": lo.tolist(), "Norm": norm.tolist()},
+        }
+
+    def finish(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        folder = _positions_folder()
+        os.makedirs(folder, exist_ok=True)
+        k = PositionRecorder.forwards
+        PositionRecorder.forwards += 1
+        doc = {
+            "task": "per_token",
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "forward": k,
+            "timestamp": time.time(),
+            "request_ids": self.request_ids,
+            "tokens": self.tokens,
+            "data": self.data,
+        }
+        path = os.path.join(folder, f"forward{k}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(doc, handle)
+        os.replace(path + ".tmp", path)
 
 
 # ---------------------------------------------------------------- Megatron engine
@@ -256,6 +396,11 @@ def micro_batch_end(token) -> None:
 
 def megatron_batch_begin(engine, forward_only) -> None:
     """Decide once per batch (Megatron's schedule owns the micro-batch loop)."""
+    if positions_enabled() and enabled():
+        raise RlMsprobeConfigError(
+            "DUMP_POSITIONS=1: per-token statistics are recorded on the FSDP engine only (not yet on "
+            "Megatron); unset DUMP_POSITIONS (rl-msprobe prepare --prefill-only) to compare the prefill."
+        )
     engine._rl_msprobe_phase = (
         ("log_prob" if forward_only else "update_actor") if wants(engine, forward_only) else None
     )
