@@ -79,3 +79,15 @@ def test_bad_input_names_the_key() -> None:
         }
     )
     assert shape == QWEN2_5_7B
+
+
+def test_the_whole_response_estimate_grows_with_the_response_and_the_requests() -> None:
+    from rl_msprobe.dumps.position_size import whole_response
+
+    one = whole_response(28, 512, 1024)
+    assert one.rollout > one.records > 0 and one.total == one.rollout + one.records
+    assert whole_response(28, 512, 2048).rollout == 2 * one.rollout
+    assert whole_response(28, 512, 1024, requests=8).total == 8 * one.total
+    assert "8 request(s)" in whole_response(28, 512, 1024, requests=8).describe()
+    with pytest.raises(UserError, match="at least 1"):
+        whole_response(0, 512, 1024)

@@ -144,3 +144,28 @@ def test_no_records_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "actor").mkdir()
     with pytest.raises(UserError, match="no per-token records .*DUMP_POSITIONS=1"):
         whole_response.compare_job(tmp_path / "gen", tmp_path / "actor", tmp_path / "work")
+
+
+def test_the_command_writes_the_report_and_exits_1_on_a_divergence(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from rl_msprobe.cli import main
+
+    gen, actor = _job(tmp_path, position_dumps["stats_decode_plant"], position_dumps["record"])
+    out = tmp_path / "report"
+    result = CliRunner().invoke(
+        main, ["dumps", "positions", str(gen), str(actor), "--out", str(out), "--json"]
+    )
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    assert doc["status"] == "divergent" and doc["bytes"]["train_records"] > 0
+    md = (out / "positions.md").read_text()
+    assert doc["verdict"] in md and "response position 0" in md
+    assert json.loads((out / "positions.json").read_text())["requests"][0]["request_id"] == "request-0"
+    # a second run replaces its own report; a clean job exits 0
+    gen2, actor2 = _job(tmp_path / "clean", position_dumps["stats_clean"], position_dumps["record"])
+    again = CliRunner().invoke(main, ["dumps", "positions", str(gen2), str(actor2), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "CONSISTENT (1 request(s))" in again.output

@@ -598,3 +598,57 @@ def test_prepare_with_one_python_prints_one_apply_for_every_tree(tmp_path: Path)
         f"rl-msprobe patch apply verl-consistency --tree {site} --for main_ppo",
         f"rl-msprobe patch apply vllm-dump --python {python}",
     ]
+
+
+def _plan_text(text: str, tmp_path: Path, **options: object) -> planner.Plan:
+    request = planner.PlanRequest(
+        text,
+        str(tmp_path / "run.sh"),
+        mode="consistency",
+        out_dir=str(tmp_path),
+        options=Options(**options),  # type: ignore[arg-type]
+    )
+    return planner.plan(request)
+
+
+def _with_local_model(tmp_path: Path, layers: int = 28) -> str:
+    """The 7B fixture (prompt 512, response 1024) with its model path on a local config.json."""
+    model = tmp_path / "Qwen2-7B-Instruct"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": 3584}))
+    text = (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text()
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct" in text
+    return text.replace(
+        "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", f"actor_rollout_ref.model.path={model}"
+    )
+
+
+def test_consistency_records_positions_and_prints_the_size_for_the_model(tmp_path: Path) -> None:
+    p = _plan_text(_with_local_model(tmp_path), tmp_path)
+    env = dict((n, v) for n, v, _ in p.env)
+    assert env["DUMP_POSITIONS"] == "1"
+    (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
+    assert "for 28 layers" in note and "prompt 512 and response 1024" in note, note
+    gib = float(note.split("step (")[1].split("): ")[1].split(" GiB")[0])
+    assert 1 < gib < 50, note  # 8 requests (rollout.n = DP = 8) of a 7B model, 1k-token responses
+    print(f"prepare's whole-response estimate, Qwen2-7B, prompt 512, response 1024: {note}")
+
+
+def test_consistency_refuses_a_dump_past_the_limit_and_prefill_only_skips_it(tmp_path: Path) -> None:
+    text = _with_local_model(tmp_path)
+    p = _plan_text(text, tmp_path, max_dump_gib=0.5)
+    (bad,) = [v for v in p.violations if v.rule == "consistency.dump_size"]
+    assert (
+        "--max-dump-gib 0.5" in bad.fix
+        and "--prefill-only" in bad.fix
+        and bad.key == "data.max_response_length"
+    )
+    only = _plan_text(text, tmp_path, prefill_only=True, max_dump_gib=0.5)
+    assert not only.violations and "DUMP_POSITIONS" not in dict((n, v) for n, v, _ in only.env)
+    assert not any(n.startswith("Whole-response") for n in only.notes)
+
+
+def test_consistency_without_a_readable_model_says_there_is_no_estimate(tmp_path: Path) -> None:
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path)
+    (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
+    assert "no size estimate" in note and "config.json is not readable here" in note
