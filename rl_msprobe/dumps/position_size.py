@@ -151,11 +151,13 @@ def estimate(
 
 
 # The whole-response run as `prepare --mode consistency` writes it (docs/whole-response.md): the
-# rollout dumps every step in statistics mode, the actor writes one per-token record per request.
-# Bytes per decoder layer, measured (benchmarks/bench_positions.py; the live tp2 job):
-ROLLOUT_STEP_PER_LAYER = 34_000  # one rollout step's dump folder (dump.json, stack.json, construct.json), L0
-MIX_FACTOR = 1.0  # level mix adds the API rows of FOCUS risk to the module rows
-RECORD_PER_TOKEN_PER_LAYER = 2_630  # the per-token record (JSON, three numbers per tensor and token)
+# rollout dumps every step in statistics mode (as consistency mode always did), the actor writes
+# one per-token record per request. Bytes per decoder layer, measured on msprobe 26.2.0:
+# one rollout step's dump folder (dump.json, stack.json, construct.json) per level: mix on the
+# live tp2 job (vLLM CPU, Qwen2 2 layers, FOCUS risk: 302 KB per step and TP rank), L0 on the
+# stand-in (tests/dumps/position_standin.py, 68 KB per step); L1 is taken as mix
+ROLLOUT_STEP_PER_LAYER = {"mix": 151_000, "L1": 151_000, "L0": 34_000}
+RECORD_PER_TOKEN_PER_LAYER = 1_950  # the live tp2 job: 2.67 MB for 16 requests of ~43 tokens, 2 layers
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,8 @@ class WholeResponseSize:
     """One training step's whole-response dumps: REQUESTS requests of PROMPT + RESPONSE tokens."""
 
     requests: int
-    rollout: int  # every step's statistics: the prefill and RESPONSE - 1 decode steps, per request
+    tp: int  # rollout TP ranks: each dumps every step
+    rollout: int  # every step's statistics: the prefill and RESPONSE - 1 decode steps, per request and TP rank
     records: int  # the actor's per-token records
 
     @property
@@ -172,19 +175,22 @@ class WholeResponseSize:
 
     def describe(self) -> str:
         return (
-            f"estimated whole-response dump per training step ({self.requests} request(s)): "
-            f"{self.total / GIB:.3g} GiB (rollout steps {self.rollout / GIB:.3g}, per-token records "
-            f"{self.records / GIB:.3g})"
+            f"estimated dump per training step ({self.requests} request(s), rollout TP {self.tp}): "
+            f"{self.total / GIB:.3g} GiB (rollout steps {self.rollout / GIB:.3g}, every step on every TP rank, "
+            f"as consistency runs always dumped them; per-token records {self.records / GIB:.3g})"
         )
 
 
 def whole_response(
-    layers: int, prompt: int, response: int, requests: int = 1, level: str = "mix"
+    layers: int, prompt: int, response: int, requests: int = 1, level: str = "mix", tp: int = 1
 ) -> WholeResponseSize:
-    """The size of one training step's whole-response dumps (module doc); LAYERS: decoder layers."""
-    if min(layers, prompt, response, requests) < 1:
-        raise UserError("layers, prompt, response and requests must be at least 1 to estimate the dump size.")
-    per_step = ROLLOUT_STEP_PER_LAYER * layers * (MIX_FACTOR if level == "mix" else 1.0)
-    rollout = int(requests * response * per_step)  # one prefill and response - 1 decode steps
+    """The size of one training step's whole-response dumps (module doc); LAYERS: decoder layers,
+    TP: the rollout's tensor-parallel ranks."""
+    if min(layers, prompt, response, requests, tp) < 1:
+        raise UserError(
+            "layers, prompt, response, requests and TP must be at least 1 to estimate the dump size."
+        )
+    per_step = ROLLOUT_STEP_PER_LAYER.get(level, ROLLOUT_STEP_PER_LAYER["mix"]) * layers
+    rollout = tp * requests * response * per_step  # one prefill and response - 1 decode steps
     records = requests * (prompt + response) * layers * RECORD_PER_TOKEN_PER_LAYER
-    return WholeResponseSize(requests, rollout, records)
+    return WholeResponseSize(requests, tp, rollout, records)

@@ -123,7 +123,7 @@ class TrainRecord:
 def train_records(root: Path) -> list[TrainRecord]:
     """The per-token records under ROOT/positions (module doc); UserError when there are none."""
     base = root / RECORDS
-    paths = sorted(base.glob("*/forward*.json")) if base.is_dir() else []
+    paths = sorted(base.glob("*/forward*.json"), key=_record_order) if base.is_dir() else []
     if not paths:
         raise UserError(
             f"{base}: no per-token records (forward*.json). The training side records them with "
@@ -144,6 +144,12 @@ def train_records(root: Path) -> list[TrainRecord]:
             )
         )
     return out
+
+
+def _record_order(path: Path) -> tuple[str, int, str]:
+    """(pid folder, K of forward{K}.json): each process's records in the order it wrote them."""
+    digits = path.stem.removeprefix("forward")
+    return (path.parent.name, int(digits) if digits.isdigit() else -1, path.name)
 
 
 def _head(path: Path) -> JsonObject:

@@ -614,7 +614,7 @@ def _plan_text(text: str, tmp_path: Path, **options: object) -> planner.Plan:
 def _with_local_model(tmp_path: Path, layers: int = 28) -> str:
     """The 7B fixture (prompt 512, response 1024) with its model path on a local config.json."""
     model = tmp_path / "Qwen2-7B-Instruct"
-    model.mkdir()
+    model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": 3584}))
     text = (CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_text()
     assert "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct" in text
@@ -624,13 +624,17 @@ def _with_local_model(tmp_path: Path, layers: int = 28) -> str:
 
 
 def test_consistency_records_positions_and_prints_the_size_for_the_model(tmp_path: Path) -> None:
-    p = _plan_text(_with_local_model(tmp_path), tmp_path)
+    p = _plan_text(_with_local_model(tmp_path), tmp_path, max_dump_gib=1000)
     env = dict((n, v) for n, v, _ in p.env)
     assert env["DUMP_POSITIONS"] == "1"
     (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
     assert "for 28 layers" in note and "prompt 512 and response 1024" in note, note
     gib = float(note.split("step (")[1].split("): ")[1].split(" GiB")[0])
-    assert 1 < gib < 50, note  # 8 requests (rollout.n = DP = 8) of a 7B model, 1k-token responses
+    # 8 requests (rollout.n = DP = 8) of a 7B model, 1k-token responses, every step on 8 TP ranks
+    assert "8 request(s), rollout TP 8" in note and 100 < gib < 500, note
+    assert not p.violations
+    default = _plan_text(_with_local_model(tmp_path / "again"), tmp_path)
+    assert [v.rule for v in default.violations] == ["consistency.dump_size"]  # past the default 50 GiB
     print(f"prepare's whole-response estimate, Qwen2-7B, prompt 512, response 1024: {note}")
 
 
@@ -643,9 +647,13 @@ def test_consistency_refuses_a_dump_past_the_limit_and_prefill_only_skips_it(tmp
         and "--prefill-only" in bad.fix
         and bad.key == "data.max_response_length"
     )
+    # --prefill-only: no records, and the vllm-dump helper skips the decode steps (told, with the size)
     only = _plan_text(text, tmp_path, prefill_only=True, max_dump_gib=0.5)
-    assert not only.violations and "DUMP_POSITIONS" not in dict((n, v) for n, v, _ in only.env)
-    assert not any(n.startswith("Whole-response") for n in only.notes)
+    env = dict((n, v) for n, v, _ in only.env)
+    assert not only.violations and "DUMP_POSITIONS" not in env, only.violations
+    assert env["MSPROBE_ROLLOUT_PHASES"] == "prefill" and "vllm-dump" in only.patch_sets
+    (note,) = [n for n in only.notes if n.startswith("Prefill-only consistency:")]
+    assert "per-token records 0)" in note and "decode steps are not dumped" in note, note
 
 
 def test_consistency_without_a_readable_model_says_there_is_no_estimate(tmp_path: Path) -> None:

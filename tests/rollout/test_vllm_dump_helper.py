@@ -339,6 +339,24 @@ def test_one_dump_step_per_forward_and_a_log_line_each(config, fake_msprobe):
     assert [r["request_id"] for r in lines[0]["requests"]] == ["a", "b"]
 
 
+def test_prefill_only_runs_the_decode_steps_undumped(config, fake_msprobe, monkeypatch):
+    """MSPROBE_ROLLOUT_PHASES=prefill (prepare --mode consistency --prefill-only): a decode step is
+    neither dumped nor logged, and msprobe's step advances with the prefills only."""
+    monkeypatch.setenv("MSPROBE_ROLLOUT_PHASES", "prefill")
+    helper = load_helper()
+    runner = make_runner_class(helper)()
+    runner.execute_model(sched(new=[new_req("a", 4)], counts={"a": 4}))
+    runner.execute_model(sched(cached=[("a", 4)], counts={"a": 1}))
+    runner.execute_model(sched(new=[new_req("b", 3)], counts={"b": 3}))
+    (debugger,) = FakeDebugger.instances
+    assert [c[:2] for c in debugger.calls] == [("start", 0), ("stop", 0), ("step", 0)] + [
+        ("start", 1),
+        ("stop", 1),
+        ("step", 1),
+    ]
+    assert [(x["step"], x["phase"]) for x in log_lines(config)] == [(0, "prefill"), (1, "prefill")]
+
+
 @pytest.mark.parametrize("mode", ["pp", "fail-after"])
 def test_stopped_and_stepped_on_other_exits(config, fake_msprobe, mode):
     helper = load_helper()

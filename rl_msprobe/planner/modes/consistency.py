@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from packaging.version import Version
@@ -409,8 +410,7 @@ def requirements(ctx: Context) -> Requirements:
                 "vLLM-Ascend: the vllm-ascend-dispatch-log patch writes dispatch_log.jsonl, which links each "
                 "inference prefill step to its request id (recommended for `rl-msprobe dumps correlate`)."
             )
-    if not ctx.options.prefill_only:
-        _whole_response(ctx, req)
+    _dump_extent(ctx, req)
     req.checks.append(_no_lora_ref_note)
     return req
 
@@ -422,6 +422,13 @@ POSITIONS = EnvRule(
     "the actor's log-prob forward over prompt + response records per-token statistics: every response "
     "position compared with its decode step (rl-msprobe dumps positions; --prefill-only: the prefill alone)",
     required=False,  # a script without it still runs a prefill-only consistency job
+)
+ROLLOUT_PHASES = EnvRule(
+    "consistency.env.MSPROBE_ROLLOUT_PHASES",
+    "MSPROBE_ROLLOUT_PHASES",
+    "prefill",
+    "--prefill-only: the vllm-dump helper dumps the prefill steps only (the decode steps are not compared)",
+    required=False,
 )
 DEFAULT_MAX_DUMP_GIB = 50.0
 
@@ -447,26 +454,34 @@ def _model_layers(ctx: Context) -> tuple[int | None, str]:
     return layers, config
 
 
-def _whole_response(ctx: Context, req: Requirements) -> None:
-    """DUMP_POSITIONS=1, and the size it costs said before the job runs (refused past the limit)."""
-    apply(ctx, req, [POSITIONS])
+def _dump_extent(ctx: Context, req: Requirements) -> None:
+    """What the rollout and the actor dump per training step, and its size said before the job runs
+    (refused past the limit). Whole response (the default): DUMP_POSITIONS=1, every rollout step.
+    --prefill-only: no records, and on a vllm-dump rollout the prefill steps alone."""
     from rl_msprobe.dumps.position_size import GIB, whole_response
 
+    prefill_only = ctx.options.prefill_only
+    skips_decode = prefill_only and "vllm-dump" in req.patch_sets
+    apply(ctx, req, [ROLLOUT_PHASES] if skips_decode else [] if prefill_only else [POSITIONS])
+    what = "Prefill-only consistency" if prefill_only else "Whole-response consistency"
     layers, where = _model_layers(ctx)
     prompt = ctx.int_value("data.max_prompt_length") or 512
     response = ctx.int_value("data.max_response_length") or 512
     requests = _data_parallel_size(ctx) or 1
     if layers is None:
         req.notes.append(
-            f"Whole-response consistency: no size estimate ({where}); each training step dumps every rollout "
-            "step of its requests in statistics mode and one per-token record per request."
+            f"{what}: no size estimate ({where}); each training step dumps every rollout step of its requests "
+            "in statistics mode" + ("." if prefill_only else " and one per-token record per request.")
         )
         return
-    size = whole_response(layers, prompt, response, requests, ctx.options.level)
+    tp = (world_sizes(ctx)[1] if _fsdp(ctx) else ctx.int_value(R + "tensor_model_parallel_size")) or 1
+    size = whole_response(layers, prompt, 1 if skips_decode else response, requests, ctx.options.level, tp)
+    if prefill_only:
+        size = replace(size, records=0)
     req.notes.append(
-        f"Whole-response consistency: {size.describe()}, for {layers} layers ({where}), prompt {prompt} and "
-        f"response {response} tokens (data.max_prompt_length / max_response_length); every training step "
-        "dumps this much."
+        f"{what}: {size.describe()}, for {layers} layers ({where}), prompt {prompt} and "
+        f"response {response} tokens (data.max_prompt_length / max_response_length)"
+        + ("; the decode steps are not dumped (MSPROBE_ROLLOUT_PHASES=prefill)." if skips_decode else ".")
     )
     limit = ctx.options.max_dump_gib or DEFAULT_MAX_DUMP_GIB
     if size.total > limit * GIB:
@@ -476,8 +491,9 @@ def _whole_response(ctx: Context, req: Requirements) -> None:
                 "data.max_response_length",
                 f"{size.total / GIB:.3g} GiB per training step",
                 f"<= {limit:g} GiB",
-                f"the whole-response dump would exceed --max-dump-gib {limit:g}: shorten the responses, raise "
-                "--max-dump-gib, or compare the prefill only (--prefill-only)",
+                f"the dump would exceed --max-dump-gib {limit:g}: module rows only (--level L0, about a fourth "
+                "of mix), shorter responses (data.max_response_length), or raise --max-dump-gib; --prefill-only "
+                "dumps only the rollout's prefill steps",
             )
         )
 

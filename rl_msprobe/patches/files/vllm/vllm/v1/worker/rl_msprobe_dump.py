@@ -10,6 +10,8 @@ Environment:
   MSPROBE_ROLLOUT_CONFIG=PATH  the msprobe config.json for the rollout (it must set dump_path).
                                Unset or empty: every function here returns at once, msprobe is
                                never imported and nothing is written.
+  MSPROBE_ROLLOUT_PHASES=prefill  dump the prefill steps only (decode steps run undumped and do not
+                               advance msprobe's step); unset: every model step.
   Whichever runner vLLM chooses (VLLM_USE_V2_MODEL_RUNNER, or vLLM's own choice) dumps.
 Eager execution is required (`enforce_eager=True`; verl: actor_rollout_ref.rollout.enforce_eager=True):
 the runner refuses to start otherwise.
@@ -207,6 +209,8 @@ class _Dump:
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         lengths = prompt_lengths(runner, list(getattr(cached, "req_ids", None) or ()))
         phase, requests = dispatch(scheduler_output, lengths)
+        if phase == "decode" and os.environ.get("MSPROBE_ROLLOUT_PHASES", "").strip() == "prefill":
+            return  # a prefill-only consistency run: the decode steps are not compared
         self.pending = (phase, requests, int(scheduler_output.total_num_scheduled_tokens))
 
     def start(self, runner) -> None:
