@@ -166,7 +166,9 @@ class WholeResponseSize:
 
     requests: int
     tp: int  # rollout TP ranks: each dumps every step
-    rollout: int  # every step's statistics: the prefill and RESPONSE - 1 decode steps, per request and TP rank
+    rollout: (
+        int  # every step's statistics: the prefill and RESPONSE - 1 decode steps, per request and TP rank
+    )
     records: int  # the actor's per-token records
 
     @property

@@ -7,7 +7,9 @@
   received (what was sent where no rank fingerprinted its input), with the tolerance of a dtype
   conversion when the engine holds another dtype.
 A tensor the engine holds under two names (tied embeddings) is `tied`: accounted for by the name
-it is loaded under. The model's tensors are the engine's (resident) ones plus its tied names: a
+it is loaded under. An engine tensor the sync never wrote on a rank is `not-synced` (NOT SYNCED,
+by name, shape and rank): the rank holds it but received nothing under its name in this sync
+(while it received other tensors), or, in reset mode, it still holds the pattern. The model's tensors are the engine's (resident) ones plus its tied names: a
 sync whose sent tensors are not exactly those is never EQUAL.
 """
 
@@ -16,12 +18,19 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
+from rl_msprobe.weights.document import (
+    FindingDoc,
+    FirstDifference,
+    NotSynced,
+    SyncSummary,
+    TensorRow,
+    WeightsDoc,
+)
 from rl_msprobe.weights.fingerprint import Delta, combine_ranks, compare, unit_roundoff
 from rl_msprobe.weights.records import Entry, Run
 
 EQUAL, DIFFERENT, NOT_COMPARED = "EQUAL", "DIFFERENT", "NOT COMPARED"
-STATUSES = ("equal", "differs", "missing", "not-compared", "tied")
+STATUSES = ("equal", "differs", "missing", "not-compared", "tied", "not-synced")
 
 
 @dataclass
@@ -163,6 +172,28 @@ def _resident(
     return Finding("differs", sorted(held), delta, faulty_ranks=faulty), replicas, how
 
 
+def _not_synced(
+    resident: dict[int, dict[str, Entry]], received: dict[int, dict[str, Entry]], name: str
+) -> Finding | None:
+    """NOT SYNCED (module doc): the ranks holding NAME that this sync never wrote it on."""
+    kept = sorted(r for r, e in resident.items() if name in e and e[name].reset_kept)
+    unsent = sorted(
+        r for r, e in resident.items() if name in e and received.get(r) and name not in received[r]
+    )
+    ranks = sorted(set(kept) | set(unsent))
+    if not ranks:
+        return None
+    why = "; ".join(
+        text
+        for text, where in (
+            (f"still holds the reset pattern after the sync on rank(s) {kept}", kept),
+            (f"rank(s) {unsent} received other tensors in this sync but not this one", unsent),
+        )
+        if where
+    )
+    return Finding("not-synced", ranks, why=why)
+
+
 def _reference(
     sent: Entry | None, received: dict[int, dict[str, Entry]], name: str
 ) -> tuple[Entry | None, str]:
@@ -199,6 +230,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
     aliases, tp, holds = _meta(run, sync)
     step = next((e.step for e in sent.values() if e.step is not None), None)
     rows: list[TensorRow] = []
+    not_synced: list[NotSynced] = []
     for replica in range(max(len(replicas_received), len(replicas_resident))):
         received = replicas_received[replica] if replica < len(replicas_received) else {}
         resident = replicas_resident[replica] if replica < len(replicas_resident) else {}
@@ -215,6 +247,19 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
                 res, replicas, how = Finding("not-compared", [], why=why), None, None
             else:
                 res, replicas, how = _resident(reference, resident, name, aliases, received, tp)
+            unwritten = _not_synced(resident, received, name) if res.status != "tied" else None
+            if unwritten is not None:
+                res = unwritten
+                shape = next((e[name].shape for e in resident.values() if name in e), None)
+                not_synced.append(
+                    {
+                        "sync": sync,
+                        "name": name,
+                        "shape": list(shape) if shape else None,
+                        "ranks": unwritten.ranks,
+                        "why": unwritten.why,
+                    }  # fmt: skip
+                )
             row: TensorRow = {
                 "sync": sync,
                 "step": step,
@@ -236,7 +281,10 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         for stage in ("received", "resident"):
             counts[row[stage]["status"]] += 1
     model = {
-        n for row in rows for n in [row["name"]] if row["resident"]["status"] in ("equal", "differs", "tied")
+        n
+        for row in rows
+        for n in [row["name"]]
+        if row["resident"]["status"] in ("equal", "differs", "tied", "not-synced")
     }
     hows: dict[str, int] = defaultdict(int)  # resident fingerprints by where they come from
     reused = sum(
@@ -247,7 +295,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
             hows[row["how"]] += 1
     if not sent or not any(replicas_resident):
         verdict = NOT_COMPARED
-    elif counts["differs"]:
+    elif counts["differs"] or counts["not-synced"]:
         verdict = DIFFERENT
     elif counts["missing"] or counts["not-compared"] or len(sent) != len(model):
         verdict = NOT_COMPARED
@@ -264,6 +312,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         "counts": counts,
         "resident_how": dict(hows),
         "resident_reused": reused,
+        "not_synced": not_synced,
     }
     return summary, rows
 
@@ -307,4 +356,5 @@ def compare_run(run: Run) -> WeightsDoc:
         "steps": steps,
         "tensors": rows,
         "first_difference": _first_difference(rows),
+        "not_synced": [x for s in steps for x in s["not_synced"]],
     }

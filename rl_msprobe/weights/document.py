@@ -60,6 +60,18 @@ class SyncSummary(TypedDict):
     counts: dict[str, int]  # status -> findings, over both stages
     resident_how: dict[str, int]
     resident_reused: int  # resident fingerprints the helper took from received (identical bytes)
+    not_synced: list[NotSynced]  # engine tensors this sync never wrote, by name, shape and rank
+
+
+class NotSynced(TypedDict):
+    """An engine tensor the sync did not write on RANKS: not received there, or still holding reset
+    mode's pattern after the sync."""
+
+    sync: int
+    name: str
+    shape: list[int] | None
+    ranks: list[int]
+    why: str
 
 
 class _Where(TypedDict):
@@ -82,6 +94,7 @@ class _Document(TypedDict):
     steps: list[SyncSummary]
     tensors: list[TensorRow]
     first_difference: FirstDifference | None
+    not_synced: list[NotSynced]
 
 
 class WeightsDoc(_Document, total=False):

@@ -46,6 +46,7 @@ class Entry:
     same_as: str | None = None  # resident: "received" where the helper reused that stage's statistics
     unreadable: bool = False
     shape: tuple[int, ...] | None = None
+    reset_kept: bool = False  # resident, reset mode: the part still holds the pattern (never written)
     # received with TP > 1: this rank's chunk along dim 0 / dim 1 (what its resident shard must match)
     shards: dict[int, Fingerprint] = field(default_factory=dict)
 
@@ -143,6 +144,7 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             same_as=_text(doc, "same_as", path, line),
             unreadable=bool(doc.get("unreadable", False)),
             shape=dims,
+            reset_kept=doc.get("reset_kept") is True,
             shards=validate.shards(doc.get("shard_fp"), fp, dims, tp, where, name),
         )
     except KeyError as exc:

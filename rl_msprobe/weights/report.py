@@ -12,15 +12,23 @@ from rl_msprobe.reporting.html import CSS, h, html_table
 from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
-MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "="}
+MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "=", "not-synced": "N"}
 COLOUR = {
     "equal": "#cfe8cf",
     "differs": "#f4a6a6",
     "missing": "#d9d9d9",
     "not-compared": "#ececec",
+    "not-synced": "#f4b183",
     "tied": "#cfe0f4",
 }
-RANK = {"differs": 4, "missing": 3, "not-compared": 2, "tied": 0, "equal": 0}  # tied: accounted for
+RANK = {
+    "not-synced": 5,
+    "differs": 4,
+    "missing": 3,
+    "not-compared": 2,
+    "tied": 0,
+    "equal": 0,
+}  # tied: accounted for
 
 
 def layer_of(name: str) -> str:
@@ -76,6 +84,10 @@ def summary_lines(doc: WeightsDoc) -> list[str]:
                     f"  sync {row['sync']} {stage} differs: {row['name']} {ranks_text(f)} "
                     f"(norm rel {f.get('norm_rel')}, {f.get('what')}, {f.get('ratio')}x tolerance)"
                 )
+    for x in doc.get("not_synced", []):
+        lines.append(
+            f"  sync {x['sync']} NOT SYNCED: {x['name']} shape {x['shape']} on ranks {x['ranks']}: {x['why']}"
+        )
     first = doc["first_difference"]
     if first:
         lines.append(
@@ -141,6 +153,13 @@ def markdown(doc: WeightsDoc) -> str:
             if f["status"] not in ("equal", "tied"):
                 detail = ", ".join(f"{k} {v}" for k, v in f.items() if k != "status")
                 out.append(f"- sync {row['sync']} `{row['name']}` {stage}: {f['status']} ({detail})")
+    unwritten = doc.get("not_synced", [])
+    if unwritten:
+        out += ["", "## NOT SYNCED (engine tensors the sync never wrote)", ""]
+        out += [
+            f"- sync {x['sync']} `{x['name']}` {x['shape']} on ranks {x['ranks']}: {x['why']}"
+            for x in unwritten
+        ]
     first = doc["first_difference"]
     if first:
         out += [

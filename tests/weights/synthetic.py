@@ -60,9 +60,19 @@ def _line(stage: str, sync: int, rank: int, name: str, t: torch.Tensor, index: i
 
 
 def write(
-    folder: Path, syncs: int = 2, tp: int = 2, kv: int = 2, faults=(), drop_sent=(), seed: int = 0
+    folder: Path,
+    syncs: int = 2,
+    tp: int = 2,
+    kv: int = 2,
+    faults=(),
+    drop_sent=(),
+    seed: int = 0,
+    reset=(),
+    kept=(),
 ) -> Path:
-    """faults: (sync, stage, name, rank or None, factor); stage 'received' or 'resident'."""
+    """faults: (sync, stage, name, rank or None, factor); stage 'received' or 'resident'.
+    reset: the syncs in reset mode (each resident record says `reset_kept`); kept: (sync, name,
+    rank) whose part the loader never wrote in a reset sync (it holds the pattern)."""
     folder.mkdir(parents=True, exist_ok=True)
     for sync in range(1, syncs + 1):
         weights = model(seed + sync, kv=kv)
@@ -95,8 +105,21 @@ def write(
                         if (s, stage, name) == (sync, "resident", n) and r in (None, rank):
                             t = t * factor
                     how = "parameter" if t.dim() == 1 else "loader-written"
+                    extra = {"reset_kept": (sync, n, rank) in kept} if sync in reset else {}
+                    if extra.get("reset_kept"):
+                        t = torch.full_like(t, helper.PATTERN)
                     out.write(
-                        _line("resident", sync, rank, n, _shard(n, t, rank, tp, kv), -1, tp_size=tp, how=how)
+                        _line(
+                            "resident",
+                            sync,
+                            rank,
+                            n,
+                            _shard(n, t, rank, tp, kv),
+                            -1,
+                            tp_size=tp,
+                            how=how,
+                            **extra,
+                        )
                     )
                 meta = {
                     "stage": "resident-meta",

@@ -116,11 +116,40 @@ def test_crc32_folders_of_older_helpers_still_compare_and_are_never_mixed_with_k
     assert "crc32 (received-host-" in str(err.value) and "k64 (sent-host-" in str(err.value)
 
 
-def test_a_tensor_never_sent_is_never_equal(tmp_path):
+def test_a_tensor_never_sent_is_not_synced_by_name_shape_and_rank(tmp_path):
+    """The engine holds it, every rank received other tensors but not this one: the sync never
+    wrote it (a name-mapping miss, a forgotten expert), which used to read as nothing wrong."""
     doc = doc_of(synthetic.write(tmp_path / "w", drop_sent=("model.norm.weight",)))
-    assert doc["verdict"] == "NOT COMPARED"
+    assert doc["verdict"] == "DIFFERENT"
     rows = [r for r in doc["tensors"] if r["name"] == "model.norm.weight"]
-    assert rows and all(r["resident"]["status"] == "missing" for r in rows)
+    assert rows and all(r["resident"]["status"] == "not-synced" for r in rows)
+    assert [(x["sync"], x["name"], x["shape"], x["ranks"]) for x in doc["not_synced"]] == [
+        (1, "model.norm.weight", [16], [0, 1]),
+        (2, "model.norm.weight", [16], [0, 1]),
+    ]
+    assert "received other tensors in this sync but not this one" in doc["not_synced"][0]["why"]
+    code, out, _ = run_cli("weights", "compare", str(tmp_path / "w"))
+    assert code == 1 and "sync 1 NOT SYNCED: model.norm.weight shape [16] on ranks [0, 1]" in out, out
+
+
+def test_a_tensor_only_one_rank_did_not_receive_is_not_synced_on_that_rank(tmp_path):
+    folder = synthetic.write(tmp_path / "w", syncs=1)
+    path = folder / "received-host-201.jsonl"  # rank 1
+    path.write_text("".join(x for x in path.read_text().splitlines(True) if f'"{NORM1}"' not in x))
+    doc = doc_of(folder)
+    (x,) = doc["not_synced"]
+    assert (x["name"], x["ranks"]) == (NORM1, [1])
+
+
+def test_reset_mode_names_what_the_loader_left_holding_the_pattern(tmp_path):
+    """Sent and received, but the loader skipped it on rank 0 (reset mode: it still holds the pattern)."""
+    doc = doc_of(synthetic.write(tmp_path / "w", syncs=2, reset={1}, kept={(1, NORM1, 0)}))
+    assert [s["verdict"] for s in doc["steps"]] == ["DIFFERENT", "EQUAL"]
+    (x,) = doc["not_synced"]
+    assert (x["sync"], x["name"], x["ranks"]) == (1, NORM1, [0]) and "reset pattern" in x["why"]
+    # a reset sync where the loader wrote everything: nothing is named
+    clean = doc_of(synthetic.write(tmp_path / "clean", syncs=1, reset={1}))
+    assert clean["verdict"] == "EQUAL" and clean["not_synced"] == []
 
 
 def test_cli_json_exit_codes_and_reports(tmp_path):

@@ -266,3 +266,67 @@ def test_a_tp_rank_s_own_rows_come_from_the_pass_over_the_whole_tensor(tmp_path,
                     assert str(dim) not in line["shard_fp"]
                     continue
                 assert line["shard_fp"][str(dim)] == helper.fingerprint(t.chunk(tp, dim)[rank]), (name, dim)
+
+
+class _Plain(torch.nn.Module):
+    """A model whose loader copies each tensor it knows into its parameter (vLLM's default loader)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.Module()
+        self.norm.weight = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+        self.head = torch.nn.Module()
+        self.head.weight = torch.nn.Parameter(torch.ones(3, 4), requires_grad=False)
+        self.skip: set[str] = set()
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name not in self.skip:  # a loader that misses a name
+                params[name].data.copy_(tensor)
+
+
+def _vllm_worker(helper, model):
+    """A vLLM worker extension as verl-weights patches it: the sync entry and the received line."""
+
+    class Worker:
+        def __init__(self):
+            self.model_runner = type("Runner", (), {"model": model})()
+
+        @helper.engine_sync
+        def update_weights_from_ipc(self, weights):
+            helper.received(self, weights)
+            model.load_weights(weights)
+
+    return Worker()
+
+
+def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeypatch):
+    """RL_MSPROBE_WEIGHTS_RESET=2: before sync 2 every parameter is filled with the pattern; the one the
+    loader skipped still holds it afterwards (reset_kept), and the compare names it NOT SYNCED.
+    Sync 1 (no reset) reads EQUAL although the same loader misses the same name: the gap reset mode
+    closes when the load-time value happens to be the sent one."""
+    from rl_msprobe.weights.compare import compare_run
+    from rl_msprobe.weights.records import read_run
+
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    monkeypatch.setenv(helper.RESET_ENV, "2")
+    model = _Plain()
+    model.skip = {"norm.weight"}
+    worker = _vllm_worker(helper, model)
+    tensors = [("norm.weight", torch.ones(4)), ("head.weight", torch.full((3, 4), 0.5))]
+    for sync in (1, 2):
+        worker.update_weights_from_ipc(list(helper.sent(iter(tensors), sync)))
+    lines = [json.loads(x) for p in tmp_path.glob("resident-*.jsonl") for x in p.read_text().splitlines()]
+    kept = {(x["sync"], x["name"]): x.get("reset_kept") for x in lines if x["stage"] == "resident"}
+    assert kept == {(1, "norm.weight"): None, (1, "head.weight"): None} | {
+        (2, "norm.weight"): True,
+        (2, "head.weight"): False,
+    }
+    assert bool((model.norm.weight == helper.PATTERN).all())  # what the engine serves after sync 2
+    doc = compare_run(read_run(tmp_path))
+    assert [s["verdict"] for s in doc["steps"]] == ["EQUAL", "DIFFERENT"], doc["steps"]
+    assert [(x["sync"], x["name"], x["shape"], x["ranks"]) for x in doc["not_synced"]] == [
+        (2, "norm.weight", [4], [0])
+    ]

@@ -10,6 +10,12 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
   RL_MSPROBE_WEIGHTS_HASH=0   skip the bit-exact checksum ("k64:...", see `_Keyed`) of sent and
                               received tensors (the statistics are always computed; without
                               received checksums no resident statistics are reused)
+  RL_MSPROBE_WEIGHTS_RESET=N  reset mode, for a debugging run: at the start of sync N (1: the first;
+                              "N,M": several) every floating engine parameter is filled with
+                              `PATTERN`; each resident record of that sync says whether its part
+                              still holds it (`"reset_kept"`): what the sync never wrote. The
+                              engine then serves those parameters as the pattern, so never in a
+                              run whose results matter.
 
 Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
   sent      every (HF name, tensor) the actor's engine hands to the sync (`sent`, wrapping the
@@ -51,6 +57,8 @@ import sys
 
 ENV = "RL_MSPROBE_WEIGHTS_DIR"
 HASH_ENV = "RL_MSPROBE_WEIGHTS_HASH"
+RESET_ENV = "RL_MSPROBE_WEIGHTS_RESET"
+PATTERN = 0.0012345678  # reset mode's fill: no trained or initialised weight is this constant
 FORMAT = 2  # 2: hashes are k64 ("k64:<16 hex>"); 1 wrote bare CRC-32s (8 hex)
 
 _counters = {"sent": 0, "engine": 0}
@@ -588,9 +596,38 @@ def _begin(worker, armed: bool = True) -> dict:
              "seen": set(), "pending": set(), "got": {}}  # fmt: skip
     _states[id(worker)] = state
     model = _model(worker)
+    if model is not None and state["sync"] in _reset_syncs():
+        _reset(model)
+        state["reset"] = True
     if model is not None and armed:
         _arm(model, state)
     return state
+
+
+def _reset_syncs() -> set[int]:
+    """The syncs RL_MSPROBE_WEIGHTS_RESET names ("1", "3,5"); empty when unset or unreadable."""
+    text = os.environ.get(RESET_ENV, "").strip()
+    return {int(x) for x in text.split(",") if x.strip().isdigit()}
+
+
+def _reset(model) -> None:
+    """Reset mode: every floating parameter filled with PATTERN before the sync writes the weights."""
+    import torch
+
+    with torch.no_grad():
+        for _, param in model.named_parameters():
+            if param.numel() and param.is_floating_point():
+                param.data.fill_(PATTERN)
+
+
+def _holds_pattern(part) -> bool:
+    """Does this part of a parameter still hold reset mode's PATTERN everywhere?"""
+    import torch
+
+    t = part.detach()
+    if not t.numel() or not t.is_floating_point():
+        return False
+    return bool((t == torch.tensor(PATTERN, dtype=t.dtype, device=t.device)).all())
 
 
 def _end(worker, state: dict) -> None:
@@ -712,6 +749,8 @@ def _resident_record(state: dict, name: str, part, base: dict) -> dict:
     are its statistics, and the record reuses them (`"same_as": "received"`, ~1/3 of the cost of
     measuring). Otherwise (no hash received, another layout, a GPU / NPU tensor, different bytes:
     a loader fault) the statistics are measured as for any part; the checksum, taken, is kept."""
+    if state.get("reset"):
+        base = dict(base, reset_kept=_holds_pattern(part))
     got = state.get("got", {}).get(name)
     comparable = (
         got is not None
