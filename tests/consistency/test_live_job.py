@@ -767,3 +767,39 @@ def test_tp2_a_tensor_the_sync_never_wrote_is_not_synced_by_name_shape_and_rank(
         f"sync {NOT_SYNCED_SYNC} `{UNSENT}` [128] on ranks [1]"
         in (run.weights_report / "weights.md").read_text()
     )
+
+
+def _changed_copy(model: Path, dest: Path, name: str, factor: float) -> Path:
+    """A copy of the model folder with one tensor of its safetensors scaled in place (float32)."""
+    import numpy as np
+
+    shutil.copytree(model, dest)
+    path = dest / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    (size,) = struct.unpack("<Q", data[:8])
+    info = json.loads(data[8 : 8 + size])[name]
+    assert info["dtype"] == "F32", info
+    start, stop = (8 + size + x for x in info["data_offsets"])
+    data[start:stop] = (
+        (np.frombuffer(bytes(data[start:stop]), dtype=np.float32) * factor).astype(np.float32).tobytes()
+    )
+    path.write_bytes(bytes(data))
+    return dest
+
+
+def test_tp2_the_checkpoint_against_the_engine(flow: Flow, tmp_path: Path) -> None:
+    """`weights compare --checkpoint` (issue 35): the job's model folder is what the engine held at
+    sync 1 (EQUAL); a copy with one tensor changed on disk names that tensor."""
+    run, _ = _tp2_weights(flow)
+    assert run.model is not None
+    folder = str(run.dump / "weights")
+    proc = cli("weights", "compare", folder, "--checkpoint", str(run.model), "--json")
+    doc = as_json(proc)
+    assert proc.returncode == 0 and doc.get("verdict") == "EQUAL", doc.get("counts", doc)
+    assert doc["checkpoint_tensors"] == len(_safetensors_names(run.model))
+    changed = _changed_copy(run.model, tmp_path / "changed", RECEIVED, 1.001)
+    proc = cli("weights", "compare", folder, "--checkpoint", str(changed), "--json")
+    doc = as_json(proc)
+    assert proc.returncode == 1 and doc["verdict"] == "DIFFERENT", doc.get("counts", doc)
+    assert doc["first_difference"]["name"] == RECEIVED
+    assert [r["name"] for r in doc["tensors"] if r["status"] == "differs"] == [RECEIVED]
