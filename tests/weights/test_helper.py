@@ -281,9 +281,10 @@ class _Plain(torch.nn.Module):
 
     def load_weights(self, weights):
         params = dict(self.named_parameters())
-        for name, tensor in weights:
-            if name not in self.skip:  # a loader that misses a name
-                params[name].data.copy_(tensor)
+        with torch.inference_mode():
+            for name, tensor in weights:
+                if name not in self.skip:  # a loader that misses a name
+                    params[name].data.copy_(tensor)
 
 
 def _vllm_worker(helper, model):
@@ -312,7 +313,8 @@ def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeyp
     helper = load()
     monkeypatch.setenv(helper.ENV, str(tmp_path))
     monkeypatch.setenv(helper.RESET_ENV, "2")
-    model = _Plain()
+    with torch.inference_mode():  # as vLLM makes its parameters: inference tensors
+        model = _Plain()
     model.skip = {"norm.weight"}
     worker = _vllm_worker(helper, model)
     tensors = [("norm.weight", torch.ones(4)), ("head.weight", torch.full((3, 4), 0.5))]

@@ -597,8 +597,9 @@ def _begin(worker, armed: bool = True) -> dict:
     _states[id(worker)] = state
     model = _model(worker)
     if model is not None and state["sync"] in _reset_syncs():
-        _reset(model)
-        state["reset"] = True
+        with _never_breaks_the_sync("reset mode's fill"):
+            _reset(model)
+            state["reset"] = True
     if model is not None and armed:
         _arm(model, state)
     return state
@@ -614,10 +615,15 @@ def _reset(model) -> None:
     """Reset mode: every floating parameter filled with PATTERN before the sync writes the weights."""
     import torch
 
-    with torch.no_grad():
+    # inference mode: vLLM creates its parameters as inference tensors, which refuse an in-place
+    # update outside it (a normal tensor takes one inside it as well)
+    with torch.inference_mode():
         for _, param in model.named_parameters():
             if param.numel() and param.is_floating_point():
-                param.data.fill_(PATTERN)
+                try:
+                    param.data.fill_(PATTERN)
+                except Exception:  # noqa: BLE001 - an opaque (repacked) weight: left as it is, never named
+                    continue
 
 
 def _holds_pattern(part) -> bool:
