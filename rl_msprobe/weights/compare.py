@@ -173,25 +173,51 @@ def _resident(
 
 
 def _not_synced(
-    resident: dict[int, dict[str, Entry]], received: dict[int, dict[str, Entry]], name: str
+    resident: dict[int, dict[str, Entry]],
+    received: dict[int, dict[str, Entry]],
+    name: str,
+    told: dict[str, dict[int, set[str]]],
 ) -> Finding | None:
-    """NOT SYNCED (module doc): the ranks holding NAME that this sync never wrote it on."""
-    kept = sorted(r for r, e in resident.items() if name in e and e[name].reset_kept)
-    unsent = sorted(
-        r for r, e in resident.items() if name in e and received.get(r) and name not in received[r]
+    """NOT SYNCED (module doc): the ranks holding NAME that this sync never wrote it on. TOLD: the
+    helper's meta lines, rank -> names: `unwritten` (still unloaded when the sync returned: no
+    resident record), `reset_kept` (holding reset mode's pattern when the next sync began)."""
+    unloaded = sorted(
+        r for r, names in told["unwritten"].items() if name in names and name not in resident.get(r, {})
     )
-    ranks = sorted(set(kept) | set(unsent))
+    kept = sorted(
+        {r for r, e in resident.items() if name in e and e[name].reset_kept}
+        | {r for r, names in told["reset_kept"].items() if name in names}
+    )
+    unsent = sorted(
+        r
+        for r in set(resident) | set(unloaded)
+        if received.get(r) and name not in received[r] and (name in resident.get(r, {}) or r in unloaded)
+    )
+    ranks = sorted(set(kept) | set(unsent) | set(unloaded))
     if not ranks:
         return None
     why = "; ".join(
         text
         for text, where in (
+            (f"rank(s) {unloaded} had not loaded it when the sync returned", unloaded),
             (f"still holds the reset pattern after the sync on rank(s) {kept}", kept),
             (f"rank(s) {unsent} received other tensors in this sync but not this one", unsent),
         )
         if where
     )
     return Finding("not-synced", ranks, why=why)
+
+
+def _told(run: Run, sync: int) -> dict[str, dict[int, set[str]]]:
+    """The meta lines' `unwritten` / `reset_kept` names of SYNC, by rank (see `_not_synced`)."""
+    out: dict[str, dict[int, set[str]]] = {"unwritten": defaultdict(set), "reset_kept": defaultdict(set)}
+    for doc in run.meta.get(sync, {}).values():
+        rank = doc.get("rank")
+        for key, by_rank in out.items():
+            names = doc.get(key)
+            if isinstance(rank, int) and isinstance(names, list):
+                by_rank[rank].update(str(n) for n in names)
+    return out
 
 
 def _reference(
@@ -231,6 +257,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
     step = next((e.step for e in sent.values() if e.step is not None), None)
     rows: list[TensorRow] = []
     not_synced: list[NotSynced] = []
+    told = _told(run, sync)
     for replica in range(max(len(replicas_received), len(replicas_resident))):
         received = replicas_received[replica] if replica < len(replicas_received) else {}
         resident = replicas_resident[replica] if replica < len(replicas_resident) else {}
@@ -247,10 +274,12 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
                 res, replicas, how = Finding("not-compared", [], why=why), None, None
             else:
                 res, replicas, how = _resident(reference, resident, name, aliases, received, tp)
-            unwritten = _not_synced(resident, received, name) if res.status != "tied" else None
+            unwritten = _not_synced(resident, received, name, told) if res.status != "tied" else None
             if unwritten is not None:
                 res = unwritten
-                shape = next((e[name].shape for e in resident.values() if name in e), None)
+                shape = next(
+                    (e[name].shape for e in (*resident.values(), *received.values()) if name in e), None
+                )
                 not_synced.append(
                     {
                         "sync": sync,

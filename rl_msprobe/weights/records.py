@@ -192,7 +192,8 @@ def read_run(folder: Path) -> Run:
                     raise _bad(path, number, "not a JSON object")
                 if doc.get("stage") == META:
                     _check_meta(doc, path, number)
-                    run.meta[_whole(doc, "sync", path, number, SYNC_LIMIT, default=0)][process] = doc
+                    metas = run.meta[_whole(doc, "sync", path, number, SYNC_LIMIT, default=0)]
+                    metas[process] = _merged(metas.get(process), doc)
                     continue
                 if doc.get("stage") not in STAGES:
                     raise _bad(path, number, f"stage {doc.get('stage')!r} is not one of {', '.join(STAGES)}")
@@ -203,3 +204,16 @@ def read_run(folder: Path) -> Run:
                 run.entries[entry.stage][entry.sync].setdefault(process, {})[entry.name] = entry
     _one_hash_kind(kinds, folder)
     return run
+
+
+def _merged(old: JsonObject | None, doc: JsonObject) -> JsonObject:
+    """One process's meta lines of one sync as one: the later line's keys win, name lists add up
+    (`unwritten` at the sync's end, `reset_kept` at the next sync's start)."""
+    if old is None:
+        return doc
+    out = {**old, **doc}
+    for key in ("unwritten", "reset_kept"):
+        names = [*(old.get(key) or []), *(doc.get(key) or [])]
+        if names:
+            out[key] = names
+    return out

@@ -213,3 +213,28 @@ def test_every_field_compare_reads_is_checked(tmp_path, line, message):
         out.write(json.dumps({**json.loads(first), **json.loads(line)}) + "\n")
     with pytest.raises(UserError, match=rf"resident-host-200.jsonl:\d+: {message}"):
         read_run(folder)
+
+
+def test_a_tensor_still_unloaded_when_the_sync_returned_is_not_synced(tmp_path):
+    """An engine that reloads layer by layer (vLLM's reload: parameters on meta until loaded) has no
+    resident record of what it was not given; the helper's meta line lists it as unwritten, and the
+    next sync's start lists what still holds reset mode's pattern."""
+    folder = synthetic.write(tmp_path / "w", syncs=2)
+    path = folder / "resident-host-200.jsonl"  # rank 0
+    lines = [x for x in path.read_text().splitlines(True) if not (f'"{NORM1}"' in x and '"sync": 1,' in x)]
+    lines.append(
+        json.dumps({"stage": "resident-meta", "sync": 1, "rank": 0, "tp_size": 2, "unwritten": [NORM1]})
+        + "\n"
+    )
+    lines.append(
+        json.dumps({"stage": "resident-meta", "sync": 1, "rank": 0, "tp_size": 2, "reset_kept": [NORM1]})
+        + "\n"
+    )
+    path.write_text("".join(lines))
+    doc = doc_of(folder)
+    (x,) = doc["not_synced"]
+    assert (x["sync"], x["name"], x["shape"], x["ranks"]) == (1, NORM1, [16], [0])
+    assert "had not loaded it when the sync returned" in x["why"] and "reset pattern" in x["why"]
+    assert [s["verdict"] for s in doc["steps"]] == ["DIFFERENT", "EQUAL"]
+    # the meta lines merged, not replaced: the tied lm_head is still accounted for
+    assert doc["steps"][0]["counts"]["tied"] == 1

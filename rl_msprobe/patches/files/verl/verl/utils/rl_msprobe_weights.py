@@ -596,6 +596,9 @@ def _begin(worker, armed: bool = True) -> dict:
              "seen": set(), "pending": set(), "got": {}}  # fmt: skip
     _states[id(worker)] = state
     model = _model(worker)
+    if model is not None and id(model) in _after_reset:
+        with _never_breaks_the_sync("reset mode's check"):
+            _check_reset(model, _after_reset.pop(id(model)), state)
     if model is not None and state["sync"] in _reset_syncs():
         with _never_breaks_the_sync("reset mode's fill"):
             _reset(model)
@@ -603,6 +606,24 @@ def _begin(worker, armed: bool = True) -> dict:
     if model is not None and armed:
         _arm(model, state)
     return state
+
+
+_after_reset: dict[int, int] = {}  # id(model) -> the reset sync to check at the next sync's start
+
+
+def _check_reset(model, sync: int, state: dict) -> None:
+    """At the start of the sync after a reset sync: the HF parts still holding the pattern, in a meta
+    line of the reset sync (an engine may restore unloaded parameters only after the sync returns)."""
+    kept = [
+        name
+        for module_name, module in model.named_modules()
+        for pname, param in module.named_parameters(recurse=False)
+        if not getattr(param, "is_meta", False) and param.numel()
+        for name, part in _parts(model, module_name, module, pname, param)
+        if _holds_pattern(part)
+    ]
+    line = {"stage": "resident-meta", "sync": sync, "rank": state["rank"], "tp_size": state["tp_size"]}
+    _write("resident", [{**line, "format": FORMAT, "reset_kept": kept}])
 
 
 def _reset_syncs() -> set[int]:
@@ -643,16 +664,22 @@ def _end(worker, state: dict) -> None:
         return
     records = []
     aliases = _aliases(model)
+    unwritten = []
     for module_name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             full = f"{module_name}.{pname}" if module_name else pname
             if full in aliases or full in state["captured"]:
                 continue
             if getattr(param, "is_meta", False):
-                continue  # processed later (deferred layers): the armed hook captures it then
+                # not loaded when the sync returned (an engine that reloads layer by layer keeps the
+                # old value of what it was not given); a layer processed later is captured then
+                unwritten += [name for name, _ in _parts(model, module_name, module, pname, param)]
+                continue
             state["captured"].add(full)
             records.extend(_resident(model, module_name, module, pname, param, state, "parameter"))
-    records.append(_meta(model, state, aliases))
+    records.append({**_meta(model, state, aliases), "unwritten": unwritten})
+    if state.get("reset"):
+        _after_reset[id(model)] = state["sync"]
     _write("resident", records)
 
 
