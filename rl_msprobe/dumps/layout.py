@@ -231,8 +231,9 @@ class LayoutReport:
 
 def check_dump_file(path: Path) -> str | None:
     """Why a dump.json is unusable (empty, not JSON, no `data`), or None. Streamed: `data` is
-    read entry by entry and each entry dropped once parsed, so a dump of a million entries costs
-    one entry's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
+    read a batch of entries at a time and dropped once checked (by msgspec, which validates the
+    JSON without building its values; json where it refuses one), so a dump of a million entries
+    costs a batch's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
     tensor that holds one) parses as a number: it is a finding for `dumps compare`, not a broken
     file, unlike a fingerprint or a token count, where no real run writes one."""
     from rl_msprobe import bounded
@@ -243,7 +244,7 @@ def check_dump_file(path: Path) -> str | None:
         if path.stat().st_size == 0:
             return "empty file"
         with bounded.open_regular(path, "msprobe dump.json", bounded.DUMP_JSON) as f:
-            parser = jsonl.Parser(f, f.read(jsonl.CHUNK), str(path), bounded.DUMP_JSON, whole=True)
+            parser = jsonl.Parser(f, f.read(jsonl.READ), str(path), bounded.DUMP_JSON, whole=True)
             if parser.char() != "{":
                 parser.value()
                 parser.end()
@@ -251,7 +252,7 @@ def check_dump_file(path: Path) -> str | None:
             parser.i += 1
             head: dict[str, object] = {}
             data = parser.members(head, "data")
-            entries = sum(1 for _ in data) if data is not None else None
+            entries = sum(len(b) for b in data.batches(jsonl.SKIP_PAIRS)) if data is not None else None
     except UserError as exc:
         return str(exc)
     except (OSError, UnicodeDecodeError, ValueError) as exc:

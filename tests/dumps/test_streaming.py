@@ -24,6 +24,7 @@ from tests.support.trees import run_cli
 @pytest.fixture
 def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jsonl, "CHUNK", 64)
+    monkeypatch.setattr(jsonl, "READ", 64)
     monkeypatch.setattr(jsonl, "MARGIN", 8)
     monkeypatch.setattr(jsonl, "BATCH", 40)
 
@@ -209,3 +210,31 @@ def test_a_long_line_whose_phase_comes_after_its_requests_reads_as_json_reads_it
     result = correlate(r, t)
     assert result.skipped["rollout: prefill with several requests"] == 1
     assert [u.request_id for u in result.unmatched if "together" in u.why][:2] == ["r0", "r1"]
+
+
+ENTRY = (
+    '{"input_args": [{"Max": %s, "Min": -1, "name": "a}, {b]"}], "input_kwargs": {}, "output": [{"Max": 2}]}'
+)
+
+
+@pytest.mark.parametrize("indent", [None, 1, "line"])
+@pytest.mark.parametrize("statistic", ["1.5", "NaN"])
+@pytest.mark.parametrize("small", [True, False])
+def test_dump_check_reads_compact_indented_and_odd_entries(tmp_path, monkeypatch, indent, statistic, small):
+    """Entries checked a batch at a time whatever the layout of the text (compact JSON, where the
+    boundary between entries is also inside them; braces inside strings; NaN, which msgspec
+    refuses and json reads); one broken entry among thousands is still found."""
+    if small:
+        for name, size in (("READ", 64), ("MARGIN", 8), ("BATCH", 40)):
+            monkeypatch.setattr(jsonl, name, size)
+    entries = {f"op.{i}.forward": json.loads(ENTRY % ("1.5" if i % 7 else statistic)) for i in range(3000)}
+    if indent == "line":
+        body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in entries.items())
+        text = '{"task": "statistics", "data": {\n' + body + "\n }\n}\n"
+    else:
+        text = json.dumps({"task": "statistics", "data": entries}, indent=indent)
+    path = tmp_path / "dump.json"
+    path.write_text(text)
+    assert check_dump_file(path) is None
+    path.write_text(text.replace('"op.2500.forward": ', '"op.2500.forward": ,'))
+    assert "unparsable" in (check_dump_file(path) or "")
