@@ -239,7 +239,9 @@ def check_dump_file(path: Path) -> str | None:
     JSON without building its values; json where it refuses one), so a dump of a million entries
     costs a batch's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
     tensor that holds one) parses as a number: it is a finding for `dumps compare`, not a broken
-    file, unlike a fingerprint or a token count, where no real run writes one."""
+    file, unlike a fingerprint or a token count, where no real run writes one. An integer of more
+    than 4,300 digits is valid JSON to msgspec, which never converts it, so it passes here (json
+    refuses to convert it; `dumps compare`, which reads the values, says so)."""
     from rl_msprobe import bounded
     from rl_msprobe.dumps import jsonl
     from rl_msprobe.errors import UserError
