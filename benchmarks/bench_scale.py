@@ -15,15 +15,19 @@ memory from the kernel's accounting of that child, os.wait4), the ratio taken pa
 temporary folder; "after" is this checkout.
 
 Figures (2026-12-03, 2 cores shared with other sessions' test runs; medians of 3 pairs, the
-ratios taken pair by pair; before = ae66ae5). Two runs an hour apart, under different loads:
-  correlate, one line of 10^6 requests: before 4.4 / 4.1 s 691 MB, after 1.6 / 1.4 s 139 MB
-                                        (time 2.7x / 3.0x, memory 5.0x)
-  correlate, 200,000 lines, dumps:      before 71 / 45 s 332 MB, after 16 / 12 s 285 MB
-                                        (time 4.4x / 3.7x, memory 1.2x: the result's 200,000 pairs)
-  check, dump.json of 10^6 entries:     before 31 / 17 s 2,442 MB, after 11 / 6.0 s 25 MB
-                                        (time 2.9x / 2.6x, memory 96x)
-What is left of the time is json's own scanner on every value (a dump entry's statistics, a
-request object): the bound of a reader that checks every byte it reads.
+ratios taken pair by pair; before = ae66ae5). Two runs twenty minutes apart, under different loads:
+  correlate, one line of 10^6 requests: before 4.6 / 4.4 s 691 MB, after 0.7 / 0.7 s 141 MB
+                                        (time 6.5x / 6.3x, memory 4.9x)
+  correlate, 200,000 lines, dumps:      before 47 / 31 s 332 MB, after 7.5 / 6.3 s 287 MB
+                                        (time 5.6x / 5.1x, memory 1.2x: the result's 200,000 pairs)
+  check, dump.json of 10^6 entries:     before 14 / 28 s 2,442 MB, after 0.9 / 1.1 s 27 MB
+                                        (time 16.7x / 25.4x, memory 89x / 90x)
+The values are decoded by msgspec a batch of text at a time (requests into validated structs,
+dump entries only checked as JSON), json reading what msgspec refuses. What is left of the
+second input's time is its 800,000 lstat calls (two per dump folder: is it, or its folder, a
+link) and the Python of pairing each line; of the first, a dict entry per batched request id.
+The memory is what it was before msgspec (against d11ae0d in one run: 139 -> 140 MB, 29 -> 28
+MB; the 1-2 MB more in the first is msgspec itself).
 
 Run: python benchmarks/bench_scale.py [--requests N] [--lines L] [--keys K] [--repeat R] [--before REV]
 """

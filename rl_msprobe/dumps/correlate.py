@@ -22,7 +22,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, overload
+from typing import Annotated, Any, Literal, overload
+
+import msgspec
 
 from rl_msprobe import bounded
 from rl_msprobe.dumps import jsonl
@@ -34,6 +36,8 @@ _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 # verl's SGLang PD replica sends a request to its prefill server as `{request_id}_P` (and to the
 # decode server as `{request_id}_D`, whose passes are decode, not the prefill that pairs): stripped
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
+# in the ids of a batch, one per line: an id strip_request_id may change (it never misses one)
+_SUFFIXED = re.compile(r"-[0-9a-f]{8}\n|_P\n")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
 USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
 
@@ -105,13 +109,18 @@ class Correlation:
         return {k: v for k, v in self.skipped.items() if k in USED}
 
     def per_rank(self) -> dict[str, int]:
-        """Pairs per rank of each side: `rollout rank0`, `rollout rank1` (TP peers), `train rank0`, ..."""
-        out: dict[str, int] = {}
-        for p in self.pairs:
-            for side, s in [*(("rollout", r) for r in p.rollout_ranks), ("train", p.train)]:
-                key = f"{side} rank{s.rank}"
-                out[key] = out.get(key, 0) + 1
-        return out
+        """Pairs per rank of each side: `rollout rank0`, `rollout rank1` (TP peers), `train rank0`, ...
+        (in the order first seen; counted by rank, each key written once)."""
+        seen: Counter[tuple[str, int | None]] = Counter(
+            key
+            for p in self.pairs
+            for key in (
+                ("rollout", p.rollout.rank),
+                *(("rollout", s.rank) for s in p.peers),
+                ("train", p.train.rank),
+            )
+        )
+        return {f"{side} rank{rank}": n for (side, rank), n in seen.items()}
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -145,8 +154,10 @@ def find_logs(root: Path, name: str) -> list[Path]:
 def read_jsonl(path: Path, bad: list[str], stream: str | None = None) -> Iterator[tuple[int, JsonObject]]:
     """(line number, object) for each JSON object line; bad lines go to `bad` as 'file:line: why'
     (a line cut short by a killed process is expected); JSON nested too deeply is bad input.
-    A line longer than one read has its STREAM list as a `jsonl.Streamed` (see jsonl.py)."""
-    loads = json.loads
+    A line longer than one read has its STREAM list as a `jsonl.Streamed` (see jsonl.py). A line
+    is decoded by msgspec (in C, from the bytes); one it refuses (NaN, an integer of more than 64
+    bits, JSON that is not) by json, which decides what it is."""
+    loads, decode = json.loads, msgspec.json.decode
     with bounded.open_regular(path, "JSONL log") as f:
         for n, line in jsonl.read(f, path, stream or "", need=("phase",)):
             if isinstance(line, dict):
@@ -156,7 +167,12 @@ def read_jsonl(path: Path, bad: list[str], stream: str | None = None) -> Iterato
                 bad.append(f"{path}:{n}: not a JSON line (cut short by a killed process?)")
                 continue
             try:
-                obj = loads(line.decode("utf-8"))  # str: loads skips guessing the encoding
+                obj = decode(line)
+            except (msgspec.MsgspecError, RecursionError):
+                obj = None
+            try:
+                if obj is None:
+                    obj = loads(line.decode("utf-8"))  # str: loads skips guessing the encoding
             except RecursionError:
                 raise UserError(
                     f"{path}:{n}: JSON nested too deeply; not a line rl-msprobe's helpers write. "
@@ -200,10 +216,36 @@ def _tokens(request: JsonObject, where: Callable[[], str], k: int) -> int:
     )
 
 
-def _continues_prefill(request: JsonObject, tokens: int) -> bool:
+class Request(msgspec.Struct, gc=False):
+    """One request of a step as the dispatch log holds it: the id as text, the type where it is
+    text (only "new" and "cached" mean anything), the validated token count. msgspec decodes a
+    batch of them straight from the log's text (DECODE_REQUESTS), validating in C; whatever it
+    refuses is read by json and validated in Python (`_request`), with the same outcome."""
+
+    request_id: str
+    type: str | None = None
+    tokens: Annotated[int, msgspec.Meta(ge=0, le=TOKEN_LIMIT)] = 0
+
+
+DECODE_REQUESTS = msgspec.json.Decoder(list[Request])
+
+
+def _request(r: object, where: Callable[[], str], k: int) -> Request:
+    """Request k of a line as json parsed it (a line that fits in one read, or a batch msgspec
+    refused); UserError for what is not a {request_id, type, tokens} object."""
+    if type(r) is not dict:
+        raise UserError(
+            f"{where()}: `requests` is a list holding {type(r).__name__} {str(r)[:60]!r} at [{k}]; the "
+            "dispatch log holds {request_id, type, tokens} objects there. Fix or remove that line."
+        )
+    kind = r.get("type")
+    return Request(str(r.get("request_id")), kind if type(kind) is str else None, _tokens(r, where, k))
+
+
+def _continues_prefill(request: Request) -> bool:
     """A `cached` entry scheduling more than one token: the rest of a chunked prompt (or speculative
     tokens). One token is a plain decode riding along in a mixed step."""
-    return request.get("type") == "cached" and tokens > 1
+    return request.type == "cached" and request.tokens > 1
 
 
 _ID_LIMIT = 10**18  # pids, steps and ranks become folder names; past this they are not a run's
@@ -215,6 +257,8 @@ def _id(value: object, where: str, key: str, required: Literal[True] = True) -> 
 def _id(value: object, where: str, key: str, required: bool) -> int | None: ...
 def _id(value: object, where: str, key: str, required: bool = True) -> int | None:
     """A pid / step / rank from a log: digits only (they become folder names), else bad input."""
+    if type(value) is int and 0 <= value < _ID_LIMIT:
+        return value
     if value is None and not required:
         return None
     if isinstance(value, bool) or not (
@@ -238,35 +282,37 @@ def _pid(line: JsonObject, log: Path, where: str) -> int | None:
     return int(log.parent.name) if _DIGITS.match(log.parent.name) else None
 
 
-def _requests(line: JsonObject, where: Callable[[], str]) -> Iterator[tuple[JsonObject, int]]:
-    """Each request object of a line and its validated token count (a `jsonl.Streamed` list is
-    read as it goes; ValueError where its line turns out not to be JSON)."""
+def _requests(line: JsonObject, where: Callable[[], str]) -> Iterator[list[Request]]:
+    """A line's requests, validated, a batch at a time (a `jsonl.Streamed` list is read as it goes;
+    ValueError where its line turns out not to be JSON)."""
     requests = line.get("requests")
     if requests is None:
         return
-    if not isinstance(requests, (list, jsonl.Streamed)):
+    if isinstance(requests, jsonl.Streamed):
+        batches: Iterator[list[Any]] = requests.batches(DECODE_REQUESTS)
+    elif isinstance(requests, list):
+        batches = iter((requests,))
+    else:
         raise UserError(
             f"{where()}: `requests` is {type(requests).__name__} {str(requests)[:60]!r}; the dispatch log "
             "holds a list of {request_id, type, tokens} objects there. Fix or remove that line."
         )
-    k = -1
-    for r in requests:
-        k += 1
-        if type(r) is not dict:
-            raise UserError(
-                f"{where()}: `requests` is a list holding {type(r).__name__} {str(r)[:60]!r} at [{k}]; the "
-                "dispatch log holds {request_id, type, tokens} objects there. Fix or remove that line."
-            )
-        tokens = r.get("tokens", 0)
-        yield r, (tokens if type(tokens) is int and 0 <= tokens <= TOKEN_LIMIT else _tokens(r, where, k))
+    k = 0
+    for batch in batches:
+        if batch and type(batch[0]) is not Request:  # msgspec's batches are all Requests, json's none
+            batch = [_request(r, where, k + n) for n, r in enumerate(batch)]
+        k += len(batch)
+        yield batch
 
 
-def _stage(request: JsonObject, tokens: int, fresh: list[str], going_on: list[str]) -> None:
-    """One request of a prefill step with several: its id among the new ones or the continuing."""
-    if request.get("type") == "new":
-        fresh.append(strip_request_id(str(request.get("request_id"))))
-    elif _continues_prefill(request, tokens):
-        going_on.append(strip_request_id(str(request.get("request_id"))))
+def _stage(batch: list[Request], fresh: list[str], going_on: list[str]) -> None:
+    """The requests of a prefill step: the ids of the new ones, and of those continuing a prompt
+    (`_continues_prefill`). A step may hold a million: one comprehension each, and the ids are
+    stripped one by one only where one of the batch's ends as a suffix would."""
+    strip = strip_request_id
+    ids = [r.request_id for r in batch if r.type == "new"]
+    fresh += [strip(rid) for rid in ids] if _SUFFIXED.search("\n".join(ids) + "\n") else ids
+    going_on += [strip(r.request_id) for r in batch if r.type == "cached" and r.tokens > 1]
 
 
 # (pid, rank, step, where) of one rank's one-request prefill
@@ -350,33 +396,25 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                 return f"{log}:{n}"
 
             phase = line.get("phase")
-            first: tuple[JsonObject, int] | None = None
-            fresh: list[str] = []  # several requests: the ids of type new, and of prefills continuing
+            first: Request | None = None
+            fresh: list[str] = []  # the ids of type new, and of prefills continuing
             going_on: list[str] = []
             count = 0
             try:
-                if phase != "prefill":
-                    for _ in _requests(line, at):  # the token counts are checked, nothing is kept
-                        pass
-                    skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
-                    continue
-                requests = _requests(line, at)
-                first = next(requests, None)
-                second = next(requests, None) if first is not None else None
-                count = 0 if first is None else 1 if second is None else 2
-                if first is not None and second is not None:
-                    _stage(*first, fresh, going_on)
-                    _stage(*second, fresh, going_on)
-                    for r, tokens in requests:  # _stage, inlined: a step may hold a million requests
-                        kind = r.get("type")
-                        if kind == "new":
-                            rid = r.get("request_id")
-                            rid = rid if type(rid) is str else str(rid)
-                            fresh.append(strip(rid) if rid[-9:-8] == "-" or rid[-2:] == "_P" else rid)
-                        elif kind == "cached" and tokens > 1:
-                            going_on.append(strip(str(r.get("request_id"))))
+                for batch in _requests(line, at):  # a decode step's are checked, nothing is kept
+                    if phase != "prefill" or not batch:
+                        continue
+                    first = batch[0] if first is None else first
+                    count += len(batch)
+                    if count > 1:  # one request alone is not staged: it is `first`
+                        if count - len(batch) == 1:
+                            _stage([first], fresh, going_on)
+                        _stage(batch, fresh, going_on)
             except ValueError:  # a long line cut short: nothing learnt from it is kept
                 bad.append(f"{at()}: not a JSON line (cut short by a killed process?)")
+                continue
+            if phase != "prefill":
+                skipped["rollout: decode step" if phase == "decode" else f"rollout: phase {phase!r}"] += 1
                 continue
             where = at()
             if count != 1 or first is None:
@@ -385,20 +423,25 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                     step_at = f"{folder}/step{line.get('step')}"
                     if candidates:
                         fresh = [rid for rid in fresh if rid not in candidates]
-                    for rid in fresh:
-                        batched.setdefault(rid, step_at)
+                    new = dict.fromkeys(fresh, step_at)  # an id keeps the step it was first seen in
+                    if batched:
+                        for rid in new.keys() & batched.keys():
+                            del new[rid]
+                        batched.update(new)
+                    else:
+                        batched = new
                     for rid in going_on:
                         if rid in candidates:
                             candidates[rid].chunked = True
                 continue
-            req, tokens = first
-            rid = strip(str(req.get("request_id")))
-            if req.get("type") != "new":
+            req = first
+            rid = strip(req.request_id)
+            if req.type != "new":
                 skipped["rollout: prefill continuing a request (type cached)"] += 1
-                if rid in candidates and _continues_prefill(req, tokens):
+                if rid in candidates and _continues_prefill(req):
                     candidates[rid].chunked = True
                 elif rid not in candidates:  # no prefill from token 0: a prefix / radix cache hit
-                    cache_hits.setdefault(rid, f"{folder}/step{line.get('step')}, {tokens} token(s)")
+                    cache_hits.setdefault(rid, f"{folder}/step{line.get('step')}, {req.tokens} token(s)")
                 continue
             pid = _pid(line, log, where)
             rank = _id(line.get("rank"), where, "rank", required=False)
@@ -474,27 +517,28 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             rank = _id(line.get("rank"), where, "rank", required=False)
             step = _id(line.get("step"), where, "step")
             expected = cand.tp_size or tp_width
-            if expected and len(cand.ranks()) < expected:
-                have = ", ".join(f"pid {p[0]} rank {p[1]}" for p in cand.ranks())
+            ranks = cand.ranks()
+            if expected and len(ranks) < expected:
+                have = ", ".join(f"pid {p[0]} rank {p[1]}" for p in ranks)
                 result.unmatched.append(
                     Unmatched(
                         rid,
                         "rollout",
-                        f"missing TP rank: its prefill was logged by {len(cand.ranks())} of {expected} "
+                        f"missing TP rank: its prefill was logged by {len(ranks)} of {expected} "
                         f"tensor-parallel ranks ({have}); a TP rank's dispatch log or dumps are missing",
                     )
                 )
                 continue
             sides = []
-            for r_pid, r_rank, r_step, _ in cand.ranks():
+            for r_pid, r_rank, r_step, _ in ranks:
                 r_dump = rollout_index.find(r_pid, r_step, r_rank)
                 if r_dump is None:
                     break
                 sides.append(Side(r_pid, r_rank, r_step, r_dump))
             t_dump = train_index.find(pid, step, rank)
-            if len(sides) < len(cand.ranks()) or t_dump is None:
-                if len(sides) < len(cand.ranks()):
-                    r_pid, r_rank, r_step, _ = cand.ranks()[len(sides)]
+            if len(sides) < len(ranks) or t_dump is None:
+                if len(sides) < len(ranks):
+                    r_pid, r_rank, r_step, _ = ranks[len(sides)]
                     side, missing = "rollout", rollout_index.expected(r_pid, r_step, r_rank)
                 else:
                     side, missing = "train", train_index.expected(pid, step, rank)

@@ -5,7 +5,10 @@ million requests is ~50 MB) is decoded chunk by chunk and parsed with json's own
 value at a time: its keys up to STREAM (the dispatch log's `requests`, written last) become the
 line's dict, and STREAM's value becomes a `Streamed` that yields the list's elements as the reader
 asks for them, then reads the rest of the line. Memory holds one chunk and one element, never the
-line or its list (elements are parsed a BATCH of text at a time where they can be). A line that
+line or its list. Elements are parsed a BATCH of text at a time where they can be, by msgspec
+where the caller gives it a decoder (typed values validated in C, or values only checked and
+left unparsed), by json where msgspec refuses the batch (NaN, a value of another type), so what
+the caller gets is what json reads, validated as the caller would validate it. A line that
 turns out not to be JSON (cut short by a killed process) raises ValueError from the iteration:
 the caller keeps what it learnt from a line until the line ends. `Parser(whole=True)` reads a
 whole file the same way (dump.json's `data` object, pair by pair: layout.check_dump_file).
@@ -19,16 +22,21 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+import msgspec
+
 from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 
 CHUNK = 1 << 20
+READ = 1 << 18  # of a whole file: less is held (a dump.json's entries are short)
 MARGIN = 1 << 16  # text kept ahead of the element being parsed (more is read below it)
 BATCH = 1 << 16  # characters of a list's elements parsed in one call
 _WS = re.compile(r"[ \t\n\r]*")
 _SEP = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _SEP_OBJECT = re.compile(r"[ \t\n\r]*([,}])[ \t\n\r]*")
 _COLON = re.compile(r"[ \t\n\r]*:[ \t\n\r]*")
+# an object's pairs checked as JSON, their values left unparsed (dump.json's `data`: layout.check_dump_file)
+SKIP_PAIRS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 # json's C scanner (typeshed omits the attribute): one value at an offset of a str
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -44,7 +52,9 @@ class Parser:
         self.done = not first if whole else first.endswith(b"\n")
         self.text = self.decoder.decode(first, final=self.done)
         self.i = 0
-        self.want = CHUNK
+        self.dropped = 0  # characters before `text`
+        self.chunk = READ if whole else CHUNK
+        self.want = self.chunk
 
     def _more(self) -> None:
         """Drop the text before `i` and read on (ValueError where the line has ended)."""
@@ -59,6 +69,7 @@ class Parser:
             )
         self.done = not piece or (not self.whole and piece.endswith(b"\n"))
         self.text = self.text[self.i :] + self.decoder.decode(piece, final=self.done)
+        self.dropped += self.i
         self.i = 0
 
     def char(self) -> str:
@@ -81,7 +92,7 @@ class Parser:
     def value(self) -> Any:
         """The next JSON value; read on while it may continue past the text held (a number)."""
         self.char()
-        self.want = CHUNK
+        self.want = self.chunk
         while True:
             try:
                 obj, end = _scan(self.text, self.i)
@@ -141,14 +152,24 @@ class Streamed:
 
     def __init__(self, parser: Parser, doc: dict[str, Any], pairs: bool = False) -> None:
         self.parser, self.doc, self.finished, self.pairs = parser, doc, False, pairs
+        self.boundary: str | None = None  # see _batch; '': none
 
     def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self, decoder: msgspec.json.Decoder[Any] | None = None) -> Iterator[list[Any]]:
+        """The elements (pairs) a list at a time: a BATCH of text where it holds whole elements,
+        else one. DECODER (msgspec's: a list, or for PAIRS a dict, of typed values) decodes a
+        batch first, validating it in C without a Python object per value it skips; a batch it
+        refuses (NaN, a value of another type) is read as before, by json, so the caller gets
+        DECODER's values or json's."""
         p = self.parser
         try:
             if p.char() == ("}" if self.pairs else "]"):
                 p.i += 1
             else:
-                yield from (self._pairs() if self.pairs else self._elements())
+                yield from self._items(decoder)
             if p.expect(",}") == ",":
                 p.members(self.doc, None)
             else:
@@ -159,85 +180,127 @@ class Streamed:
         finally:
             self.finished = True
 
-    def _elements(self) -> Iterator[Any]:
-        """The list's elements up to its `]`: json's scanner and one regex per element on the text
-        held, read on MARGIN before its end; `value` / `expect` (which read on as they need) where
-        an element or its comma may run past the text held."""
-        p, scan, sep, loads = self.parser, _scan, _SEP.match, json.loads
-        text, i = p.text, p.i
+    def _batch(
+        self, text: str, i: int, decoder: msgspec.json.Decoder[Any] | None
+    ) -> tuple[list[Any], str, int] | None:
+        """(elements, the `,` or closing bracket after them, the offset after it) of the text from
+        I up to a `}` within BATCH characters; None where that is not whole elements. The `}`:
+        where the boundary between two elements the last batch ended at (`}`, separator, the next
+        element's first character: `},\n  "` in an indented dump.json) is found again, else
+        `_cut`'s. A slice that parses, wrapped in its brackets, ends at an element's end (a proper
+        prefix of an element that ends in `}` leaves a bracket open), so its elements are the
+        container's own."""
+        if self.boundary:
+            j = text.rfind(self.boundary, i, i + BATCH)
+            got = self._parse(text, i, j, decoder) if j > i else None
+            if got is not None:
+                return got
+            if j > i:
+                self.boundary = ""  # it is in the elements too (compact JSON): cut by counting
+        j = _cut(text, i)
+        got = self._parse(text, i, j, decoder) if j > i else None
+        if got is not None and self.boundary is None:
+            self.boundary = text[j : got[2] + 1]
+        return got
+
+    def _parse(
+        self, text: str, i: int, j: int, decoder: msgspec.json.Decoder[Any] | None
+    ) -> tuple[list[Any], str, int] | None:
+        p, pairs = self.parser, self.pairs
+        body = text[i : j + 1]
+        batch: list[Any] | None = None
+        if decoder is not None:
+            try:
+                got = decoder.decode(f"{{{body}}}" if pairs else f"[{body}]")
+                batch = list(got.items()) if pairs else got
+            except (msgspec.MsgspecError, RecursionError):
+                pass
+        if batch is None and not pairs:  # pairs: json would merge repeated keys; read one by one
+            try:
+                batch = json.loads(f"[{body}]")
+            except (ValueError, RecursionError):
+                pass
+        m = (_SEP_OBJECT if pairs else _SEP).match(text, j + 1) if batch is not None else None
+        if batch is None or m is None or (m.end() == len(text) and not p.done):
+            return None
+        return batch, m.group(1), m.end()
+
+    def _items(self, decoder: msgspec.json.Decoder[Any] | None) -> Iterator[list[Any]]:
+        """The list's elements (the object's pairs) up to its closing bracket: batches (`_batch`;
+        of pairs only with a DECODER), else one at a time (`_element`, `_pair`), the text read on
+        MARGIN + BATCH before its end. After a batch that does not parse, the next BATCH of text
+        is read one at a time."""
+        p, last = self.parser, "}" if self.pairs else "]"
+        one = self._pair if self.pairs else self._element
+        batching = decoder is not None or not self.pairs
+        i, hold = p.i, 0  # hold: no batch before this offset (of the whole text)
         while True:
+            text = p.text
             if len(text) - i < MARGIN + BATCH and not p.done:
                 p.i = i
                 p._more()
                 text, i = p.text, p.i
-            # many elements in one call: up to the last `}` within BATCH characters. A slice that
-            # parses as a list ends at an element's end (a proper prefix of an element that ends
-            # in `}` is never a whole JSON value), so its elements are the list's own.
-            j = text.rfind("}", i, i + BATCH)
-            if j > i:
-                try:
-                    batch = loads("[" + text[i : j + 1] + "]")
-                except (ValueError, RecursionError):
-                    batch = None
-                m = sep(text, j + 1) if batch is not None else None
-                if m is not None and (m.end() < len(text) or p.done):
-                    yield from batch
-                    close, i = m.group(1), m.end()
-                    if close == "]":
-                        p.i = i
-                        return
-                    continue
-            obj: Any = None
-            try:
-                obj, end = scan(text, i)
-            except (StopIteration, ValueError, RecursionError):
-                end = len(text)  # `value` says what is wrong, or reads on
-            m = sep(text, end) if end < len(text) else None
-            if m is None or (m.end() == len(text) and not p.done):
-                p.i = i
-                obj = p.value()
-                close = p.expect(",]")
-                text, i = p.text, p.i
-            else:
-                close, i = m.group(1), m.end()
-            yield obj
-            if close == "]":
+            got = self._batch(text, i, decoder) if batching and p.dropped + i >= hold else None
+            if got is None:
+                hold = max(hold, p.dropped + i + BATCH)
+                got = one(text, i)
+            batch, close, i = got
+            yield batch
+            if close == last:
                 p.i = i
                 return
 
-    def _pairs(self) -> Iterator[tuple[str, Any]]:
-        """An object's (key, value) pairs up to its `}`, read as `_elements` reads a list's."""
-        p, scan, colon, sep = self.parser, _scan, _COLON.match, _SEP_OBJECT.match
-        text, i = p.text, p.i
-        while True:
-            if len(text) - i < MARGIN and not p.done:
-                p.i = i
-                p._more()
-                text, i = p.text, p.i
-            m, key, value = None, "", None
-            try:
-                key, end = scan(text, i)
-                c = colon(text, end)
-                if c is not None and isinstance(key, str):
-                    value, end = scan(text, c.end())
-                    m = sep(text, end) if end < len(text) else None
-            except (StopIteration, ValueError, RecursionError):
-                pass  # `value` says what is wrong, or reads on
-            if m is None or (m.end() == len(text) and not p.done):
-                p.i = i
-                key = p.value()
-                if not isinstance(key, str):
-                    raise ValueError("a key that is not a string")
-                p.expect(":")
-                value = p.value()
-                close = p.expect(",}")
-                text, i = p.text, p.i
-            else:
-                close, i = m.group(1), m.end()
-            yield key, value
-            if close == "}":
-                p.i = i
-                return
+    def _element(self, text: str, i: int) -> tuple[list[Any], str, int]:
+        """One element: json's scanner and one regex on the text held; `value` / `expect` (which
+        read on as they need) where it or its comma may run past the text held."""
+        p, obj = self.parser, None
+        try:
+            obj, end = _scan(text, i)
+        except (StopIteration, ValueError, RecursionError):
+            end = len(text)  # `value` says what is wrong, or reads on
+        m = _SEP.match(text, end) if end < len(text) else None
+        if m is None or (m.end() == len(text) and not p.done):
+            p.i = i
+            obj = p.value()
+            return [obj], p.expect(",]"), p.i
+        return [obj], m.group(1), m.end()
+
+    def _pair(self, text: str, i: int) -> tuple[list[Any], str, int]:
+        """One (key, value) pair, read as `_element` reads an element."""
+        p, m, key, value = self.parser, None, "", None
+        try:
+            key, end = _scan(text, i)
+            c = _COLON.match(text, end)
+            if c is not None and isinstance(key, str):
+                value, end = _scan(text, c.end())
+                m = _SEP_OBJECT.match(text, end) if end < len(text) else None
+        except (StopIteration, ValueError, RecursionError):
+            pass  # `value` says what is wrong, or reads on
+        if m is None or (m.end() == len(text) and not p.done):
+            p.i = i
+            key = p.value()
+            if not isinstance(key, str):
+                raise ValueError("a key that is not a string")
+            p.expect(":")
+            value = p.value()
+            return [(key, value)], p.expect(",}"), p.i
+        return [(key, value)], m.group(1), m.end()
+
+
+def _cut(text: str, i: int) -> int:
+    """The last `}` within BATCH characters after I that closes every brace and bracket opened
+    since I, or -1. Counted as text: a brace inside a string can mislead it, and then the batch
+    does not parse and its elements are read one by one."""
+    count = text.count
+    j = text.rfind("}", i, i + BATCH)
+    braces = count("{", i, j + 1) - count("}", i, j + 1)
+    brackets = count("[", i, j + 1) - count("]", i, j + 1)
+    while j > i and (braces or brackets):
+        k = text.rfind("}", i, j)
+        braces -= count("{", k + 1, j + 1) - count("}", k + 1, j + 1)
+        brackets -= count("[", k + 1, j + 1) - count("]", k + 1, j + 1)
+        j = k
+    return j if j > i else -1
 
 
 def read(

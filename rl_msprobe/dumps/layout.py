@@ -113,8 +113,9 @@ def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path
     while stack:
         d, depth = stack.pop()
         try:
-            with os.scandir(d) as it:
-                entries = sorted(it, key=_entry_name, reverse=True)
+            with os.scandir(d) as it:  # the deepest level: only the files looked for (a folder of 100,000s)
+                entries = list(it) if depth < max_depth else [e for e in it if e.name in names]
+            entries.sort(key=_entry_name, reverse=True)
         except OSError:
             continue
         for e in entries:
@@ -144,6 +145,7 @@ class DumpIndex:
         self.root = root
         self._base = str(root)
         self._listing: dict[str, dict[str, bool]] = {}
+        self._bases: dict[int | None, tuple[tuple[str, bool], ...]] = {}  # pid -> (folder, is a link)
         self._real: str | None = None
 
     def _entries(self, d: str, keep: bool) -> dict[str, bool]:
@@ -165,22 +167,24 @@ class DumpIndex:
         (see correlate), so they cannot climb out of the root themselves; a symlink on the way is
         resolved and must stay inside. Paths are joined as text, the base folders listed once,
         the rest is an lstat or two: a log of a million lines asks a million times."""
-        step_dir = f"step{step}"
-        root = self._base
-        if pid is None:
-            bases: tuple[tuple[str, bool], ...] = ((root, False),)
-        else:
-            pid_link = self._entries(root, True).get(str(pid), False)
-            bases = ((f"{root}{os.sep}{pid}", pid_link), (root, False))
+        step_dir, sep = f"step{step}", os.sep
+        bases = self._bases.get(pid)
+        if bases is None:
+            root = self._base
+            bases = self._bases[pid] = (
+                ((root, False),)
+                if pid is None
+                else ((f"{root}{sep}{pid}", self._entries(root, True).get(str(pid), False)), (root, False))
+            )
         for base, base_link in bases:
-            step_link = self._entries(base, True).get(step_dir)
+            step_link = (self._listing.get(base) or self._entries(base, True)).get(step_dir)
             if step_link is None:
                 continue
-            step_path = f"{base}{os.sep}{step_dir}"
+            step_path = f"{base}{sep}{step_dir}"
             for rank_dir in (f"rank{rank}", f"proc{pid}", "rank"):
-                path = f"{step_path}{os.sep}{rank_dir}{os.sep}{DUMP_FILE}"
+                path = f"{step_path}{sep}{rank_dir}{sep}{DUMP_FILE}"
                 try:
-                    folder, info = os.lstat(f"{step_path}{os.sep}{rank_dir}"), os.lstat(path)
+                    folder, info = os.lstat(f"{step_path}{sep}{rank_dir}"), os.lstat(path)
                 except OSError:
                     continue
                 links = base_link or step_link or stat.S_ISLNK(folder.st_mode) or stat.S_ISLNK(info.st_mode)
@@ -231,10 +235,13 @@ class LayoutReport:
 
 def check_dump_file(path: Path) -> str | None:
     """Why a dump.json is unusable (empty, not JSON, no `data`), or None. Streamed: `data` is
-    read entry by entry and each entry dropped once parsed, so a dump of a million entries costs
-    one entry's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
+    read a batch of entries at a time and dropped once checked (by msgspec, which validates the
+    JSON without building its values; json where it refuses one), so a dump of a million entries
+    costs a batch's memory, not the document's. A NaN / Infinity statistic (msprobe writes NaN for a
     tensor that holds one) parses as a number: it is a finding for `dumps compare`, not a broken
-    file, unlike a fingerprint or a token count, where no real run writes one."""
+    file, unlike a fingerprint or a token count, where no real run writes one. An integer of more
+    than 4,300 digits is valid JSON to msgspec, which never converts it, so it passes here (json
+    refuses to convert it; `dumps compare`, which reads the values, says so)."""
     from rl_msprobe import bounded
     from rl_msprobe.dumps import jsonl
     from rl_msprobe.errors import UserError
@@ -243,7 +250,7 @@ def check_dump_file(path: Path) -> str | None:
         if path.stat().st_size == 0:
             return "empty file"
         with bounded.open_regular(path, "msprobe dump.json", bounded.DUMP_JSON) as f:
-            parser = jsonl.Parser(f, f.read(jsonl.CHUNK), str(path), bounded.DUMP_JSON, whole=True)
+            parser = jsonl.Parser(f, f.read(jsonl.READ), str(path), bounded.DUMP_JSON, whole=True)
             if parser.char() != "{":
                 parser.value()
                 parser.end()
@@ -251,7 +258,7 @@ def check_dump_file(path: Path) -> str | None:
             parser.i += 1
             head: dict[str, object] = {}
             data = parser.members(head, "data")
-            entries = sum(1 for _ in data) if data is not None else None
+            entries = sum(len(b) for b in data.batches(jsonl.SKIP_PAIRS)) if data is not None else None
     except UserError as exc:
         return str(exc)
     except (OSError, UnicodeDecodeError, ValueError) as exc:

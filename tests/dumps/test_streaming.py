@@ -14,9 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl_msprobe.dumps import correlate as correlate_module
 from rl_msprobe.dumps import jsonl
-from rl_msprobe.dumps.correlate import correlate
+from rl_msprobe.dumps.correlate import correlate, strip_request_id
 from rl_msprobe.dumps.layout import check_dump_file
+from rl_msprobe.errors import UserError
 from tests.dumps.conftest import dispatch, update, write_dump, write_jsonl
 from tests.support.trees import run_cli
 
@@ -24,6 +26,7 @@ from tests.support.trees import run_cli
 @pytest.fixture
 def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jsonl, "CHUNK", 64)
+    monkeypatch.setattr(jsonl, "READ", 64)
     monkeypatch.setattr(jsonl, "MARGIN", 8)
     monkeypatch.setattr(jsonl, "BATCH", 40)
 
@@ -209,3 +212,142 @@ def test_a_long_line_whose_phase_comes_after_its_requests_reads_as_json_reads_it
     result = correlate(r, t)
     assert result.skipped["rollout: prefill with several requests"] == 1
     assert [u.request_id for u in result.unmatched if "together" in u.why][:2] == ["r0", "r1"]
+
+
+# what a hostile or edited log may hold where a request's fields are: every type, NaN, 1e400
+ODD = st.integers(-2, 2**33) | st.floats() | st.booleans() | st.none() | TEXT
+ANY_REQUEST = st.fixed_dictionaries(
+    {},
+    optional={
+        "request_id": TEXT | st.integers() | st.none(),
+        "type": st.sampled_from(["new", "cached", "x", None, 5]),
+        "tokens": st.integers(0, 2**31) | ODD,
+        "extra": st.lists(ODD, max_size=2),
+    },
+)
+
+
+# (CHUNK, MARGIN, BATCH): a few dozen bytes a read, with batches of one element or several
+SIZES = [(64, 8, 40), (64, 8, 1000)]
+
+
+def _outcome(requests: object, sizes: tuple[int, int, int]) -> object:
+    """The requests correlate reads from one long prefill line holding REQUESTS (msgspec's typed
+    batches, json where it refuses one; SIZES: jsonl's), or its UserError."""
+    line = json.dumps({"phase": "prefill", "pad": "x" * 70, "requests": requests}).encode() + b"\n"
+    saved = jsonl.CHUNK, jsonl.MARGIN, jsonl.BATCH
+    jsonl.CHUNK, jsonl.MARGIN, jsonl.BATCH = sizes
+    try:
+        for _, doc in jsonl.read(io.BytesIO(line), "log", "requests", need=("phase",)):
+            if not isinstance(doc, dict):
+                doc = json.loads(doc or b"null")
+            assert isinstance(doc, dict)
+            return [r for batch in correlate_module._requests(doc, lambda: "log:1") for r in batch]
+    except UserError as exc:
+        return str(exc)
+    finally:
+        jsonl.CHUNK, jsonl.MARGIN, jsonl.BATCH = saved
+    raise AssertionError("no line")
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=st.lists(REQUEST | ANY_REQUEST | ODD, max_size=30), sizes=st.sampled_from(SIZES))
+def test_requests_decoded_by_msgspec_are_the_requests_json_reads(requests, sizes) -> None:
+    """A long line's requests, decoded a batch at a time by msgspec (validated in C), are what
+    json's parse of the whole line gives, validated one by one: the same ids, types and token
+    counts, or the same UserError naming the line and the request's index."""
+    try:
+        expected: object = [correlate_module._request(r, lambda: "log:1", k) for k, r in enumerate(requests)]
+    except UserError as exc:
+        expected = str(exc)
+    assert _outcome(requests, sizes) == expected
+
+
+def test_a_batch_msgspec_refuses_is_read_by_json(monkeypatch) -> None:
+    """Requests as the helpers write them are msgspec's alone; a step whose requests carry NaN in a
+    field rl-msprobe does not read, or a numeric id, is refused by msgspec and read by json, and is
+    what it would be without the oddity; a bad count in it is still named by its index."""
+    slow: list[object] = []
+    real = correlate_module._request
+    monkeypatch.setattr(correlate_module, "_request", lambda r, where, k: slow.append(r) or real(r, where, k))
+    Request = correlate_module.Request
+    plain = [{"request_id": f"r{i}", "type": "new", "tokens": 3} for i in range(3)]
+    assert _outcome(plain, SIZES[1]) == [Request(f"r{i}", "new", 3) for i in range(3)] and not slow
+    reqs = [{"request_id": f"r{i}", "type": "new", "tokens": 3, "score": float("nan")} for i in range(3)]
+    reqs += [{"request_id": 7 + i, "type": "new", "tokens": 3} for i in range(3)]
+    assert _outcome(reqs, SIZES[1]) == [
+        *(Request(f"r{i}", "new", 3) for i in range(3)),
+        *(Request(str(7 + i), "new", 3) for i in range(3)),
+    ]
+    assert len(slow) == 6
+    bad = str(_outcome([*reqs, {"request_id": "z", "tokens": -1}], SIZES[1]))
+    assert bad.startswith("log:1: `requests[6].tokens` is -1;")
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.text(alphabet=st.sampled_from("ab0f9-_P\n"), max_size=14), max_size=12))
+def test_a_batch_of_ids_is_stripped_as_each_id_is(ids) -> None:
+    fresh: list[str] = []
+    correlate_module._stage([correlate_module.Request(i, "new") for i in ids], fresh, [])
+    assert fresh == [strip_request_id(i) for i in ids]
+
+
+ENTRY = (
+    '{"input_args": [{"Max": %s, "Min": -1, "name": "a}, {b]"}], "input_kwargs": {}, "output": [{"Max": 2}]}'
+)
+
+
+@pytest.mark.parametrize("indent", [None, 1, "line"])
+@pytest.mark.parametrize("statistic", ["1.5", "NaN"])
+@pytest.mark.parametrize("small", [True, False])
+def test_dump_check_reads_compact_indented_and_odd_entries(tmp_path, monkeypatch, indent, statistic, small):
+    """Entries checked a batch at a time whatever the layout of the text (compact JSON, where the
+    boundary between entries is also inside them; braces inside strings; NaN, which msgspec
+    refuses and json reads); one broken entry among thousands is still found."""
+    if small:
+        for name, size in (("READ", 64), ("MARGIN", 8), ("BATCH", 40)):
+            monkeypatch.setattr(jsonl, name, size)
+    entries = {f"op.{i}.forward": json.loads(ENTRY % ("1.5" if i % 7 else statistic)) for i in range(3000)}
+    if indent == "line":
+        body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in entries.items())
+        text = '{"task": "statistics", "data": {\n' + body + "\n }\n}\n"
+    else:
+        text = json.dumps({"task": "statistics", "data": entries}, indent=indent)
+    path = tmp_path / "dump.json"
+    path.write_text(text)
+    assert check_dump_file(path) is None
+    path.write_text(text.replace('"op.2500.forward": ', '"op.2500.forward": ,'))
+    assert "unparsable" in (check_dump_file(path) or "")
+
+
+JSONISH = st.text(alphabet=st.sampled_from('{}[]":,0123456789.eE-+ \t\nabtrufnlsNIy\\\x7fé'), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=JSONISH
+    | st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | TEXT,
+        lambda c: st.lists(c) | st.dictionaries(TEXT, c),
+    ).map(json.dumps)
+)
+def test_a_short_line_decoded_by_msgspec_is_what_json_reads(tmp_path_factory, text) -> None:
+    """msgspec decodes a short log line only where json reads it, and to the same object; a
+    line it refuses goes to json (NaN, 5000 digits, bad JSON), so `read_jsonl` keeps json's
+    verdict on every line."""
+    try:
+        expected: object = ("ok", json.loads(text))
+    except (ValueError, RecursionError):
+        expected = ("bad", None)
+    if expected[0] == "ok" and type(expected[1]) is not dict:
+        expected = ("not an object", None)
+    log = tmp_path_factory.mktemp("log") / "update_actor_log.jsonl"
+    log.write_text(text.replace("\n", " ") + "\n")
+    bad: list[str] = []
+    got = [obj for _, obj in correlate_module.read_jsonl(log, bad)]
+    if got:
+        assert expected == ("ok", got[0])
+    elif bad:
+        assert expected[0] == ("not an object" if bad[0].endswith("not a JSON object") else "bad"), bad
+    else:
+        assert not text.strip()
