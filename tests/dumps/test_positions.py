@@ -230,5 +230,7 @@ def test_the_layer_map_marks_where_the_divergence_starts(
 def test_a_training_dump_in_statistics_mode_is_refused(tmp_path: Path) -> None:
     doc = {"task": "statistics", "level": "L0", "data": {"Module.m.Linear.forward.0": {"input_args": []}}}
     train = positions.read_forward(write_dump(tmp_path / "t", doc))
-    with pytest.raises(UserError, match="dump the training side with task tensor"):
+    with pytest.raises(
+        UserError, match="in statistics mode; .*per-token record .*DUMP_POSITIONS=1.* or a tensor-mode dump"
+    ):
         positions.compare_request(train, [], train)
