@@ -22,7 +22,7 @@ from rl_msprobe.errors import UserError
 from tests.dumps.conftest import dispatch, update, write_dump, write_jsonl
 from tests.support.trees import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MEMORY = 3 << 30  # address space for one run (the interpreter with numpy mapped is ~1 GiB)
 COMMAND = "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm"
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # summary imports this module
     from rl_msprobe.dumps.summary import Row
 
 # Noise floors (relative error, fraction) for identical weights on both sides, by the coarser dtype
-# of the two, measured on the live verl 0.9.1 jobs (tests/consistency/test_live_job.py, 2026-12-01,
+# of the two, measured on the live verl 0.9.1 jobs (tests/live/test_consistency_job.py, 2026-12-01,
 # FSDP2 actor vs vLLM CPU): fp32, tiny Qwen2 TP=2, largest clean module error 2.5e-7 (floor 1e-4:
 # 400x above it, 100x below a 1% fault); bf16, tiny Qwen3 TP=2, largest clean module error 0.89%
 # (an input_layernorm; one bf16 rounding step is 2^-8..2^-7), floor 1.6% (1.8x above it: a bf16

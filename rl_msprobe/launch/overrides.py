@@ -77,7 +77,7 @@ def _plain(value: Any) -> Any:
 
 
 # `key.sub=word` / `+key=123`: the common shape, read without Hydra's ANTLR parser (about 1 ms a token,
-# so a 20 MB command took minutes); tests/planner/test_overrides.py checks it agrees with Hydra
+# so a 20 MB command took minutes); tests/launch/test_overrides.py checks it agrees with Hydra
 _SIMPLE = re.compile(
     r"(\+{0,2})([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)="
     r"(?:(0|[1-9][0-9]{0,17})|([A-Za-z_][A-Za-z0-9_]*))"

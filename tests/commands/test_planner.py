@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CORPUS
+from tests.planner.conftest import CORPUS
 
 PROBE = """
 import sys

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rl_msprobe.engine import gitenv, journal
-from tests.core.test_patch_faults import FSDP, MEGATRON, PATHS, SET
+from tests.engine.test_patch_faults import FSDP, MEGATRON, PATHS, SET
 from tests.support.trees import release_subset, run_cli, tree_state
 
 pytestmark = pytest.mark.release

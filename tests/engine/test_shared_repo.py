@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_crash_safety import fork_cli, paused, wait
-from tests.core.test_patch_faults import FSDP, MEGATRON, PATHS, SET
+from tests.engine.test_crash_safety import fork_cli, paused, wait
+from tests.engine.test_patch_faults import FSDP, MEGATRON, PATHS, SET
 from tests.support.trees import git, release_subset, run_cli, tree_state
 
 pytestmark = pytest.mark.release

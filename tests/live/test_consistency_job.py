@@ -761,7 +761,7 @@ def test_tp2_a_tensor_the_sync_never_wrote_is_not_synced_by_name_shape_and_rank(
     assert "had not loaded it" in unloaded["why"] and "received other" not in unloaded["why"], unloaded
     # reset mode sees neither here: vLLM's layer-by-layer reload keeps what it was not given on meta and
     # restores it after the sync from values taken before the fill (proven with a plain loader in
-    # tests/weights/test_helper.py only)
+    # tests/patches/files/test_verl_weights.py only)
     assert unsent["shape"] == unloaded["shape"] == [128], (unsent, unloaded)  # the tiny Qwen2's hidden size
     assert step is not None and step["verdict"] == "DIFFERENT" and step["counts"]["not-synced"] == 2, step
     assert run.weights_report is not None

@@ -3,7 +3,7 @@ script, and the user's next step the report proposes: a consistency dump of one 
 
 Job 1 (triage, 4 steps): `prepare --mode triage --python <user venv>`, the sets it names
 (verl-triage, verl-request-id) applied to a copy of the release first on PYTHONPATH, and a
-test-only rollout-side perturbation of one layer (tests/triage/live_perturb.py: layer 1's
+test-only rollout-side perturbation of one layer (tests/live/live_perturb.py: layer 1's
 post_attention_layernorm x4 in vLLM) planted from the weight sync that step 3 samples with.
 Then the `mismatch report` command prepare printed: its per-step mean |Δp| must equal verl's
 own training/rollout_probs_diff_mean of the same steps, and its gap must jump at step 3.
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.live import live_perturb
 from tests.support import live_flow, live_job
 from tests.support.trees import patched_release, run_cli
 from tests.support.user_venv import user_venv
 from tests.support.vllm_cpu import site_packages, tree_digest
-from tests.triage import live_perturb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.full]  # the full tier: two live jobs of their own
 

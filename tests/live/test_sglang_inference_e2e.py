@@ -19,7 +19,7 @@ check` on what it wrote, `patch revert` and a byte-identical sglang tree.
   load (SGLang's own custom weight loader) and one after it was sent; `weights compare` must say
   EQUAL for the first and name exactly each planted tensor and stage. (The patch shape's engine
   runs DP=2, where SGLang refuses update_weights_from_tensor: its ModelRunner shape is proven by
-  the release matrix, tests/weights/test_release_matrix.py.)
+  the release matrix, tests/patches/test_weights_releases.py.)
 
 One engine per shape (module-scoped), its dumps reused by every check. Measured here (2 cores
 shared with four other sessions, load 10-18, 2026-12-01): the whole module 426 s warm (`-m e2e`,

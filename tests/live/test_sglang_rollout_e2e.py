@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.consistency.test_live_job import as_json, ok
+from tests.live.test_consistency_job import as_json, ok
 from tests.support import sglang_job
 from tests.support.user_venv import user_venv
 from tests.support.vllm_cpu import site_packages, tree_digest

@@ -32,7 +32,7 @@ from tests.support import vllm_cpu
 
 # the full tier: the default tier's live consistency job compares a real vLLM rollout with FSDP2
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400), pytest.mark.full]
-STANDIN = Path(__file__).with_name("standin.py")
+STANDIN = Path(__file__).resolve().parents[1] / "dumps" / "standin.py"
 PROMPTS = ["the model rollout", "prefill decode tensor layer"]
 
 GENERATE = """

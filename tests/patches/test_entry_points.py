@@ -20,7 +20,7 @@ from rl_msprobe.codemods import matchers
 from rl_msprobe.codemods.verl_trainer import Site, VerlFullyAsyncTrainer
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import all_sets, entry_point_started_by, entry_points, get_entry_point
-from tests.core.test_history_sweep import before_issue_21
+from tests.patches.test_history_sweep import before_issue_21
 from tests.support.history import checkout, clone, git
 from tests.support.trees import run_cli, scratch_copy
 

@@ -20,14 +20,18 @@ from tests.support.trees import run_cli
 
 def _full_cycle_matrices() -> dict[str, list[str]]:
     """project -> the releases its release tests run the full cycle (diff, apply, revert) on."""
-    from tests.core import test_release_matrix as verl_matrix
-    from tests.rollout import test_sglang_release, test_vllm_ascend_release, test_vllm_releases
+    from tests.patches import (
+        test_sglang_releases,
+        test_verl_engine_releases,
+        test_vllm_ascend_releases,
+        test_vllm_releases,
+    )
 
     return {
-        "verl": list(verl_matrix.VERSIONS),
-        "sglang": list(test_sglang_release.FULL_CYCLE),
+        "verl": list(test_verl_engine_releases.VERSIONS),
+        "sglang": list(test_sglang_releases.FULL_CYCLE),
         "vllm": list(test_vllm_releases.FULL_CYCLE),
-        "vllm-ascend": [v for v, _, _ in test_vllm_ascend_release.FULL_CYCLE],
+        "vllm-ascend": [v for v, _, _ in test_vllm_ascend_releases.FULL_CYCLE],
     }
 
 
@@ -38,9 +42,9 @@ def test_default_is_the_newest_fully_tested_release(patch_set):
     if not version_in_range(tested[-1], patch_set.min_version, patch_set.max_version):
         # a set that starts above the project's newest tested release (SGLang's native debugger):
         # the newest release its own release tests cycle
-        from tests.rollout import test_sglang_release
+        from tests.patches import test_sglang_releases
 
-        tested = test_sglang_release.NATIVE_FULL_CYCLE
+        tested = test_sglang_releases.NATIVE_FULL_CYCLE
         assert patch_set.project == "sglang", f"{patch_set.name}: no tested release in its range"
     assert version == tested[-1], f"{patch_set.name}: default {version}, newest tested {tested[-1]}"
     assert version_in_range(version, patch_set.min_version, patch_set.max_version)

@@ -26,7 +26,7 @@ V1 = "vllm/v1/worker/gpu_model_runner.py"
 V2 = "vllm/v1/worker/gpu/model_runner.py"
 NEWEST = "0.34.0"  # V2 only
 NEWEST_WITH_V1 = "0.33.0"
-# the full patch cycle, oldest to newest (tests/core/test_default_release.py reads it); the full tier
+# the full patch cycle, oldest to newest (tests/patches/test_releases.py reads it); the full tier
 # adds the oldest release of the range and two between (0.30.0: V1's __init__ gains a decorator;
 # 0.32.0: what the CPU e2e runs) to the newest of each shape
 FULL_CYCLE = ["0.24.0", "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]

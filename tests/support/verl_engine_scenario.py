@@ -1,6 +1,6 @@
 """One end-to-end scenario: the REAL (rl-msprobe-patched) verl training engine loop on CPU.
 
-Run by tests/core/test_e2e_engines.py with the verl test venv's python, in a fresh process
+Run by tests/live/test_verl_engines_e2e.py with the verl test venv's python, in a fresh process
 (msprobe's PrecisionDebugger is a per-process singleton and verl's EngineRegistry refuses a
 second registration), with the patched verl copy first on PYTHONPATH. Imports nothing from
 rl-msprobe: the venv does not have it.

@@ -322,7 +322,7 @@ def test_numpy_read_arrays_give_what_json_gives(tmp_path, monkeypatch, chunk):
 def test_the_helpers_own_lines_take_the_numpy_path(tmp_path, monkeypatch):
     """What verl-triage writes on a real batch ends with the three arrays the report reads with numpy."""
     helper = helper_module()
-    from tests.triage.test_helper import batch
+    from tests.patches.files.test_verl_triage import batch
 
     monkeypatch.setenv("RL_MSPROBE_TRIAGE", str(tmp_path))
     helper.log_requests(batch(), type("T", (), {"global_steps": 1})())

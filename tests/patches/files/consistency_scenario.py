@@ -1,6 +1,6 @@
 """Behaviour of the verl-consistency patches, run for real inside the verl CPU test venv.
 
-Run by tests/consistency/test_behaviour.py with the venv's python and a verl tree patched by
+Run by tests/patches/files/test_verl_consistency.py with the venv's python and a verl tree patched by
 rl-msprobe first on PYTHONPATH, one fresh process per case. Imports nothing from rl-msprobe.
 
     python consistency_scenario.py CASE[,CASE...] WORKDIR     # prints one line: RESULT:{json}

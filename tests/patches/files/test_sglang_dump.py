@@ -25,7 +25,7 @@ from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from tests.support.codemod_cases import FIXTURES
 from tests.support.trees import init_repo, run_cli
 
-FILES = Path(__file__).resolve().parents[2] / "rl_msprobe/patches/files/sglang/sglang/srt"
+FILES = Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files/sglang/sglang/srt"
 DUMP_FILE = FILES / "model_executor/rl_msprobe_dump.py"
 ROOM_FILE = FILES / "managers/rl_msprobe_bootstrap_room.py"
 ENVS = ("MSPROBE_ROLLOUT_CONFIG", "MSPROBE_PREFILL_CONFIG", "MSPROBE_DECODE_CONFIG", "MSPROBE_BOOTSTRAP_ROOM")

@@ -6,7 +6,7 @@ stand-in rollout server.
 
 Part 2 (e2e, the cached verl CPU test venv of tests/support/verl_venv.py): verl releases patched
 by `rl-msprobe patch apply`, imported first on PYTHONPATH in a fresh process
-(tests/consistency/consistency_scenario.py): trimming on verl's own DataProto, the prompts-only
+(tests/patches/files/consistency_scenario.py): trimming on verl's own DataProto, the prompts-only
 copy through the REAL TransferQueue (in-process Ray), the patched rollout clients against a
 stand-in server (a Ray rollout server cannot run here), and the whole chain from the id the
 server received to the engine's update_actor_log.jsonl.
@@ -29,7 +29,7 @@ from tests.support import verl_venv
 from tests.support.trees import patched_release
 
 HELPER = (
-    Path(__file__).resolve().parents[2]
+    Path(__file__).resolve().parents[3]
     / "rl_msprobe"
     / "patches"
     / "files"
@@ -39,7 +39,7 @@ HELPER = (
     / "rl_msprobe_consistency.py"
 )
 SCENARIO = Path(__file__).resolve().with_name("consistency_scenario.py")
-ENGINE_SCENARIO = Path(__file__).resolve().parents[1] / "support" / "verl_engine_scenario.py"
+ENGINE_SCENARIO = Path(__file__).resolve().parents[2] / "support" / "verl_engine_scenario.py"
 FLAGS = ("PROMPTS_ONLY", "DUMP_ON", "RL_MSPROBE_REQUEST_ID", "DUMP_PHASE")
 
 

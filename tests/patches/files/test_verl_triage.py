@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-HELPER = Path(__file__).resolve().parents[2] / "rl_msprobe/patches/files/verl/verl/utils/rl_msprobe_triage.py"
+HELPER = Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files/verl/verl/utils/rl_msprobe_triage.py"
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The verl-triage lines on real verl 0.9.1 code (the cached verl venv, tests/support/job_venv.py).
 
 A release patched by `rl-msprobe patch apply verl-triage` goes first on PYTHONPATH of a fresh
-process (tests/triage/v1_scenario.py): the v1 trainer's real `_compute_old_log_prob` runs on a
+process (tests/patches/files/v1_scenario.py): the v1 trainer's real `_compute_old_log_prob` runs on a
 stand-in TransferQueue, and the legacy trainer's DataProto runs through the marked lines read
 from the patched file. `mismatch report`'s numbers must equal verl's own metrics of that batch.
 """

@@ -27,7 +27,7 @@ from rl_msprobe.patches import get_set
 from tests.support.trees import DISPATCH_LOG_KEYS
 
 FILE = (
-    Path(__file__).resolve().parents[2]
+    Path(__file__).resolve().parents[3]
     / "rl_msprobe/patches/files/vllm_ascend/vllm_ascend/worker/dispatch_logger.py"
 )
 

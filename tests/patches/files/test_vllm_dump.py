@@ -22,7 +22,7 @@ import pytest
 from tests.support.trees import DISPATCH_LOG_KEYS
 
 HELPER = (
-    Path(__file__).resolve().parents[2] / "rl_msprobe/patches/files/vllm/vllm/v1/worker/rl_msprobe_dump.py"
+    Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files/vllm/vllm/v1/worker/rl_msprobe_dump.py"
 )
 
 

@@ -18,9 +18,8 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.launch.overrides import Overrides, parse_override
 from rl_msprobe.launch.script import parse_script
 from rl_msprobe.planner.modes.base import Options
+from tests.planner.conftest import CORPUS
 from tests.support.codemod_cases import FIXTURES
-
-from .conftest import CORPUS
 
 
 def plan(name: str, mode: str, tmp_path: Path, **kw: object) -> planner.Plan:
