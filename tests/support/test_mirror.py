@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OWN_FOLDERS = ("live", "support", "docs", "data")  # live jobs by tier marker, the harness, docs shape, inputs
 
 # test module (relative to tests/) -> why it does not sit under an rl_msprobe package; keep it small
-ALLOWED: dict[str, str] = {}
+ALLOWED: dict[str, str] = {
+    "test_layering.py": "the import rules of the whole package (docs/architecture.md), no one module's",
+}
 
 
 def misplaced(tests: Path, source: Path, allowed: dict[str, str]) -> list[str]:
