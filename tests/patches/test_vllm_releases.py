@@ -3,7 +3,7 @@ unpacked without building; cached under ~/.cache/rl-msprobe/releases).
 
 Three tree shapes, each decided by the code found: V1 and V2 runners side by side (0.24.0 … 0.33.0,
 both patched) and V2 only (0.34.0 removed `vllm/v1/worker/gpu_model_runner.py`). Releases without
-the V2 runner predate the set's range (0.24.0); the fixture tree `test_vllm_codemods.py` builds
+the V2 runner predate the set's range (0.24.0); the fixture tree `tests/codemods/test_vllm_model_runner.py` builds
 stands for that shape.
 """
 
