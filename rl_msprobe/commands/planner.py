@@ -146,7 +146,7 @@ def detect(
     Exit 0 when the mode is decided, 1 when it is not (then choose --mode yourself).
     """
     from rl_msprobe import planner
-    from rl_msprobe.planner.upstreams import resolve
+    from rl_msprobe.planner.given_trees import resolve
 
     text, path = _read_script(script)
     found = resolve(trees, python)
@@ -337,7 +337,7 @@ def check(
     Exit 0 when every rule holds, 1 on violations, 2 on bad input.
     """
     from rl_msprobe import planner
-    from rl_msprobe.planner.upstreams import resolve
+    from rl_msprobe.planner.given_trees import resolve
 
     text, path = _read_script(script)
     found = resolve(trees, python)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.engine import coverage
-from rl_msprobe.engine.model import PieceReport
 from rl_msprobe.engine.plan import applicability, set_capabilities, unique_pieces
+from rl_msprobe.engine.plan_parts import PieceReport
 from rl_msprobe.engine.recovery import recovery_for_status
 from rl_msprobe.engine.results import SetStatus, TreeStatus
 from rl_msprobe.engine.sources import decode, read_bytes, text_reader

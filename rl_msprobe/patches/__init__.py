@@ -1,11 +1,11 @@
-"""Patch sets: the model (`model`: sets, pieces, capabilities), the registry of every set
-(`registry`), the shape checks (`shape`), the default release without a tree (`releases`), and
+"""Patch sets: the model (`patch_set`: sets, pieces, capabilities), the registry of every set
+(`registry`), the shape checks (`shape`), the default release without a tree (`default_release`), and
 one module of sets per upstream project. `files/` holds the helpers added verbatim to trees.
 """
 
 from __future__ import annotations
 
-from rl_msprobe.patches.model import (
+from rl_msprobe.patches.patch_set import (
     Capability,
     CapabilityError,
     EntryPoint,

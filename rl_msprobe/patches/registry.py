@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import sglang, verl, verl_triage, verl_weights, vllm, vllm_ascend
-from rl_msprobe.patches.model import EntryPoint, PatchSet
+from rl_msprobe.patches.patch_set import EntryPoint, PatchSet
 
 SETS: tuple[PatchSet, ...] = (
     *verl.SETS,

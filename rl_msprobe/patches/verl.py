@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.verl_fsdp_engine import VerlFSDPEngine
 from rl_msprobe.codemods.verl_megatron_engine import VerlMegatronEngine
-from rl_msprobe.patches.model import (
+from rl_msprobe.patches.patch_set import (
     Capability,
     EntryPoint,
     NewFile,

@@ -12,7 +12,7 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, runs_in, where_present
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, runs_in, where_present
 from rl_msprobe.patches.verl import FULLY_ASYNC, MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF
 from rl_msprobe.upstream.projects import project
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.sglang_weights import SGLangWeightsReceived, SGLangWeightsUpdater
 from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, where_present
 from rl_msprobe.upstream.projects import project
 
 WEIGHTS_FILE = NewFile("verl", "verl/utils/rl_msprobe_weights.py", name="verl-weights-file")

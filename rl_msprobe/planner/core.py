@@ -37,7 +37,7 @@ from rl_msprobe.planner.modes.base import (
     env_in_script,
 )
 from rl_msprobe.upstream.projects import project
-from rl_msprobe.upstream.releases import release_dir
+from rl_msprobe.upstream.release_cache import release_dir
 
 MODE_MODULES = {
     "training": training,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from rl_msprobe.planner import msprobe_config, outputs
 from rl_msprobe.planner.core import Plan, PlanRequest, plan
 from rl_msprobe.planner.env import EnvReport
-from rl_msprobe.planner.upstreams import resolve
+from rl_msprobe.planner.given_trees import resolve
 
 NO_MSPROBE_MODES = ("triage", "weights")  # these modes never import msprobe
 
