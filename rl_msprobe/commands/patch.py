@@ -389,7 +389,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
                 "without SET, pass --tree PATH (and not --python) so rl-msprobe can tell the project."
             )
         target = resolve_tree(tree)
-        groups = [(target, [s for s in all_sets() if s.project == target.project and not s.includes])]
+        groups = [(target, [s for s in all_sets(target.project) if not s.includes])]
     statuses = [engine.status(target, sets) for target, sets in groups]
     if as_json:
         emit_json(engine.combined_status_json(statuses))

@@ -1,6 +1,6 @@
 """The verl-weights patch set: weight-parity fingerprints on both sides of every weight sync.
 
-Kept in its own module (its SETS are one entry of `patches/registry.py`), like verl-triage.
+Kept in its own module (a row per set in `patches/registry.py`), like verl-triage.
 """
 
 from __future__ import annotations
