@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from rl_msprobe.launch.bash import Value
+from rl_msprobe.launch.bash_values import Value
 from rl_msprobe.launch.script import Arg
 
 _PREFIXES = {"CHANGE": "", "ADD": "+", "FORCE_ADD": "++", "DEL": "~"}

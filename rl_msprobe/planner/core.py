@@ -20,7 +20,7 @@ from typing import Any
 from rl_msprobe import __version__
 from rl_msprobe.errors import UserError
 from rl_msprobe.launch import config as launch_config
-from rl_msprobe.launch.bash import ShellSyntaxError
+from rl_msprobe.launch.bash_lexer import ShellSyntaxError
 from rl_msprobe.launch.detect import MODES, STAGES, Detection, detect
 from rl_msprobe.launch.overrides import Overrides, format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
