@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rl_msprobe.commands.common import F, emit_json, handles_user_errors, json_option
+from rl_msprobe.planner import registry
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
@@ -47,7 +48,7 @@ def dumps() -> None:
 @click.argument("dirs", nargs=-1, required=True, type=_dir)
 @click.option(
     "--mode",
-    type=click.Choice(["training", "inference", "consistency"]),
+    type=click.Choice(registry.dump_modes()),
     help="Layout to check against (default: detected from what is there).",
 )
 @jobs_option("Processes parsing dump.json")
