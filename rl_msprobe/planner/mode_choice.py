@@ -91,6 +91,7 @@ def build_context(
     dump_dir_given: bool = False,
     vllm_root: Path | None = None,
 ) -> Context:
+    """What a mode's rules read: the script, its overrides, the detection, versions and choices."""
     assert script.command is not None
     return Context(
         script,
@@ -106,6 +107,7 @@ def build_context(
 
 
 def requirements(ctx: Context, mode: str) -> Requirements:
+    """The mode's rules on this job (its row's module), or the entry point it cannot collect."""
     wrong_entry = entry_violation(ctx.script, mode)
     if wrong_entry is not None:
         return Requirements(violations=[wrong_entry])
