@@ -99,21 +99,6 @@ def top_level_classes(source: str) -> dict[str, ast.ClassDef]:
     return {node.name: node for node in module.body if isinstance(node, ast.ClassDef)}
 
 
-def class_has_field(source: str, cls: str, name: str) -> bool:
-    """Does top-level class `cls` declare `name` (annotated or plain assignment) in its body?"""
-    node = top_level_classes(source).get(cls)
-    if node is None:
-        return False
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
-            return True
-        if isinstance(stmt, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in stmt.targets
-        ):
-            return True
-    return False
-
-
 class Codemod:
     """Base class. Subclasses set the class attributes and implement `transform`."""
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rl_msprobe.commands.common import F, emit_json, handles_user_errors, json_option
+from rl_msprobe.planner import registry
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
@@ -47,7 +48,7 @@ def dumps() -> None:
 @click.argument("dirs", nargs=-1, required=True, type=_dir)
 @click.option(
     "--mode",
-    type=click.Choice(["training", "inference", "consistency"]),
+    type=click.Choice(registry.dump_modes()),
     help="Layout to check against (default: detected from what is there).",
 )
 @jobs_option("Processes parsing dump.json")
@@ -170,7 +171,16 @@ def _warm_report_imports() -> None:
     type=click.Path(path_type=Path),
     help="Folder for msprobe output and the report.",
 )
-@click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
+@click.option(
+    "--train-backend",
+    type=click.Choice(["fsdp", "megatron"]),
+    default="fsdp",
+    show_default=True,
+    help="The training backend of the actor dump (msprobe maps its module names by it).",
+)
+@click.option(
+    "--backend", "old_backend", type=click.Choice(["fsdp", "megatron"]), hidden=True
+)  # old spelling
 @jobs_option("msprobe workers (each imports msprobe once and compares pair after pair)")
 @click.option(
     "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
@@ -206,7 +216,8 @@ def compare(
     rollout: Path,
     train: Path,
     out: Path,
-    backend: str,
+    train_backend: str,
+    old_backend: str | None,
     jobs: int | None,
     limit: int | None,
     train_steps: tuple[int, ...],
@@ -237,6 +248,7 @@ def compare(
     from rl_msprobe.dumps.report import REPORT_FILES, dtype_line, pair_lines, write_report
     from rl_msprobe.report_folder import ReportFolder
 
+    backend = old_backend or train_backend  # --backend means the rollout engine elsewhere
     out = check_out_dir(out)
     with ReportFolder(out, force) as folder:  # a user's report.md in the way: refused before msprobe runs
         folder.claim(REPORT_FILES)

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from rl_msprobe.engine import ApplyResult, Recovered, RevertResult
-    from rl_msprobe.engine.model import NotCovered
-    from rl_msprobe.patches.model import PatchSet
+    from rl_msprobe.engine.plan_parts import NotCovered
+    from rl_msprobe.patches.patch_set import PatchSet
     from rl_msprobe.upstream.trees import Target
 
 tree_option = click.option(
@@ -36,7 +36,7 @@ def _target_and_sets(
     set_names: tuple[str, ...], tree: str | None, python: str | None
 ) -> tuple[Target, list[PatchSet]]:
     from rl_msprobe.patches import resolve_sets
-    from rl_msprobe.patches.releases import default_release
+    from rl_msprobe.patches.default_release import default_release
     from rl_msprobe.upstream.trees import resolve_target
 
     sets = resolve_sets(set_names)
@@ -103,7 +103,7 @@ def patch() -> None:
 def list_sets(as_json: bool) -> None:
     """List the patch sets: project, supported versions, the default release (used without --tree)."""
     from rl_msprobe.patches import all_sets
-    from rl_msprobe.patches.releases import default_release
+    from rl_msprobe.patches.default_release import default_release
 
     doc: list[dict[str, object]] = [
         {
@@ -389,7 +389,7 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
                 "without SET, pass --tree PATH (and not --python) so rl-msprobe can tell the project."
             )
         target = resolve_tree(tree)
-        groups = [(target, [s for s in all_sets() if s.project == target.project and not s.includes])]
+        groups = [(target, [s for s in all_sets(target.project) if not s.includes])]
     statuses = [engine.status(target, sets) for target, sets in groups]
     if as_json:
         emit_json(engine.combined_status_json(statuses))

@@ -14,6 +14,7 @@ import click
 
 from rl_msprobe.commands.common import emit_json, handles_user_errors, json_option
 from rl_msprobe.commands.prepare_flags import PrepareFlags
+from rl_msprobe.planner import registry
 
 
 def _read_script(path: str) -> tuple[str, str]:
@@ -60,8 +61,8 @@ python_option = click.option(
 )
 mode_option = click.option(
     "--mode",
-    type=click.Choice(["training", "inference", "consistency", "triage", "weights"]),
-    help="Collection mode (triage: log-prob gap per request, no msprobe; weights: weight parity at every sync).",
+    type=click.Choice(registry.mode_names()),
+    help=registry.mode_help(),
 )
 hint_option = click.option(
     "--hint", metavar="TEXT", help="What you want to collect, in words (Chinese or English)."
@@ -146,7 +147,7 @@ def detect(
     Exit 0 when the mode is decided, 1 when it is not (then choose --mode yourself).
     """
     from rl_msprobe import planner
-    from rl_msprobe.planner.upstreams import resolve
+    from rl_msprobe.planner.given_trees import resolve
 
     text, path = _read_script(script)
     found = resolve(trees, python)
@@ -337,7 +338,7 @@ def check(
     Exit 0 when every rule holds, 1 on violations, 2 on bad input.
     """
     from rl_msprobe import planner
-    from rl_msprobe.planner.upstreams import resolve
+    from rl_msprobe.planner.given_trees import resolve
 
     text, path = _read_script(script)
     found = resolve(trees, python)

@@ -24,7 +24,6 @@ DUMP_FILE = "dump.json"
 DISPATCH_LOG = "dispatch_log.jsonl"
 TRAIN_LOG = "update_actor_log.jsonl"
 TRAINING_STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
-MODES = ("training", "inference", "consistency")
 
 _STEP = re.compile(r"^step(\d+)$")
 _GLOBAL_STEP = re.compile(r"^step_(\d+)$")

@@ -4,7 +4,7 @@ Everything is computed in memory first (`plan_apply`, `plan_revert`); writing is
 step per tree (lock, journal, then git branch and commit, or the files plus the originals and a
 manifest), and `apply_many` / `revert_many` make a command over several trees all or nothing too.
 
-- `model`: FileChange, PieceReport, Plan          - `plan`: plan_apply, plan_revert
+- `plan_parts`: FileChange, PieceReport, Plan     - `plan`: plan_apply, plan_revert
 - `diffs`: unified diffs and their summary       - `inspection`: status of sets and pieces
 - `writer`: apply, revert                         - `multitree`: several trees, all or none
 - `transaction`: one journaled write              - `recovery`: a killed run's journal, finished
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 _PUBLIC = {
     "summarize": "diffs",
     "unified_diff": "diffs",
-    "FileChange": "model",
-    "PieceReport": "model",
-    "Plan": "model",
+    "FileChange": "plan_parts",
+    "PieceReport": "plan_parts",
+    "Plan": "plan_parts",
     "each": "multitree",
     "plan_apply": "plan",
     "plan_revert": "plan",
@@ -52,9 +52,9 @@ if TYPE_CHECKING:
     from rl_msprobe.engine.api import apply_many, diff, revert_many
     from rl_msprobe.engine.diffs import summarize, unified_diff
     from rl_msprobe.engine.inspection import status
-    from rl_msprobe.engine.model import FileChange, PieceReport, Plan
     from rl_msprobe.engine.multitree import each
     from rl_msprobe.engine.plan import plan_apply, plan_revert
+    from rl_msprobe.engine.plan_parts import FileChange, PieceReport, Plan
     from rl_msprobe.engine.results import (
         ApplyResult,
         GitCommit,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rl_msprobe.engine.diffs import unified_diff
-from rl_msprobe.engine.model import Plan
 from rl_msprobe.engine.multitree import each
+from rl_msprobe.engine.plan_parts import Plan
 from rl_msprobe.engine.results import ApplyResult, RevertResult
 from rl_msprobe.engine.writer import apply, revert
 from rl_msprobe.patches import PatchSet

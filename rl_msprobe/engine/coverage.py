@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rl_msprobe.codemods.base import AnchorError, Codemod, Status
-from rl_msprobe.engine.model import NotCovered, PieceReport
+from rl_msprobe.engine.plan_parts import NotCovered, PieceReport
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import CapabilityError, PatchSet, Piece, entry_points
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from rl_msprobe.engine.model import FileChange
+from rl_msprobe.engine.plan_parts import FileChange
 from rl_msprobe.engine.sources import decode
 
 

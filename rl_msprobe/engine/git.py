@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rl_msprobe import __version__
 from rl_msprobe.engine import gitenv, journal
-from rl_msprobe.engine.model import FileChange, Plan
+from rl_msprobe.engine.plan_parts import FileChange, Plan
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import PatchSet
 from rl_msprobe.upstream.trees import Target

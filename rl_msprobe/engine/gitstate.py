@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rl_msprobe.engine import git
-from rl_msprobe.engine.model import FileChange
+from rl_msprobe.engine.plan_parts import FileChange
 from rl_msprobe.errors import UserError
 
 if TYPE_CHECKING:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.engine import coverage
-from rl_msprobe.engine.model import PieceReport
 from rl_msprobe.engine.plan import applicability, set_capabilities, unique_pieces
+from rl_msprobe.engine.plan_parts import PieceReport
 from rl_msprobe.engine.recovery import recovery_for_status
 from rl_msprobe.engine.results import SetStatus, TreeStatus
 from rl_msprobe.engine.sources import decode, read_bytes, text_reader
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches import NewFile, PatchSet, Piece, all_sets, shape
+from rl_msprobe.patches import NewFile, PatchSet, Piece, find_set, shape
 from rl_msprobe.upstream.trees import Target
 
 
@@ -115,13 +115,12 @@ def holders(target: Target, sets: list[PatchSet], recorded: list[str]) -> dict[s
     or manifest); a recorded set counts only while one of its pieces is applied (a stale record, e.g.
     after a hand revert, keeps nothing).
     """
-    known = {s.name: s for s in all_sets()}  # a set recorded by another rl-msprobe version may be gone
     labels = {piece.label for _, piece in unique_pieces(sets)}
     read = text_reader(target.root)
     reverting = {s.name for s in sets}
     out: dict[str, list[str]] = {}
     for name in dict.fromkeys(recorded):
-        other = known.get(name) if name not in reverting else None
+        other = find_set(name) if name not in reverting else None  # None: a set of another version
         if other is None or other.project != target.project:
             continue
         pieces = other.all_pieces()

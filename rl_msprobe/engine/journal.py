@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_msprobe.errors import UserError
-from rl_msprobe.upstream.releases import cache_dir
+from rl_msprobe.upstream.release_cache import cache_dir
 
 STATE_DIR = ".rl-msprobe"
 LOCK = "lock"

@@ -13,7 +13,7 @@ from typing import Any
 
 from rl_msprobe import __version__
 from rl_msprobe.engine import journal
-from rl_msprobe.engine.model import FileChange, Plan
+from rl_msprobe.engine.plan_parts import FileChange, Plan
 from rl_msprobe.errors import UserError
 
 MANIFEST = "manifest.json"

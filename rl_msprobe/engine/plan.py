@@ -11,7 +11,7 @@ from pathlib import Path
 from rl_msprobe.codemods.base import Codemod, Status
 from rl_msprobe.engine import coverage, journal
 from rl_msprobe.engine.manifest import prefer_saved_originals
-from rl_msprobe.engine.model import FileChange, PieceReport, Plan
+from rl_msprobe.engine.plan_parts import FileChange, PieceReport, Plan
 from rl_msprobe.engine.sources import decode, is_ours, read_bytes, text_reader
 from rl_msprobe.errors import UserError
 from rl_msprobe.patches import NewFile, PatchSet, Piece, shape

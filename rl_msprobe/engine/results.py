@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_msprobe.codemods.base import Status
-from rl_msprobe.engine.model import NotCovered, PieceReport
+from rl_msprobe.engine.plan_parts import NotCovered, PieceReport
 from rl_msprobe.patches.shape import CapabilityReport
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from rl_msprobe.bounded import size_text
-from rl_msprobe.engine.model import FileChange
+from rl_msprobe.engine.plan_parts import FileChange
 from rl_msprobe.engine.tree import Tree
 from rl_msprobe.errors import UserError
 

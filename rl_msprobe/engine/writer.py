@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from rl_msprobe.engine import coverage, git, gitstate, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
-from rl_msprobe.engine.model import FileChange, Plan
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
+from rl_msprobe.engine.plan_parts import FileChange, Plan
 from rl_msprobe.engine.recovery import recover
 from rl_msprobe.engine.results import ApplyResult, GitCommit, Recovered, RevertResult
 from rl_msprobe.engine.transaction import Transaction, write_entries

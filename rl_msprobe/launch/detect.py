@@ -1,7 +1,8 @@
 """Decide the collection mode, the rollout engine and the training backend of a launch script.
 
 The signal table is the specification's (`seed/rl-msprobe-skill.txt`, step 0): words in
-the user's hint (Chinese or English) and the script's own contents. A hint wins over the
+the user's hint (Chinese or English, each mode's `hints` in `planner/registry.py`) and the
+script's own contents. A hint wins over the
 script when they disagree, and the reasons say so. Every conclusion carries its reasons.
 """
 
@@ -12,32 +13,10 @@ from dataclasses import dataclass, field
 
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
+from rl_msprobe.planner import registry
 
-MODES = ("training", "inference", "consistency", "triage", "weights")  # triage: only by --mode
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 
-# (mode, pattern, what it is) — checked against the hint, case-insensitive
-HINT_SIGNALS: list[tuple[str, str, str]] = [
-    ("consistency", r"训推一致", "训推一致"),
-    ("consistency", r"prefill\s*对齐|align(?:ing)?\s+(?:the\s+)?prefill|prefill\s+align", "prefill 对齐"),
-    (
-        "consistency",
-        r"consistency|train(?:ing)?[\s/-]*(?:vs\.?|and|-)?[\s/-]*infer(?:ence)?\s+(?:consistency|alignment|compare|comparison)",
-        "training–inference consistency",
-    ),
-    ("inference", r"推理采集|推理\s*dump", "推理采集"),
-    ("inference", r"rollout\s+dump|dump\s+(?:the\s+)?rollout", "rollout dump"),
-    ("inference", r"generate\s+dump|dump\s+(?:the\s+)?generat", "generate dump"),
-    ("inference", r"inference\s+dump|dump\s+(?:the\s+)?inference", "inference dump"),
-    ("training", r"训练采集|训练\s*dump", "训练采集"),
-    ("training", r"global_profiler", "global_profiler"),
-    ("training", r"precision_debugger", "precision_debugger"),
-    ("training", r"actor_compute_log_prob|ref_compute_log_prob|actor_update", "a training stage name"),
-    ("training", r"training\s+dump|dump\s+(?:the\s+)?training", "training dump"),
-    ("weights", r"权重同步|权重一致", "权重同步"),
-    ("weights", r"weight[\s-]*(?:sync|parity|consistency|check)|same\s+weights", "weight sync"),
-]
-_PRIORITY = {"consistency": 0, "inference": 1, "training": 2, "weights": 3}
 _ENTRY_NOTES = {
     "generation_server": "main_generation_server generates with the rollout engine only (no training step): "
     "inference mode applies, training and consistency do not",
@@ -81,7 +60,7 @@ def _code_text(text: str) -> str:
 
 def hint_modes(hint: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
-    for mode, pattern, label in HINT_SIGNALS:
+    for mode, pattern, label in registry.hint_signals():
         if re.search(pattern, hint, re.I):
             found.append((mode, label))
     return found
@@ -225,7 +204,7 @@ def _mode_from_hint(det: Detection, hint: str | None) -> str | None:
     hint_found = hint_modes(hint) if hint else []
     if not hint_found:
         return None
-    best = min(hint_found, key=lambda m: _PRIORITY[m[0]])
+    best = min(hint_found, key=lambda m: registry.get_mode(m[0]).hint_rank or 0)
     labels = ", ".join(f"{label!r}" for _, label in hint_found)
     det.reasons.append(f"the hint mentions {labels} -> {best[0]}")
     return best[0]

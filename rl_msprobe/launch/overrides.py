@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from rl_msprobe.launch.bash import Value
+from rl_msprobe.launch.bash_values import Value
 from rl_msprobe.launch.script import Arg
 
 _PREFIXES = {"CHANGE": "", "ADD": "+", "FORCE_ADD": "++", "DEL": "~"}
@@ -196,7 +196,6 @@ class Item:
 class Found:
     value: Any
     item: Item | None  # None: taken from a dict value of a parent key
-    via_parent: str | None = None
 
 
 class Overrides:
@@ -279,21 +278,8 @@ class Overrides:
                     else:
                         break
                 else:
-                    return Found(value, item, ov.key)
+                    return Found(value, item)
         return None
 
     def all_for(self, key: str) -> list[Item]:
         return [i for i in self.items if i.override is not None and i.override.key == key]
-
-    def keys_under(self, prefix: str) -> dict[str, Found]:
-        out: dict[str, Found] = {}
-        for item in self.items:
-            ov = item.override
-            if ov is None:
-                continue
-            if ov.key.startswith(prefix):
-                if ov.deletes:
-                    out.pop(ov.key, None)
-                else:
-                    out[ov.key] = Found(ov.value, item)
-        return out

@@ -13,7 +13,6 @@ Nothing else in the text changes.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -186,7 +185,3 @@ def _exported_before(script: LaunchScript, names: set[str]) -> set[str]:
 def comment(text: str) -> str:
     """A one-line bash comment (no newlines can sneak in)."""
     return "# " + " ".join(text.split())
-
-
-def quote_words(words: list[str]) -> str:
-    return " ".join(shlex.quote(w) for w in words)

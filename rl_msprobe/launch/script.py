@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from rl_msprobe.launch import bash
-from rl_msprobe.launch.bash import EnvSetting, LineIndex, Scope, Statement, Value, Variable, Word
+from rl_msprobe.launch.bash import EnvSetting, Statement
+from rl_msprobe.launch.bash_lexer import LineIndex, Word
+from rl_msprobe.launch.bash_values import Scope, Value, Variable
 
 VERL_ENTRY_RE = re.compile(
     r"^(?:verl\.trainer\.main_\w+|verl\.experimental\.[\w.]*main\w*|recipe\.[\w.]*main\w*|verl\.[\w.]*main_ppo"

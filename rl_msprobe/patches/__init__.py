@@ -1,11 +1,11 @@
-"""Patch sets: the model (`model`: sets, pieces, capabilities), the registry of every set
-(`registry`), the shape checks (`shape`), the default release without a tree (`releases`), and
-one module of sets per upstream project. `files/` holds the helpers added verbatim to trees.
+"""Patch sets: the model (`patch_set`: sets, pieces, capabilities), the registry of every set
+(`registry`), the shape checks (`shape`), the default release without a tree (`default_release`), and
+the modules of sets (imported only when one of their sets is used). `files/` holds the helpers added verbatim to trees.
 """
 
 from __future__ import annotations
 
-from rl_msprobe.patches.model import (
+from rl_msprobe.patches.patch_set import (
     Capability,
     CapabilityError,
     EntryPoint,
@@ -17,17 +17,20 @@ from rl_msprobe.patches.model import (
     where_present,
 )
 from rl_msprobe.patches.registry import (
-    SETS,
+    ROWS,
+    SetRow,
     all_sets,
     entry_point_started_by,
     entry_points,
+    find_set,
     get_entry_point,
     get_set,
     resolve_sets,
+    set_names,
 )
 
 __all__ = [
-    "SETS",
+    "ROWS",
     "Capability",
     "CapabilityError",
     "EntryPoint",
@@ -35,12 +38,15 @@ __all__ = [
     "PatchSet",
     "Piece",
     "Probe",
+    "SetRow",
     "all_sets",
     "defines_class",
     "entry_point_started_by",
     "entry_points",
+    "find_set",
     "get_entry_point",
     "get_set",
     "resolve_sets",
+    "set_names",
     "where_present",
 ]

@@ -10,7 +10,7 @@ from rl_msprobe.codemods.sglang_dispatch_log import SGLangDispatchLog
 from rl_msprobe.codemods.sglang_io_struct import SGLangIoStruct
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
 from rl_msprobe.codemods.sglang_pd_dump_path import SGLangPdDumpPath
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, Probe
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, Probe
 from rl_msprobe.upstream.projects import project
 
 OLDEST = "0.4.6.post5"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rl_msprobe.codemods.base import Codemod
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches.model import CapabilityError, PatchSet, Piece
+from rl_msprobe.patches.patch_set import CapabilityError, PatchSet, Piece
 
 Reader = Callable[[str], "str | None"]  # tree-relative path -> text, None when the file is not there
 

@@ -1,6 +1,6 @@
 """The verl-triage patch set: per-request rollout vs training log-prob lines, no msprobe.
 
-Kept in its own module (one registration line in `patches/__init__.py`) so the set can follow
+Kept in its own module (one row in `patches/registry.py`) so the set can follow
 the capability model of the other verl sets without touching them.
 """
 
@@ -12,8 +12,8 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, runs_in, where_present
-from rl_msprobe.patches.verl import FULLY_ASYNC, MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, runs_in, where_present
+from rl_msprobe.patches.verl_entry_points import FULLY_ASYNC, MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF
 from rl_msprobe.upstream.projects import project
 
 TRIAGE_FILE = NewFile("verl", "verl/utils/rl_msprobe_triage.py", name="verl-triage-file")

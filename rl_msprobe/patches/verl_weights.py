@@ -1,13 +1,13 @@
 """The verl-weights patch set: weight-parity fingerprints on both sides of every weight sync.
 
-Kept in its own module (its SETS are one entry of `patches/registry.py`), like verl-triage.
+Kept in its own module (a row per set in `patches/registry.py`), like verl-triage.
 """
 
 from __future__ import annotations
 
 from rl_msprobe.codemods.sglang_weights import SGLangWeightsReceived, SGLangWeightsUpdater
 from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, where_present
 from rl_msprobe.upstream.projects import project
 
 WEIGHTS_FILE = NewFile("verl", "verl/utils/rl_msprobe_weights.py", name="verl-weights-file")

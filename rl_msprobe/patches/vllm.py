@@ -8,7 +8,7 @@ from pathlib import Path
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.errors import UserError
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece, where_present
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, where_present
 from rl_msprobe.upstream.projects import project
 
 OLDEST = "0.24.0"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from rl_msprobe.patches.model import Capability, NewFile, PatchSet, Piece
+from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece
 from rl_msprobe.upstream.projects import project
 
 OLDEST = "0.12.0rc1"  # first release with msprobe support (additional_config.dump_config)

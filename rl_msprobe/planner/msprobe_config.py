@@ -69,7 +69,6 @@ TASK_KEYS = {
 DATA_MODES = {"all", "forward", "backward", "input", "output"}
 SUMMARY_MODES = {"statistics", "md5", "xor"}
 DUMP_PATH_RE = re.compile(r"^[a-zA-Z0-9_.:/-]+$")
-ROLES = ("training", "generate", "actor", "prefill", "decode")
 
 
 @dataclass(frozen=True)

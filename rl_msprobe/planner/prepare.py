@@ -14,11 +14,10 @@ import shlex
 from dataclasses import dataclass
 
 from rl_msprobe.planner import msprobe_config, outputs
-from rl_msprobe.planner.core import Plan, PlanRequest, plan
 from rl_msprobe.planner.env import EnvReport
-from rl_msprobe.planner.upstreams import resolve
-
-NO_MSPROBE_MODES = ("triage", "weights")  # these modes never import msprobe
+from rl_msprobe.planner.given_trees import resolve
+from rl_msprobe.planner.planning import Plan, PlanRequest, plan
+from rl_msprobe.planner.registry import needs_msprobe
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ def prepare(
     `argv`: the command line as given (sys.argv[1:]), for the derived script's "Regenerate with"."""
     notes: list[str] = []
     python = request.options.python
-    if request.mode not in NO_MSPROBE_MODES:
+    if needs_msprobe(request.mode):
         if python and env_check:
             from rl_msprobe.planner import env
 

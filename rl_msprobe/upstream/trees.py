@@ -3,7 +3,7 @@
 A target is the directory that holds an upstream package (`verl/`, `sglang/`, `vllm/`,
 `vllm_ascend/`): a git checkout, an editable install, site-packages, or a release
 fetched from the package index into a user cache (`release:verl==0.9.1`, read-only;
-`upstream.releases`). A tree is found from a path, or through an interpreter (`--python`).
+`upstream.release_cache`). A tree is found from a path, or through an interpreter (`--python`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from rl_msprobe.errors import UserError
 from rl_msprobe.upstream.interpreter import locate_with_python
 from rl_msprobe.upstream.projects import packages
-from rl_msprobe.upstream.releases import RELEASE_PREFIX, fetch_release, parse_release_spec
+from rl_msprobe.upstream.release_cache import RELEASE_PREFIX, fetch_release, parse_release_spec
 
 # project name -> import package folder (the table in `upstream.projects`)
 PACKAGES: dict[str, str] = packages()

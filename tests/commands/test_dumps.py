@@ -208,3 +208,13 @@ def test_progress_shows_the_running_verdict() -> None:
     assert _running_verdict({"consistent": 2}) == "CONSISTENT so far (2 consistent)"
     assert _running_verdict({"consistent": 1, "failed": 1}).startswith("NOT COMPARED so far")
     assert _running_verdict({"divergent": 1, "failed": 1}) == "DIVERGENT so far (1 divergent, 1 failed)"
+
+
+def test_compare_names_the_training_backend_train_backend(tmp_path: Path) -> None:
+    """--backend means the rollout engine (prepare, check); compare's training backend is
+    --train-backend, with --backend its hidden old spelling (users' scripts keep working)."""
+    shown = _run("compare", "--help").output
+    assert "--train-backend [fsdp|megatron]" in shown and "--backend" not in shown
+    for flag in ("--train-backend", "--backend"):
+        res = _run("compare", str(tmp_path), str(tmp_path), "--out", str(tmp_path / "o"), flag, "tpu")
+        assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, res.output

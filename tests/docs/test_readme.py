@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
-from rl_msprobe.upstream.releases import cache_dir, fetch_release
+from rl_msprobe.upstream.release_cache import cache_dir, fetch_release
 from tests.docs.markdown import ROOT, ConsoleBlock, Step, console_blocks, doc_files, missing_output
 from tests.support.standin_dumps import build as standin_dumps_build
 from tests.support.trees import init_repo, run_cli

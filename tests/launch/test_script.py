@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_msprobe.launch.bash import ShellSyntaxError
+from rl_msprobe.launch.bash_lexer import ShellSyntaxError
 from rl_msprobe.launch.script import parse_script
 
 

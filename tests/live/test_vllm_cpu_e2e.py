@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from rl_msprobe.upstream.releases import fetch_release
+from rl_msprobe.upstream.release_cache import fetch_release
 from tests.support import vllm_cpu
 from tests.support.trees import DISPATCH_LOG_KEYS
 

@@ -1,5 +1,6 @@
-"""The patch-set registry is one explicit table: complete however it is first reached (a set module
-imported first included), and every set module's sets are in it."""
+"""The patch-set registry is one explicit table of rows: complete however it is first reached (a set
+module imported first included), every set module's sets are rows of it, and a set's module is
+imported only when the set is used."""
 
 from __future__ import annotations
 
@@ -43,9 +44,49 @@ def test_every_set_module_registers_something() -> None:
         assert expected in names
 
 
-def test_the_registry_is_the_set_modules_tables_in_order() -> None:
-    from rl_msprobe.patches import SETS, sglang, verl, verl_triage, verl_weights, vllm, vllm_ascend
+def test_the_registry_rows_are_the_set_modules_tables() -> None:
+    import importlib
 
-    modules = (verl, verl_triage, verl_weights, sglang, vllm_ascend, vllm)
-    assert all(module.SETS for module in modules)
-    assert tuple(s for module in modules for s in module.SETS) == SETS
+    from rl_msprobe.patches import ROWS, all_sets
+
+    assert [s.name for s in all_sets()] == [row.name for row in ROWS]
+    for module in {row.module for row in ROWS}:
+        sets = importlib.import_module(f"rl_msprobe.patches.{module}").SETS
+        assert [s.name for s in sets] == [row.name for row in ROWS if row.module == module], module
+    assert all(s.project == row.project for s, row in zip(all_sets(), ROWS, strict=True))
+
+
+STATUS_IMPORTS = """
+import json, sys
+from rl_msprobe.cli import main
+try:
+    main(["patch", "status", "verl-engine", "--tree", sys.argv[1]])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(("rl_msprobe.codemods.", "rl_msprobe.patches.")))))
+print(json.dumps("libcst.matchers" in sys.modules))
+"""
+
+
+def test_status_of_one_set_imports_that_sets_codemods_only(tmp_path: Path) -> None:
+    from rl_msprobe.codemods.base import Codemod
+    from rl_msprobe.patches import ROWS, get_set
+    from tests.support.trees import release_subset
+
+    engine = get_set("verl-engine")
+    tree = release_subset("verl", "0.9.1", tmp_path / "verl", [p.path for p in engine.all_pieces()])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", STATUS_IMPORTS, str(tree)], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    modules_line, matchers_line = proc.stdout.strip().splitlines()[-2:]
+    modules = set(json.loads(modules_line))
+    own = {type(p.item).__module__ for p in engine.all_pieces() if isinstance(p.item, Codemod)}
+    assert own <= modules
+    assert {m for m in modules if m.startswith("rl_msprobe.codemods.")} - own <= {
+        "rl_msprobe.codemods.base"
+    }, modules
+    other_set_modules = {f"rl_msprobe.patches.{row.module}" for row in ROWS if row.module != "verl"}
+    assert not modules & other_set_modules, modules
+    assert json.loads(matchers_line) is False  # verl-engine's anchors need no libcst.matchers

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from rl_msprobe.codemods.base import version_in_range
 from rl_msprobe.patches import all_sets
-from rl_msprobe.patches.releases import default_release
+from rl_msprobe.patches.default_release import default_release
 from tests.support.trees import run_cli
 
 
@@ -92,7 +92,7 @@ def test_the_planner_assumes_the_verl_release_the_sets_default_to():
         "u.PROJECTS = tuple(dataclasses.replace(p, newest_tested='9.9.9') if p.name == 'verl' else p"
         " for p in u.PROJECTS)\n"
         "from rl_msprobe.patches import all_sets\n"
-        "from rl_msprobe.patches.releases import default_release\n"
+        "from rl_msprobe.patches.default_release import default_release\n"
         "verl = [s for s in all_sets() if s.project == 'verl']\n"
         "print(json.dumps([u.project('verl').assumed_version, sorted({default_release(s) for s in verl}),"
         " sorted({s.max_version for s in verl})]))"

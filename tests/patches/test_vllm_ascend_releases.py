@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rl_msprobe.codemods.vllm_ascend_model_runner import VllmAscendModelRunner
-from rl_msprobe.patches.releases import newest_tested
+from rl_msprobe.patches.default_release import newest_tested
 from rl_msprobe.upstream import detect_version, fetch_release
 from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
@@ -89,7 +89,7 @@ def test_fresh_fetch_of_an_sdist_only_release(tmp_path, monkeypatch):
     assert detect_version(root, "vllm-ascend") == "0.23.0.post1"
     left = [p.name for p in (tmp_path / "cache" / "releases").glob(".*") if p.is_dir()]
     assert not left, f"no temporary folder may be left behind: {left}"
-    # the fetch's lock file stays by design (upstream/releases._fetch_lock), and nothing else
+    # the fetch's lock file stays by design (upstream/release_cache._fetch_lock), and nothing else
     assert [p.name for p in (tmp_path / "cache" / "releases").glob(".*")] == [
         ".vllm-ascend-0.23.0.post1.lock"
     ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_msprobe.upstream.releases import fetch_release
+from rl_msprobe.upstream.release_cache import fetch_release
 from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 

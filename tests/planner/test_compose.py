@@ -85,7 +85,7 @@ CASES = [
 
 def release_root(version: str) -> Path:
     from rl_msprobe.errors import UserError
-    from rl_msprobe.upstream.releases import fetch_release
+    from rl_msprobe.upstream.release_cache import fetch_release
 
     try:
         return fetch_release("verl", version)

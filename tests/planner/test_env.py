@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
-from rl_msprobe.upstream.releases import cache_dir
+from rl_msprobe.upstream.release_cache import cache_dir
 
 
 def make_venv(path: Path, system_site: bool = False) -> Path:

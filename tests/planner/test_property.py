@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rl_msprobe import planner
 from rl_msprobe.errors import UserError
-from rl_msprobe.launch.bash import ShellSyntaxError
+from rl_msprobe.launch.bash_lexer import ShellSyntaxError
 from rl_msprobe.launch.script import parse_script
 
 BASH = shutil.which("bash")

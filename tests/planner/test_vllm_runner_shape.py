@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl_msprobe.patches.vllm import runner_shape
-from rl_msprobe.upstream.releases import fetch_release
+from rl_msprobe.upstream.release_cache import fetch_release
 from tests.support.trees import run_cli
 
 from .conftest import CORPUS

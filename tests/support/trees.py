@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
-from rl_msprobe.upstream.releases import fetch_release
+from rl_msprobe.upstream.release_cache import fetch_release
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""The release cache under concurrent fetches (rl_msprobe/upstream/releases.py): two rl-msprobe
+"""The release cache under concurrent fetches (rl_msprobe/upstream/release_cache.py): two rl-msprobe
 commands at once, or a test session and another, fetch one release once, and neither sees a
 half-written archive or tree. A real release from the package index, into a fresh cache (~3 s)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rl_msprobe.errors import UserError
-from rl_msprobe.upstream import releases
+from rl_msprobe.upstream import release_cache
 
 pytestmark = pytest.mark.release
 
@@ -23,17 +23,17 @@ PROJECT, VERSION = "verl", "0.6.0"  # a small wheel (1 MB)
 FETCH = """
 import sys
 from pathlib import Path
-from rl_msprobe.upstream import releases
+from rl_msprobe.upstream import release_cache
 
-download = releases._pip_download
+download = release_cache._pip_download
 
 def counted(*args, **kwargs):  # one line per pip run, to count the downloads
     with open(sys.argv[1], "a") as log:
         log.write("pip\\n")
     return download(*args, **kwargs)
 
-releases._pip_download = counted
-root = releases.fetch_release(sys.argv[2], sys.argv[3])
+release_cache._pip_download = counted
+root = release_cache.fetch_release(sys.argv[2], sys.argv[3])
 print(root)
 """
 
@@ -72,7 +72,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("seed")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RL_MSPROBE_CACHE", str(cache))
-        releases.fetch_release(PROJECT, VERSION)
+        release_cache.fetch_release(PROJECT, VERSION)
     (archive,) = (cache / "downloads").iterdir()
     return archive
 
@@ -87,13 +87,13 @@ def _cache_with(
     (cache / "downloads" / wheel.name).write_bytes(damage(wheel.read_bytes()))
     monkeypatch.setenv("RL_MSPROBE_CACHE", str(cache))
     runs: list[str] = []
-    download = releases._pip_download
+    download = release_cache._pip_download
 
     def counted(*args, **kwargs):
         runs.append("pip")
         return download(*args, **kwargs)
 
-    monkeypatch.setattr(releases, "_pip_download", counted)
+    monkeypatch.setattr(release_cache, "_pip_download", counted)
     return cache, runs
 
 
@@ -117,16 +117,16 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path, wheel, monkeypatch, d
     """A wheel cut short in downloads/ (a killed pip, a full disk) used to be a BadZipFile on every
     run after; it is tested before use and fetched again."""
     cache, runs = _cache_with(tmp_path, wheel, monkeypatch, damage)
-    root = releases.fetch_release(PROJECT, VERSION)
+    root = release_cache.fetch_release(PROJECT, VERSION)
     assert (root / "verl" / "__init__.py").is_file() and runs == ["pip"]
     archive = cache / "downloads" / wheel.name
     assert archive.read_bytes() == wheel.read_bytes()  # whole again
-    assert releases.fetch_release(PROJECT, VERSION) == root and runs == ["pip"]  # and used from then on
+    assert release_cache.fetch_release(PROJECT, VERSION) == root and runs == ["pip"]  # and used from then on
 
 
 def test_a_whole_cached_wheel_is_not_fetched_again(tmp_path, wheel, monkeypatch) -> None:
     cache, runs = _cache_with(tmp_path, wheel, monkeypatch, lambda b: b)
-    assert (releases.fetch_release(PROJECT, VERSION) / "verl" / "__init__.py").is_file() and runs == []
+    assert (release_cache.fetch_release(PROJECT, VERSION) / "verl" / "__init__.py").is_file() and runs == []
 
 
 def test_a_damaged_fresh_download_is_refused_and_not_kept(tmp_path, wheel, monkeypatch) -> None:
@@ -139,9 +139,9 @@ def test_a_damaged_fresh_download_is_refused_and_not_kept(tmp_path, wheel, monke
         (target / wheel.name).write_bytes(wheel.read_bytes()[:5000])
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(releases, "_pip_download", short)
+    monkeypatch.setattr(release_cache, "_pip_download", short)
     with pytest.raises(UserError, match=rf"{PROJECT}=={VERSION}: the archive .*{wheel.name}\) is damaged"):
-        releases.fetch_release(PROJECT, VERSION)
+        release_cache.fetch_release(PROJECT, VERSION)
     assert list((cache / "downloads").iterdir()) == []
     assert not (cache / "releases" / f"{PROJECT}-{VERSION}").exists()
 
@@ -161,7 +161,7 @@ def test_folders_a_killed_fetch_left_are_removed_unless_their_fetch_runs(
     lock = os.open(rels / ".verl-0.9.1.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a fetch of verl 0.9.1 is running
-        assert (releases.fetch_release(PROJECT, VERSION) / "verl" / "__init__.py").is_file()
+        assert (release_cache.fetch_release(PROJECT, VERSION) / "verl" / "__init__.py").is_file()
     finally:
         os.close(lock)
     assert not any(p.exists() for p in mine + other_idle)

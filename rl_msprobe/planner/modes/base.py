@@ -474,10 +474,3 @@ def too_old(ctx: Context, rule: str, project: str, minimum: str, fix: str) -> Vi
 
 def env_in_script(ctx: Context, name: str) -> str | None:
     return env_value(ctx.script, ctx.overrides, name)
-
-
-def version_at_least(ctx: Context, project: str, minimum: str) -> bool | None:
-    version = ctx.version(project)
-    if version is None:
-        return None
-    return version >= Version(minimum)

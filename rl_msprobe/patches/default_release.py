@@ -8,7 +8,7 @@ it), so the default a user sees is always a release the suite has patched, rever
 from __future__ import annotations
 
 from rl_msprobe.codemods.base import version_in_range
-from rl_msprobe.patches.model import PatchSet
+from rl_msprobe.patches.patch_set import PatchSet
 from rl_msprobe.upstream import projects
 
 
