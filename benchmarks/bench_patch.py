@@ -17,6 +17,8 @@ before = main 130df06 (`git archive 130df06 rl_msprobe | tar -x -C DIR`):
   status before (every set's codemods and libcst.matchers imported): 2925 ms, 1.89x
   status after (lazy set registry; verl-engine's codemods only, no libcst.matchers): 2024 ms, 1.31x
   (a first run at load 7.7 with `-m` picking the worktree for both sides is discarded: `-P` now)
+  again at 18:43 UTC, load 7.1-7.7, all of branch reg in: floor 915 ms, before 1739 ms (1.90x),
+  after 1196 ms (1.31x); warm library status 1.26x, diff 1.27x of the warm floor
 The lazy registry and a matcher-free Megatron anchor took `libcst.matchers` (0.6 s of the import)
 out of verl-engine's status.
 """
