@@ -230,7 +230,7 @@ class LayoutReport:
         return not self.problems
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "ok": self.ok}
+        return {"schema": "rl-msprobe.dumps-check/1", **asdict(self), "ok": self.ok}
 
 
 def check_dump_file(path: Path) -> str | None:

@@ -54,6 +54,7 @@ class EnvReport:
 
     def to_json(self) -> dict[str, object]:
         doc: dict[str, object] = {
+            "schema": "rl-msprobe.env/1",
             "ok": self.ok,
             "python": self.python,
             "executable": self.executable,

@@ -1,0 +1,186 @@
+"""Every command's main operation called from Python, without click: the frozen result, its enum
+verdict and its `--json` document; and the guard that keeps every click command thin (<= 40 lines).
+
+Real inputs throughout: hand-made dump logs (correlate), real msprobe dumps of the stand-in model
+(compare, positions), a triage log as the verl-triage helper writes it, a fetched verl release
+(patch diff) and a launch script of the corpus (prepare, check).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.dumps.conftest import (  # noqa: F401 - consistency_tree and position_dumps are fixtures
+    consistency_tree,
+    dispatch,
+    position_dumps,
+    update,
+    write_dump,
+    write_jsonl,
+)
+
+COMMANDS = Path(__file__).resolve().parents[2] / "rl_msprobe" / "commands"
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "launch"
+LIMIT = 40  # lines of a click command function, signature and docstring included
+
+
+def _command_lengths() -> dict[str, int]:
+    """`module:function` -> lines, for every function in rl_msprobe/commands decorated as a command."""
+    out = {}
+    for path in sorted(COMMANDS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d.func if isinstance(d, ast.Call) else d).endswith(".command")
+                for d in node.decorator_list
+            ):
+                assert node.end_lineno is not None
+                out[f"{path.stem}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def test_every_click_command_is_thin() -> None:
+    lengths = _command_lengths()
+    assert len(lengths) >= 15 and "dumps:compare" in lengths and "planner:prepare" in lengths, lengths
+    assert {name: n for name, n in lengths.items() if n > LIMIT} == {}
+
+
+def test_correlate_names_broken_input_by_kind(consistency_tree: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    from rl_msprobe.dumps.correlate import Unpaired, correlate
+
+    rollout, train = consistency_tree  # every join case: a missing dump and a cut-short line among them
+    result = correlate(rollout, train)
+    assert result.pairs and not result.ok and result.to_json()["schema"] == "rl-msprobe.dumps-correlate/1"
+    kinds = {u.request_id: u.kind for u in result.unmatched}
+    assert kinds["eeee"] is Unpaired.MISSING_DUMP and kinds["dddd"] is Unpaired.UNPAIRED
+    assert [u.kind for u in result.unmatched if u.request_id is None and "not a JSON" in u.why] == [
+        Unpaired.BAD_LINE
+    ]
+    r, t = tmp_path / "clean" / "gen", tmp_path / "clean" / "actor"
+    write_jsonl(
+        r / "100" / "dispatch_log.jsonl", [dispatch(100, 0, 0, "prefill", ("aaaa-0123abcd", "new", 7))]
+    )
+    write_jsonl(t / "300" / "update_actor_log.jsonl", [update(300, 0, 0, "aaaa"), update(300, 0, 1, "zzzz")])
+    write_dump(r / "100" / "step0" / "rank0")
+    write_dump(t / "300" / "step0" / "rank0")
+    clean = correlate(r, t)
+    assert clean.ok and len(clean.pairs) == 1 and [u.kind for u in clean.unmatched] == [Unpaired.UNPAIRED]
+
+
+def test_dumps_check_json_has_its_schema(tmp_path: Path) -> None:
+    from rl_msprobe.dumps.layout import check_layout
+
+    write_dump(tmp_path / "step0" / "rank0")
+    report = check_layout([tmp_path], None, 1)
+    assert report.ok and report.to_json()["schema"] == "rl-msprobe.dumps-check/1"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_compare_dumps(tmp_path: Path) -> None:
+    pytest.importorskip("msprobe", reason="mindstudio-probe is in the `msprobe` extra")
+    pytest.importorskip("transformers", reason="transformers is in the `test` extra")
+    from rl_msprobe.dumps.api import CompareOptions, Verdict, compare_dumps
+    from tests.support import standin_dumps
+
+    sides = standin_dumps.build()
+    said: list[str] = []
+    same = compare_dumps(
+        CompareOptions(sides["rollout"], sides["train"], tmp_path / "same", jobs=2), said.append
+    )
+    assert same.verdict is Verdict.CONSISTENT and same.ok and len(same.run.results) == 2
+    assert same.report["md"].is_file() and same.lines()[-2].startswith("CONSISTENT: 2 pair(s)")
+    doc = same.to_json()
+    assert doc["schema"] == "rl-msprobe.dumps-compare/1" and doc["consistent"] is True
+    assert said == []  # no --limit, no recorded interpreter, no progress asked for
+    one = CompareOptions(sides["rollout"], sides["train_perturbed"], tmp_path / "diff", jobs=2, limit=1)
+    perturbed = compare_dumps(one, said.append)
+    assert perturbed.verdict is Verdict.DIVERGENT and not perturbed.ok and len(perturbed.run.results) == 1
+    assert said == ["comparing the first 1 of 2 pairs (--limit)"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        perturbed.verdict = Verdict.CONSISTENT  # type: ignore[misc]
+
+
+@pytest.mark.timeout(1800)
+def test_compare_positions(position_dumps: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    from rl_msprobe.dumps.api import Verdict, compare_positions
+    from tests.dumps.test_positions_per_token import _job
+
+    gen, actor = _job(tmp_path, position_dumps["stats_clean"], position_dumps["record"])
+    outcome = compare_positions(gen, actor, tmp_path / "out")
+    assert outcome.verdict is Verdict.CONSISTENT and outcome.ok, outcome.summary
+    doc = outcome.to_json()
+    assert doc["schema"] == "rl-msprobe.dumps-positions/1" and doc["status"] == "consistent"
+    assert outcome.report["md"].is_file() and outcome.lines()[-1] == f"report: {outcome.report['md']}"
+
+
+def test_mismatch_report(tmp_path: Path) -> None:
+    from rl_msprobe.triage.api import Found, mismatch_report
+    from tests.triage.test_report import SCRIPT, write_log
+
+    write_log(tmp_path / "triage")
+    script = tmp_path / "run_job.sh"
+    script.write_text(SCRIPT)
+    result = mismatch_report(tmp_path / "triage", script=script, python="/v/bin/python")
+    assert result.found is Found.REQUEST and result.ok and result.proposal is not None
+    assert result.proposal.step == 4 and Path(result.paths["md"]).is_file()
+    doc = result.to_json()
+    assert doc["schema"] == "rl-msprobe.mismatch-report/1" and doc["proposal"]["step"] == 4
+    assert doc["report"] == result.paths and json.dumps(doc)
+    assert result.lines()[0] == f"{result.triage.requests} request(s), 5 step(s) from 1 file(s)"
+
+
+def test_patch_preview(tmp_path: Path) -> None:
+    from rl_msprobe.engine.preview import Pending, preview
+    from tests.support.trees import scratch_copy
+
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    result = preview(("verl-prompts-only",), str(tree))
+    assert result.pending is Pending.CHANGES and result.summary["files"]
+    doc = result.to_json()
+    assert (
+        doc["schema"] == "rl-msprobe.patch-diff/1"
+        and doc["version"] == "0.9.1"
+        and doc["diff"] == result.text
+    )
+    assert result.notes()[-1].startswith(f"# {result.target.describe()}: ")
+    assert len(result.stat_lines()) == len(result.summary["files"])
+
+
+def test_prepare_and_check(tmp_path: Path) -> None:
+    from rl_msprobe.planner.api import Checked, Prepared, PrepareOptions, check_script, prepare_script
+
+    script = tmp_path / "run_a.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    before = check_script(str(script), mode="inference")
+    assert before.verdict is Checked.VIOLATED and not before.ok and before.report.result.violations
+    assert before.to_json()["schema"] == "rl-msprobe.check/1"
+    result = prepare_script(PrepareOptions(str(script), mode="inference", steps="0"))
+    assert result.state is Prepared.WRITTEN and result.ok and result.plan is not None
+    derived = Path(result.plan.derived_path)
+    assert derived.is_file() and f"wrote {derived}" in result.text() and result.errors() == []
+    doc = result.to_json()
+    assert (
+        doc["schema"] == "rl-msprobe.prepare/1" and doc["written"] is True and doc["script"] == str(derived)
+    )
+    after = check_script(str(derived), mode="inference")
+    assert after.verdict is Checked.HOLDS and after.lines()[0] == f"{derived}: inference rules: ok"
+
+
+def test_prepare_stops_when_msprobe_does_not_import(tmp_path: Path) -> None:
+    from rl_msprobe.planner.api import Prepared, PrepareOptions, prepare_script
+    from rl_msprobe.upstream.releases import cache_dir
+    from tests.planner.test_env import make_venv
+
+    bare = make_venv(cache_dir() / "venvs" / "planner-env-bare")  # the env tests' venv without msprobe
+
+    script = tmp_path / "run_a.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    result = prepare_script(PrepareOptions(str(script), mode="inference", python=str(bare)))
+    assert result.state is Prepared.MSPROBE_MISSING and result.plan is None and result.text() == ""
+    assert "msprobe is not importable" in result.errors()[0] and result.to_json()["written"] is False
+    assert not list(tmp_path.glob("msprobe_*"))
