@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from rl_msprobe.errors import UserError
 
 if TYPE_CHECKING:
+    from rl_msprobe.launch.detect import Detection
     from rl_msprobe.planner import PlanRequest
     from rl_msprobe.planner.core import CheckReport, Plan
-    from rl_msprobe.launch.detect import Detection
     from rl_msprobe.planner.prepare import MsprobeMissing
 
 PREPARE_SCHEMA = "rl-msprobe.prepare/1"

@@ -49,6 +49,16 @@ def test_every_click_command_is_thin() -> None:
     assert {name: n for name, n in lengths.items() if n > LIMIT} == {}
 
 
+def test_every_schema_is_documented() -> None:
+    """Each `rl-msprobe.<command>/<n>` the package writes has its row in docs/json.md, and back."""
+    import re
+
+    pattern = re.compile(r"rl-msprobe\.[a-z-]+/\d+")
+    code = {m for p in COMMANDS.parent.rglob("*.py") for m in pattern.findall(p.read_text(encoding="utf-8"))}
+    docs = set(pattern.findall((COMMANDS.parents[1] / "docs" / "json.md").read_text(encoding="utf-8")))
+    assert len(code) >= 15 and code == docs
+
+
 def test_correlate_names_broken_input_by_kind(consistency_tree: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
     from rl_msprobe.dumps.correlate import Unpaired, correlate
 
