@@ -194,3 +194,62 @@ def test_prepare_stops_when_msprobe_does_not_import(tmp_path: Path) -> None:
     assert result.state is Prepared.MSPROBE_MISSING and result.plan is None and result.text() == ""
     assert "msprobe is not importable" in result.errors()[0] and result.to_json()["written"] is False
     assert not list(tmp_path.glob("msprobe_*"))
+
+
+def test_detect(tmp_path: Path) -> None:
+    from rl_msprobe.planner.api import detect_script
+
+    script = tmp_path / "run_a.sh"
+    script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
+    undecided = detect_script(str(script))
+    assert (
+        not undecided.ok and undecided.detection.mode == "unknown" and undecided.detection.rollout == "vllm"
+    )
+    decided = detect_script(str(script), hint="dump the rollout's inference")
+    assert decided.ok and decided.detection.mode == "inference", decided.detection.reasons
+    assert decided.to_json()["schema"] == "rl-msprobe.detect/1" and decided.lines()[0] == "mode: inference"
+
+
+def test_env_without_msprobe() -> None:
+    from rl_msprobe.planner.env import ensure
+    from rl_msprobe.upstream.releases import cache_dir
+    from tests.planner.test_env import make_venv
+
+    report = ensure(str(make_venv(cache_dir() / "venvs" / "planner-env-bare")), no_install=True)
+    doc = report.to_json()
+    assert not report.ok and doc["schema"] == "rl-msprobe.env/1" and doc["manual_commands"]
+
+
+def test_patch_status_and_apply_groups(tmp_path: Path) -> None:
+    from rl_msprobe import engine
+    from rl_msprobe.engine import selection
+    from tests.support.trees import scratch_copy
+
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    groups = selection.status_groups((), str(tree), None)
+    ((target, sets),) = groups
+    assert target.project == "verl" and sets and all(not s.includes for s in sets)
+    statuses = [engine.status(t, s) for t, s in selection.groups(("verl-prompts-only",), str(tree), None)]
+    doc = engine.combined_status_json(statuses)
+    assert doc["schema"] == "rl-msprobe.patch-status/1" and not statuses[0].all_applied
+
+
+def test_weights_compare(tmp_path: Path) -> None:
+    from rl_msprobe.weights.api import Parity, compare_weights
+    from tests.weights import synthetic
+
+    equal = compare_weights(synthetic.write(tmp_path / "ok"))
+    assert (
+        equal.verdict is Parity.EQUAL
+        and equal.ok
+        and equal.to_json()["schema"] == "rl-msprobe.weights-compare/1"
+    )
+    name = "model.layers.1.mlp.down_proj.weight"
+    bad = synthetic.write(tmp_path / "bad", faults=[(2, "resident", name, 1, 1.5)])
+    different = compare_weights(bad, out=tmp_path / "report")
+    assert different.verdict is Parity.DIFFERENT and not different.ok
+    assert different.report and all(Path(p).is_file() for p in different.report)
+    assert [f"wrote {p}" for p in different.report] == [
+        x for x in different.lines() if x.startswith("wrote ")
+    ]
+    assert different.to_json()["report"] == list(different.report)
