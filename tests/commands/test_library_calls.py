@@ -253,3 +253,21 @@ def test_weights_compare(tmp_path: Path) -> None:
         x for x in different.lines() if x.startswith("wrote ")
     ]
     assert different.to_json()["report"] == list(different.report)
+
+
+def test_patch_apply_and_revert(tmp_path: Path) -> None:
+    from rl_msprobe import engine
+    from rl_msprobe.engine import selection
+    from tests.support.trees import scratch_copy, snapshot
+
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl", with_git=False)
+    before = snapshot(tree)
+    groups = selection.groups(("verl-prompts-only",), str(tree), None)
+    (applied,) = engine.apply_many(groups)
+    assert not applied.noop and applied.changed and applied.manifest and applied.git is None
+    assert engine.combined_json([applied])["schema"] == "rl-msprobe.patch-apply/1"
+    (reverted,) = engine.revert_many(selection.groups(("verl-prompts-only",), str(tree), None))
+    assert set(reverted.changed) == set(applied.changed)
+    assert engine.combined_json([reverted])["schema"] == "rl-msprobe.patch-revert/1"
+    after = snapshot(tree)
+    assert {k: v for k, v in after.items() if k in before} == before
