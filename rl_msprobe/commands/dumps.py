@@ -61,27 +61,14 @@ def check(dirs: tuple[Path, ...], mode: str | None, jobs: int | None, as_json: b
     update_actor_log.jsonl. Reports missing steps, ranks and stages, and empty or unparsable
     dump.json. Exit 0 complete, 1 problems found.
     """
-    from rl_msprobe.dumps.compare import default_jobs
-    from rl_msprobe.dumps.layout import check_layout
-    from rl_msprobe.errors import UserError
+    from rl_msprobe.dumps.api import check_dumps
 
-    if len(dirs) > 2:
-        raise UserError("dumps check takes one folder, or two for consistency (rollout and training).")
-    report = check_layout(list(dirs), mode, jobs or default_jobs())
+    report = check_dumps(list(dirs), mode, jobs)
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(f"mode: {report.mode} ({report.dumps} dump.json)")
-        for group, c in report.counts.items():
-            click.echo(
-                f"  {group}: {c['dumps']} dumps, steps {c['step_range'][0]}..{c['step_range'][1]} "
-                f"({c['steps']}), {', '.join(c['ranks'])}"
-            )
-        for name, paths in report.logs.items():
-            click.echo(f"  {name}: {len(paths)} file(s)")
-        for p in report.problems:
-            click.echo(f"problem: {p['where']}: {p['what']}. Fix: {p['fix']}.")
-        click.echo("layout complete" if report.ok else f"{len(report.problems)} problem(s) found")
+        for line in report.lines():
+            click.echo(line)
     sys.exit(0 if report.ok else 1)
 
 
@@ -103,25 +90,8 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
     else:
-        for p in result.pairs[:SHOW]:
-            peers = "".join(f" + TP peer pid {s.pid} step{s.step} rank{s.rank}" for s in p.peers)
-            click.echo(
-                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}{peers}"
-                f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
-            )
-        if len(result.pairs) > SHOW:
-            click.echo(f"... {len(result.pairs) - SHOW} more pairs (--json lists all)")
-        for u in result.unmatched[:SHOW]:
-            click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
-        if len(result.unmatched) > SHOW:
-            click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
-        for label, lines in (("used lines", result.used_lines()), ("skipped lines", result.skipped_lines())):
-            click.echo(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
-        click.echo(
-            "pairs per rank: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(result.per_rank().items())) or "none")
-        )
-        click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
+        for line in result.lines(SHOW):
+            click.echo(line)
     sys.exit(0 if result.ok else 1)
 
 

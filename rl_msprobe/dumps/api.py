@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rl_msprobe.dumps.compare import CompareRun, PairResult
+    from rl_msprobe.dumps.layout import LayoutReport
     from rl_msprobe.dumps.whole_response import RequestResult
 
 COMPARE_SCHEMA = "rl-msprobe.dumps-compare/1"
@@ -25,6 +26,18 @@ POSITIONS_SCHEMA = "rl-msprobe.dumps-positions/1"
 Say = Callable[[str], None]  # one progress note for the user (stderr on the terminal)
 # the progress of N pairs: a context that hands out the callback called as each pair is done
 Watch = Callable[[int], AbstractContextManager[Callable[["PairResult"], None]]]
+
+
+def check_dumps(dirs: list[Path], mode: str | None = None, jobs: int | None = None) -> LayoutReport:
+    """The dump layout under one folder (training, inference) or two (consistency: rollout and
+    training), checked against `mode` (default: detected); `jobs` processes parse dump.json."""
+    from rl_msprobe.dumps.compare import default_jobs
+    from rl_msprobe.dumps.layout import check_layout
+    from rl_msprobe.errors import UserError
+
+    if len(dirs) > 2:
+        raise UserError("dumps check takes one folder, or two for consistency (rollout and training).")
+    return check_layout(list(dirs), mode, jobs or default_jobs())
 
 
 class Verdict(str, enum.Enum):

@@ -139,6 +139,29 @@ class Correlation:
         """Pairs found, and no log line or dump missing or broken (`dumps correlate` exits 0)."""
         return bool(self.pairs) and all(u.kind is Unpaired.UNPAIRED for u in self.unmatched)
 
+    def lines(self, show: int = 40) -> list[str]:
+        """The terminal text of `dumps correlate`: the first `show` pairs and unmatched, then counts."""
+        out = []
+        for p in self.pairs[:show]:
+            peers = "".join(f" + TP peer pid {s.pid} step{s.step} rank{s.rank}" for s in p.peers)
+            out.append(
+                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}{peers}"
+                f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
+            )
+        if len(self.pairs) > show:
+            out.append(f"... {len(self.pairs) - show} more pairs (--json lists all)")
+        out += [f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}" for u in self.unmatched[:show]]
+        if len(self.unmatched) > show:
+            out.append(f"... {len(self.unmatched) - show} more unmatched (--json lists all)")
+        for label, lines in (("used lines", self.used_lines()), ("skipped lines", self.skipped_lines())):
+            out.append(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
+        ranks = ", ".join(f"{k} {v}" for k, v in sorted(self.per_rank().items())) or "none"
+        return [
+            *out,
+            f"pairs per rank: {ranks}",
+            f"{len(self.pairs)} pair(s), {len(self.unmatched)} unmatched",
+        ]
+
     def to_json(self) -> dict[str, object]:
         return {
             "schema": SCHEMA,

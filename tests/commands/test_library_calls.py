@@ -81,12 +81,21 @@ def test_correlate_names_broken_input_by_kind(consistency_tree: tuple[Path, Path
     assert clean.ok and len(clean.pairs) == 1 and [u.kind for u in clean.unmatched] == [Unpaired.UNPAIRED]
 
 
-def test_dumps_check_json_has_its_schema(tmp_path: Path) -> None:
-    from rl_msprobe.dumps.layout import check_layout
+def test_dumps_check(tmp_path: Path) -> None:
+    from rl_msprobe.dumps.api import check_dumps
+    from rl_msprobe.errors import UserError
 
     write_dump(tmp_path / "step0" / "rank0")
-    report = check_layout([tmp_path], None, 1)
-    assert report.ok and report.to_json()["schema"] == "rl-msprobe.dumps-check/1"
+    report = check_dumps([tmp_path])
+    assert (
+        report.ok and report.mode == "inference" and report.to_json()["schema"] == "rl-msprobe.dumps-check/1"
+    )
+    assert report.lines()[-1] == "layout complete"
+    write_dump(tmp_path / "step1" / "rank1")
+    broken = check_dumps([tmp_path], jobs=1)
+    assert not broken.ok and broken.lines()[-1] == f"{len(broken.problems)} problem(s) found"
+    with pytest.raises(UserError, match="one folder, or two"):
+        check_dumps([tmp_path] * 3)
 
 
 @pytest.mark.e2e
