@@ -44,29 +44,8 @@ def env(python: str, no_install: bool, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_json())
     else:
-        where = f"{report.executable} (Python {report.python_version})" if report.executable else python
-        if report.ok and report.installed_now:
-            click.echo(
-                f"msprobe was missing in {where}: INSTALLED {env_mod.PACKAGE} {report.version or ''} there "
-                f"(`{python} -m pip install {env_mod.PACKAGE}`); it imports now."
-            )
-        elif report.ok:
-            click.echo(
-                f"msprobe {report.version or '(version unknown)'} is importable in {where}; nothing installed."
-            )
-        else:
-            click.echo(f"msprobe is NOT importable in {where}: {report.error}")
-            if no_install:
-                click.echo("--no-install: nothing was installed.")
-            elif report.install_attempted:
-                click.echo("Installing it failed; pip said:")
-                for line in report.install_log.strip().splitlines()[-5:]:
-                    click.echo(f"  | {line}")
-                click.echo("Install it yourself, then verify.")
-            click.echo("Manual commands:")
-            for cmd in report.manual_commands():
-                click.echo(f"  {cmd}")
-            click.echo("Stop here: do not prepare, patch or launch a dump until msprobe imports.")
+        for line in report.lines():
+            click.echo(line)
     sys.exit(0 if report.ok else 1)
 
 
