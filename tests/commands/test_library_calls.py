@@ -280,3 +280,21 @@ def test_patch_apply_and_revert(tmp_path: Path) -> None:
     assert engine.combined_json([reverted])["schema"] == "rl-msprobe.patch-revert/1"
     after = snapshot(tree)
     assert {k: v for k, v in after.items() if k in before} == before
+
+
+def test_env_lines_after_a_failed_install() -> None:
+    """The branch no live test reaches (pip ran and msprobe still does not import): pip's last five
+    lines, then the manual commands; never the --no-install line."""
+    from rl_msprobe.planner.env import EnvReport
+
+    log = "\n".join(f"pip line {n}" for n in range(8))
+    report = EnvReport(
+        "py3", False, error="No module named 'msprobe'", install_attempted=True, install_log=log
+    )
+    lines = report.lines()
+    assert lines[:2] == [
+        "msprobe is NOT importable in py3: No module named 'msprobe'",
+        "Installing it failed; pip said:",
+    ]
+    assert lines[2:7] == [f"  | pip line {n}" for n in range(3, 8)] and "--no-install" not in "\n".join(lines)
+    assert lines[8:10] == ["Manual commands:", "  py3 -m pip install mindstudio-probe"]
