@@ -84,6 +84,21 @@ def _exists(name: str, folder: int) -> bool:
     return True
 
 
+def parse_record(data: bytes | None) -> dict[str, str]:
+    """The caller's record of what rl-msprobe wrote (`{"files": {name: sha256}}`) read back; anything
+    unreadable counts as an empty record, so no file in the way is taken for ours."""
+    try:
+        files = json.loads(data or b"{}").get("files", {})
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
+
+
+def record_bytes(files: dict[str, str]) -> bytes:
+    """A record of what rl-msprobe wrote (name -> sha256), as `parse_record` reads it back."""
+    return (json.dumps({"files": files}, indent=1) + "\n").encode()
+
+
 def read_own(name: str, folder: int, limit: int = 1 << 26) -> bytes | None:
     """A regular file of the folder, never through a link (None: absent, a link, too large)."""
     try:

@@ -13,8 +13,6 @@ refused before the first byte unless --force.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import stat
 from collections.abc import Iterable
@@ -25,10 +23,6 @@ from rl_msprobe.errors import UserError
 
 RECORD = ".rl-msprobe-report.json"
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class ReportFolder:
@@ -91,12 +85,7 @@ class ReportFolder:
         return publishing.read_own(name, self.fd, limit)
 
     def _load_record(self) -> dict[str, str]:
-        data = self._read_own(RECORD, bounded.CONFIG)
-        try:
-            files = json.loads(data or b"{}").get("files", {})
-        except (ValueError, AttributeError, RecursionError):
-            return {}
-        return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
+        return publishing.parse_record(self._read_own(RECORD, bounded.CONFIG))
 
     # ------------------------------------------------------------ writing
 
@@ -106,7 +95,7 @@ class ReportFolder:
         if info is None or not stat.S_ISREG(info.st_mode) or name not in self.record:
             return False
         data = self._read_own(name, info.st_size)
-        return data is not None and _sha(data) == self.record[name]
+        return data is not None and publishing.sha(data) == self.record[name]
 
     def claim(self, names: Iterable[str]) -> None:
         """Refuse (exit 2, nothing written) when any of `names` is in the folder and is not ours,
@@ -135,7 +124,7 @@ class ReportFolder:
                 f"{self.option}. Nothing was written."
             ) from None
         self.staged[name] = self.publication.items[-1].tmp
-        self.shas[name] = _sha(data)
+        self.shas[name] = publishing.sha(data)
         return self.path / name
 
     def commit(self) -> None:
@@ -150,9 +139,9 @@ class ReportFolder:
         except BaseException:
             self.discard()
             raise
-        record = json.dumps({"files": {**self.record, **self.shas}}, indent=1) + "\n"
+        record = publishing.record_bytes({**self.record, **self.shas})
         try:
-            self.publication.commit(RECORD, record.encode())
+            self.publication.commit(RECORD, record)
         except OSError as exc:
             self.staged.clear()
             raise UserError(

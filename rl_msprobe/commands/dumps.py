@@ -7,20 +7,20 @@ Library imports stay inside the functions so `rl-msprobe --help` stays light.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from rl_msprobe import mode_table as registry
 from rl_msprobe.commands.common import F, emit_json, handles_user_errors, json_option
-from rl_msprobe.planner import registry
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
 
     from rl_msprobe.dumps.compare import PairResult
-    from rl_msprobe.dumps.correlate import Correlation
 
 _dir = click.Path(exists=True, file_okay=False, path_type=Path)
 SHOW = 40  # lines per list on the terminal
@@ -62,27 +62,14 @@ def check(dirs: tuple[Path, ...], mode: str | None, jobs: int | None, as_json: b
     update_actor_log.jsonl. Reports missing steps, ranks and stages, and empty or unparsable
     dump.json. Exit 0 complete, 1 problems found.
     """
-    from rl_msprobe.dumps.compare import default_jobs
-    from rl_msprobe.dumps.layout import check_layout
-    from rl_msprobe.errors import UserError
+    from rl_msprobe.dumps.api import check_dumps
 
-    if len(dirs) > 2:
-        raise UserError("dumps check takes one folder, or two for consistency (rollout and training).")
-    report = check_layout(list(dirs), mode, jobs or default_jobs())
+    report = check_dumps(list(dirs), mode, jobs)
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(f"mode: {report.mode} ({report.dumps} dump.json)")
-        for group, c in report.counts.items():
-            click.echo(
-                f"  {group}: {c['dumps']} dumps, steps {c['step_range'][0]}..{c['step_range'][1]} "
-                f"({c['steps']}), {', '.join(c['ranks'])}"
-            )
-        for name, paths in report.logs.items():
-            click.echo(f"  {name}: {len(paths)} file(s)")
-        for p in report.problems:
-            click.echo(f"problem: {p['where']}: {p['what']}. Fix: {p['fix']}.")
-        click.echo("layout complete" if report.ok else f"{len(report.problems)} problem(s) found")
+        for line in report.lines():
+            click.echo(line)
     sys.exit(0 if report.ok else 1)
 
 
@@ -104,30 +91,9 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
     else:
-        for p in result.pairs[:SHOW]:
-            peers = "".join(f" + TP peer pid {s.pid} step{s.step} rank{s.rank}" for s in p.peers)
-            click.echo(
-                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}{peers}"
-                f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
-            )
-        if len(result.pairs) > SHOW:
-            click.echo(f"... {len(result.pairs) - SHOW} more pairs (--json lists all)")
-        for u in result.unmatched[:SHOW]:
-            click.echo(f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}")
-        if len(result.unmatched) > SHOW:
-            click.echo(f"... {len(result.unmatched) - SHOW} more unmatched (--json lists all)")
-        for label, lines in (("used lines", result.used_lines()), ("skipped lines", result.skipped_lines())):
-            click.echo(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
-        click.echo(
-            "pairs per rank: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(result.per_rank().items())) or "none")
-        )
-        click.echo(f"{len(result.pairs)} pair(s), {len(result.unmatched)} unmatched")
-    sys.exit(0 if result.pairs and not _hard_problems(result) else 1)
-
-
-def _hard_problems(result: Correlation) -> bool:
-    return any(u.why.startswith("missing dump") or ": not a JSON" in u.why for u in result.unmatched)
+        for line in result.lines(SHOW):
+            click.echo(line)
+    sys.exit(0 if result.ok else 1)
 
 
 def _running_verdict(tally: dict[str, int]) -> str | None:
@@ -144,23 +110,6 @@ def _running_verdict(tally: dict[str, int]) -> str | None:
     return f"{word} so far ({', '.join(f'{n} {k}' for k, n in sorted(tally.items()))})"
 
 
-def _warm_report_imports() -> None:
-    """Import the report's plotting (matplotlib, seconds) in a thread while msprobe compares:
-    this process only waits on its workers meanwhile."""
-    import threading
-
-    def warm() -> None:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot  # noqa: F401
-        except Exception:  # noqa: BLE001 - the report imports it again and says what is wrong
-            pass
-
-    threading.Thread(target=warm, name="warm-report", daemon=True).start()
-
-
 @dumps.command()
 @click.argument("rollout", type=_dir_or_file)
 @click.argument("train", type=_dir_or_file)
@@ -173,6 +122,7 @@ def _warm_report_imports() -> None:
 )
 @click.option(
     "--train-backend",
+    "backend",
     type=click.Choice(["fsdp", "megatron"]),
     default="fsdp",
     show_default=True,
@@ -180,7 +130,7 @@ def _warm_report_imports() -> None:
 )
 @click.option(
     "--backend", "old_backend", type=click.Choice(["fsdp", "megatron"]), hidden=True
-)  # old spelling
+)  # old spelling: --backend means the rollout engine elsewhere
 @jobs_option("msprobe workers (each imports msprobe once and compares pair after pair)")
 @click.option(
     "--limit", type=click.IntRange(1), default=None, help="Compare only the first N pairs (log order)."
@@ -212,22 +162,7 @@ def _warm_report_imports() -> None:
 @click.option("--force", is_flag=True, help="Replace report files in --out that rl-msprobe did not write.")
 @json_option
 @handles_user_errors
-def compare(
-    rollout: Path,
-    train: Path,
-    out: Path,
-    train_backend: str,
-    old_backend: str | None,
-    jobs: int | None,
-    limit: int | None,
-    train_steps: tuple[int, ...],
-    python: str | None,
-    min_coverage: float | None,
-    timeout: float | None,
-    per_process: bool,
-    force: bool,
-    as_json: bool,
-) -> None:
+def compare(as_json: bool, old_backend: str | None, **params: Any) -> None:
     """Run msprobe's consistency compare for every pair and write report.md / report.html.
 
     With logs (ROLLOUT and TRAIN are the two dump_path folders) the pairs come from `correlate`;
@@ -235,83 +170,41 @@ def compare(
     Exit 0 consistent, 1 divergence found, a compare failed or NOT COMPARED (msprobe matched no
     rows, or too few of the rollout's modules), 2 bad input.
     """
-    from rl_msprobe.dumps.compare import (
-        MIN_COVERAGE,
-        CompareRun,
-        check_out_dir,
-        compare_pairs,
-        default_jobs,
-        recorded_python,
-        verdict,
-    )
-    from rl_msprobe.dumps.pairs import select_pairs
-    from rl_msprobe.dumps.report import REPORT_FILES, dtype_line, pair_lines, write_report
-    from rl_msprobe.report_folder import ReportFolder
+    from rl_msprobe.dumps.api import CompareOptions, compare_dumps
 
-    backend = old_backend or train_backend  # --backend means the rollout engine elsewhere
-    out = check_out_dir(out)
-    with ReportFolder(out, force) as folder:  # a user's report.md in the way: refused before msprobe runs
-        folder.claim(REPORT_FILES)
-    selection = select_pairs(rollout, train, train_steps, limit)
-    pairs = selection.pairs
-    if len(pairs) < selection.total and not as_json:
-        click.echo(f"comparing the first {limit} of {selection.total} pairs (--limit)", err=True)
-    run = CompareRun(out=out, backend=backend, correlation=selection.correlation)
-    jobs = jobs or default_jobs()
-    if python is None:
-        python, record = recorded_python([rollout, train])
-        if python and not as_json:
-            click.echo(f"msprobe runs in {python} (recorded by prepare in {record})", err=True)
-    roots = (train.resolve() if train.is_dir() else None, rollout.resolve() if rollout.is_dir() else None)
-    _warm_report_imports()
-
-    def compare_all(on_done: Callable[[PairResult], None] | None = None) -> list[PairResult]:
-        return compare_pairs(
-            pairs,
-            out,
-            backend,
-            jobs,
-            on_done,
-            python=python,
-            per_process=per_process,
-            roots=roots,
-            min_coverage=MIN_COVERAGE if min_coverage is None else min_coverage,
-            timeout=timeout,
-        )
-
+    params["backend"] = old_backend or params["backend"]
     if as_json:
-        run.results = compare_all()
+        outcome = compare_dumps(CompareOptions(**params))
+        emit_json(outcome.to_json())
     else:
-        what = "msprobe process(es) per pair" if per_process else "msprobe worker(s)"
-        click.echo(f"{len(pairs)} pair(s), {jobs} {what} -> {out}", err=True)
-        tally: dict[str, int] = {}
-
-        progress: ProgressBar[PairResult] = click.progressbar(
-            length=len(pairs),
-            label="msprobe compare",
-            file=sys.stderr,
-            show_pos=True,
-            item_show_func=lambda _x: _running_verdict(tally),
-        )
-        with progress as bar:
-
-            def done(r: PairResult) -> None:
-                tally[r.status] = tally.get(r.status, 0) + 1
-                bar.update(1, r)
-
-            run.results = compare_all(done)
-    paths = write_report(run, force)
-    if as_json:
-        emit_json(run.to_json())
-    else:
-        for line in pair_lines(run):
+        outcome = compare_dumps(CompareOptions(**params), say=_say, watch=_progress)
+        for line in outcome.lines():
             click.echo(line)
-        click.echo(dtype_line(run))
-        if run.no_plot:
-            click.echo(f"no plot: {run.no_plot}")
-        click.echo(verdict(run))
-        click.echo(f"report: {paths['md']}\n        {paths['html']}")
-    sys.exit(0 if run.consistent else 1)
+    sys.exit(0 if outcome.ok else 1)
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[PairResult], None]]:
+    """A progress bar on stderr over `total` pairs, showing the verdict so far."""
+    tally: dict[str, int] = {}
+    progress: ProgressBar[PairResult] = click.progressbar(
+        length=total,
+        label="msprobe compare",
+        file=sys.stderr,
+        show_pos=True,
+        item_show_func=lambda _x: _running_verdict(tally),
+    )
+    with progress as bar:
+
+        def done(r: PairResult) -> None:
+            tally[r.status] = tally.get(r.status, 0) + 1
+            bar.update(1, r)
+
+        yield done
 
 
 @dumps.command()
@@ -336,50 +229,19 @@ def compare(
 @click.option("--force", is_flag=True, help="Replace report files in --out that rl-msprobe did not write.")
 @json_option
 @handles_user_errors
-def positions(
-    rollout: Path,
-    train: Path,
-    out: Path,
-    requests: tuple[str, ...],
-    triage: Path | None,
-    python: str | None,
-    force: bool,
-    as_json: bool,
-) -> None:
+def positions(as_json: bool, **params: Any) -> None:
     """Whole-response consistency: every position of each request, prefill and decode steps.
 
     ROLLOUT: the rollout dump_path (dispatch logs and every step's dump); TRAIN: the actor's dump_path,
     with the per-token records of DUMP_POSITIONS=1. The verdict names the first position and, there,
     the first divergent module. Exit 0 consistent, 1 divergent or NOT COMPARED, 2 bad input.
     """
-    import shlex
-    import tempfile
-    import time
+    from rl_msprobe.dumps.api import compare_positions
 
-    from rl_msprobe.dumps.position_report import write_job
-    from rl_msprobe.dumps.whole_response import compare_job, sizes, summary
-
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rl-msprobe-positions-") as work:
-        wanted = set(requests) if requests else None
-        results = compare_job(rollout, train, Path(work), shlex.split(python) if python else None, wanted)
-    seconds = time.monotonic() - started
-    paths = write_job(results, out, force, triage)
-    status, verdict = summary(results)
+    outcome = compare_positions(**params)
     if as_json:
-        emit_json(
-            {
-                "status": status,
-                "verdict": verdict,
-                "seconds": round(seconds, 3),
-                "bytes": sizes(rollout, train),
-                "requests": [r.to_json() for r in results],
-                "report": {k: str(v) for k, v in paths.items()},
-            }
-        )
+        emit_json(outcome.to_json())
     else:
-        for r in results:
-            click.echo(f"{r.request_id}: {r.verdict()}")
-        click.echo(verdict)
-        click.echo(f"report: {paths['md']}")
-    sys.exit(0 if status == "consistent" else 1)
+        for line in outcome.lines():
+            click.echo(line)
+    sys.exit(0 if outcome.ok else 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,61 +47,19 @@ def mismatch() -> None:
 )
 @json_option
 @handles_user_errors
-def report(
-    folder: Path,
-    out: Path | None,
-    script: Path | None,
-    tree: str | None,
-    python: str | None,
-    keep: int,
-    force: bool,
-    as_json: bool,
-) -> None:
+def report(as_json: bool, **params: Any) -> None:
     """Stream FOLDER's <pid>/triage.jsonl lines into report.md / report.html / PNGs / summary.json.
 
     Per step: mean, p99 and max of |Δ log p| and |Δp| (|Δp| is verl's training/rollout_probs_diff_*),
     growth over steps, the gap by response position and by token id, the worst requests and their
     positions, and the next step: a one-prompt data file and a ready `prepare --mode consistency` command.
     """
-    from rl_msprobe.dumps.compare import recorded_python
-    from rl_msprobe.report_folder import ReportFolder
-    from rl_msprobe.triage.propose import choose, growth, write_proposal
-    from rl_msprobe.triage.report import fmt, write_report
-    from rl_msprobe.triage.stream import read_triage
+    from rl_msprobe.triage.api import mismatch_report
 
-    out = (out or (folder if folder.is_dir() else folder.parent) / "report").resolve()
-    result = read_triage(folder, keep=keep)
-    g = growth(result)
-    proposal = choose(result, result.step_worst)
-    with ReportFolder(out, force) as report_folder:
-        if proposal is not None:
-            python = python or recorded_python([folder])[0]
-            write_proposal(proposal, report_folder, script.resolve() if script else None, tree, python)
-        paths, notes = write_report(result, g, proposal, report_folder)
+    result = mismatch_report(**params)
     if as_json:
-        from rl_msprobe.triage.report import summary_json
-
-        emit_json({**summary_json(result, g, proposal, paths), "notes": notes})
+        emit_json(result.to_json())
     else:
-        click.echo(
-            f"{result.requests} request(s), {len(result.steps)} step(s) from {len(result.files)} file(s)"
-        )
-        for s in result.step_list():
-            d, lp = s.gaps.get("dp"), s.gaps.get("dlogp")
-            if d and lp:
-                click.echo(
-                    f"  step {s.step}: mean |Δp| {fmt(d.mean())}  max {fmt(d.peak)}   "
-                    f"mean |Δ log p| {fmt(lp.mean())}  p99 {fmt(lp.quantile(0.99))}  max {fmt(lp.peak)}"
-                )
-        if result.error_count or result.bad_count:
-            click.echo(
-                f"{result.error_count} error line(s), {result.bad_count} unreadable line(s): see the report"
-            )
-        if proposal is not None:
-            click.echo(f"next: dump step {proposal.step} ({proposal.why})")
-            for cmd in proposal.commands:
-                click.echo(f"  {cmd}")
-        for note in notes:
-            click.echo(f"note: {note}")
-        click.echo(f"report: {paths['md']}\n        {paths['html']}")
-    sys.exit(0 if proposal is not None and proposal.request is not None else 1)
+        for line in result.lines():
+            click.echo(line)
+    sys.exit(0 if result.ok else 1)

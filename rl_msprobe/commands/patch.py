@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from rl_msprobe.engine import ApplyResult, Recovered, RevertResult
     from rl_msprobe.engine.plan_parts import NotCovered
-    from rl_msprobe.patches.patch_set import PatchSet
     from rl_msprobe.upstream.trees import Target
 
 tree_option = click.option(
@@ -30,37 +29,6 @@ python_option = click.option(
     help="Use the tree this interpreter imports (may be `docker exec -i C python3`).",
 )
 sets_argument = click.argument("set_names", metavar="SET...", nargs=-1)
-
-
-def _target_and_sets(
-    set_names: tuple[str, ...], tree: str | None, python: str | None
-) -> tuple[Target, list[PatchSet]]:
-    from rl_msprobe.patches import resolve_sets
-    from rl_msprobe.patches.default_release import default_release
-    from rl_msprobe.upstream.trees import resolve_target
-
-    sets = resolve_sets(set_names)
-    default = default_release(sets[0]) if not tree and not python else None  # one project per call
-    return resolve_target(tree, python, sets[0].project, default_version=default), sets
-
-
-def _groups(
-    set_names: tuple[str, ...], tree: str | None, python: str | None
-) -> list[tuple[Target, list[PatchSet]]]:
-    """(target, sets) per tree: with --python (and no --tree) one per project, in the order named, since
-    one interpreter imports every project's tree; else the one tree of `_target_and_sets`."""
-    from rl_msprobe.patches import get_set
-
-    if not (set_names and python and not tree):
-        return [_target_and_sets(set_names, tree, python)]
-    by_project: dict[str, list[str]] = {}
-    for name in dict.fromkeys(set_names):
-        by_project.setdefault(get_set(name).project, []).append(name)
-    return [_target_and_sets(tuple(names), None, python) for names in by_project.values()]
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _warn(warnings: list[str]) -> None:
@@ -169,48 +137,18 @@ def diff(
 
     Exit 0 like `git diff`; with --exit-code, 1 when changes are pending and 0 when none.
     """
-    from rl_msprobe import engine
+    from rl_msprobe.engine.preview import Pending, preview
 
-    target, sets = _target_and_sets(set_names, tree, python)
-    plan = engine.plan_apply(target, sets)
-    text = engine.diff(plan)
-    summary = engine.summarize(text)
+    result = preview(set_names, tree, python)
     if as_json:
-        emit_json(
-            {
-                "tree": str(target.root),
-                "project": target.project,
-                "version": target.version,
-                "sets": [s.name for s in sets],
-                "tested": not plan.warnings,
-                "warnings": plan.warnings,
-                "capabilities": {
-                    name: [c.to_json() for c in reports] for name, reports in plan.capabilities.items()
-                },
-                "summary": summary,
-                "skipped": [r.to_json() for r in plan.skipped],
-                "not_covered": [m.to_json() for m in plan.not_covered if m.in_tree],
-                "diff": text,
-            }
-        )
-    elif show_stat:
-        for f in summary["files"]:
-            click.echo(f"{f['path']}: {_plural(f['hunks'], 'hunk')}, +{f['added']} -{f['removed']}")
+        emit_json(result.to_json())
     else:
-        click.echo(text, nl=False)
-    if not as_json:
-        for r in plan.skipped:
-            click.echo(f"# {r.piece}: not applicable here: {r.detail}", err=True)
-        for gap in plan.not_covered:
-            if gap.in_tree:
-                click.echo(f"# NOT COVERED for {gap.entry_point}: {gap.piece}: {gap.reason}", err=True)
-        _warn(plan.warnings)
         click.echo(
-            f"# {target.describe()}: {_plural(len(summary['files']), 'file')}, "
-            f"{_plural(summary['hunks'], 'hunk')}, +{summary['added']} -{summary['removed']}",
-            err=True,
+            "".join(f"{line}\n" for line in result.stat_lines()) if show_stat else result.text, nl=False
         )
-    sys.exit(1 if exit_code and plan.pending else 0)
+        for note in result.notes():
+            click.echo(note, err=True)
+    sys.exit(1 if exit_code and result.pending is Pending.CHANGES else 0)
 
 
 @patch.command()
@@ -252,11 +190,12 @@ def apply(
     trees already patched are taken back.
     """
     from rl_msprobe import engine
+    from rl_msprobe.engine import selection
     from rl_msprobe.errors import UserError
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
-    groups = _groups(set_names, tree, python)
+    groups = selection.groups(set_names, tree, python)
     if entry_point:
         _check_entry_point(entry_point, [target.project for target, _ in groups])
     results = engine.apply_many(
@@ -336,8 +275,9 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     With --python, sets of several projects are reverted in their trees, all or none (as apply).
     """
     from rl_msprobe import engine
+    from rl_msprobe.engine import selection
 
-    groups = _groups(set_names, tree, python)
+    groups = selection.groups(set_names, tree, python)
     results = engine.revert_many(groups)
     if as_json:
         emit_json(engine.combined_json(results))
@@ -376,20 +316,9 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     set for the tree's project.
     """
     from rl_msprobe import engine
-    from rl_msprobe.patches import all_sets
-    from rl_msprobe.upstream.trees import resolve_tree
+    from rl_msprobe.engine import selection
 
-    if set_names:
-        groups = _groups(set_names, tree, python)
-    else:
-        from rl_msprobe.errors import UserError
-
-        if not tree or python:
-            raise UserError(
-                "without SET, pass --tree PATH (and not --python) so rl-msprobe can tell the project."
-            )
-        target = resolve_tree(tree)
-        groups = [(target, [s for s in all_sets(target.project) if not s.includes])]
+    groups = selection.status_groups(set_names, tree, python)
     statuses = [engine.status(target, sets) for target, sets in groups]
     if as_json:
         emit_json(engine.combined_status_json(statuses))

@@ -16,6 +16,7 @@ a counter.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections import Counter
@@ -39,6 +40,7 @@ _DIGITS = re.compile(r"^[0-9]{1,12}$")
 # in the ids of a batch, one per line: an id strip_request_id may change (it never misses one)
 _SUFFIXED = re.compile(r"-[0-9a-f]{8}\n|_P\n")
 # outcomes of lines that *were* used for a pair (the rest are skipped_lines)
+SCHEMA = "rl-msprobe.dumps-correlate/1"  # the `dumps correlate --json` document (docs/json.md)
 USED = ("rollout: one-request prefill", "rollout: one-request prefill (TP peer rank)", "train: matched")
 
 
@@ -84,11 +86,21 @@ class Pair:
         }
 
 
+class Unpaired(str, enum.Enum):
+    """Why a request or a log line has no pair: only BAD_LINE and MISSING_DUMP are broken input
+    (`dumps correlate` exits 1 on them even when other requests paired)."""
+
+    UNPAIRED = "unpaired"  # the logs say why it cannot pair (batched, chunked, no partner...)
+    MISSING_DUMP = "missing dump"  # paired by the logs, but a side's dump.json is not there
+    BAD_LINE = "bad line"  # a log line that is not a JSON object
+
+
 @dataclass(frozen=True, slots=True)  # slots: a million of them is the result of a long log
 class Unmatched:
     request_id: str | None
     side: str  # rollout | train
     why: str
+    kind: Unpaired = Unpaired.UNPAIRED
 
     def to_json(self) -> dict[str, object]:
         return {"request_id": self.request_id, "side": self.side, "why": self.why}
@@ -122,8 +134,37 @@ class Correlation:
         )
         return {f"{side} rank{rank}": n for (side, rank), n in seen.items()}
 
+    @property
+    def ok(self) -> bool:
+        """Pairs found, and no log line or dump missing or broken (`dumps correlate` exits 0)."""
+        return bool(self.pairs) and all(u.kind is Unpaired.UNPAIRED for u in self.unmatched)
+
+    def lines(self, show: int = 40) -> list[str]:
+        """The terminal text of `dumps correlate`: the first `show` pairs and unmatched, then counts."""
+        out = []
+        for p in self.pairs[:show]:
+            peers = "".join(f" + TP peer pid {s.pid} step{s.step} rank{s.rank}" for s in p.peers)
+            out.append(
+                f"pair {p.request_id}: rollout pid {p.rollout.pid} step{p.rollout.step} rank{p.rollout.rank}{peers}"
+                f"  <->  train pid {p.train.pid} step{p.train.step} rank{p.train.rank}"
+            )
+        if len(self.pairs) > show:
+            out.append(f"... {len(self.pairs) - show} more pairs (--json lists all)")
+        out += [f"unmatched ({u.side}) {u.request_id or '-'}: {u.why}" for u in self.unmatched[:show]]
+        if len(self.unmatched) > show:
+            out.append(f"... {len(self.unmatched) - show} more unmatched (--json lists all)")
+        for label, lines in (("used lines", self.used_lines()), ("skipped lines", self.skipped_lines())):
+            out.append(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(lines.items())) or "none"))
+        ranks = ", ".join(f"{k} {v}" for k, v in sorted(self.per_rank().items())) or "none"
+        return [
+            *out,
+            f"pairs per rank: {ranks}",
+            f"{len(self.pairs)} pair(s), {len(self.unmatched)} unmatched",
+        ]
+
     def to_json(self) -> dict[str, object]:
         return {
+            "schema": SCHEMA,
             "pairs": [p.to_json() for p in self.pairs],
             "per_rank": self.per_rank(),
             "unmatched": [u.to_json() for u in self.unmatched],
@@ -542,7 +583,9 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
                     side, missing = "rollout", rollout_index.expected(r_pid, r_step, r_rank)
                 else:
                     side, missing = "train", train_index.expected(pid, step, rank)
-                result.unmatched.append(Unmatched(rid, side, f"missing dump: {missing}"))
+                result.unmatched.append(
+                    Unmatched(rid, side, f"missing dump: {missing}", Unpaired.MISSING_DUMP)
+                )
                 continue
             result.pairs.append(Pair(rid, sides[0], Side(pid, rank, step, t_dump), tuple(sides[1:])))
 
@@ -551,5 +594,7 @@ def correlate(rollout_root: Path, train_root: Path) -> Correlation:
             result.unmatched.append(Unmatched(rid, "rollout", "no training micro-batch with this id"))
     result.unmatched.extend(_batched_only(batched, candidates))
     for b in bad:
-        result.unmatched.append(Unmatched(None, "rollout" if DISPATCH_LOG in b else "train", b))
+        result.unmatched.append(
+            Unmatched(None, "rollout" if DISPATCH_LOG in b else "train", b, Unpaired.BAD_LINE)
+        )
     return result

@@ -229,7 +229,19 @@ class LayoutReport:
         return not self.problems
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "ok": self.ok}
+        return {"schema": "rl-msprobe.dumps-check/1", **asdict(self), "ok": self.ok}
+
+    def lines(self) -> list[str]:
+        """The terminal text of `dumps check`: the counts per group and log, then each problem."""
+        out = [f"mode: {self.mode} ({self.dumps} dump.json)"]
+        out += [
+            f"  {group}: {c['dumps']} dumps, steps {c['step_range'][0]}..{c['step_range'][1]} "
+            f"({c['steps']}), {', '.join(c['ranks'])}"
+            for group, c in self.counts.items()
+        ]
+        out += [f"  {name}: {len(paths)} file(s)" for name, paths in self.logs.items()]
+        out += [f"problem: {p['where']}: {p['what']}. Fix: {p['fix']}." for p in self.problems]
+        return [*out, "layout complete" if self.ok else f"{len(self.problems)} problem(s) found"]
 
 
 def check_dump_file(path: Path) -> str | None:

@@ -192,14 +192,25 @@ class TreeStatus:
         return doc
 
 
+SCHEMAS = {  # the `patch apply | revert | status --json` documents (docs/json.md)
+    "apply": "rl-msprobe.patch-apply/1",
+    "revert": "rl-msprobe.patch-revert/1",
+    "status": "rl-msprobe.patch-status/1",
+}
+
+
 def combined_json(results: list[ApplyResult] | list[RevertResult]) -> dict[str, Any]:
     """One JSON document: a single tree's as it is, several under "trees" (as `patch status` does)."""
+    schema = {"schema": SCHEMAS["revert" if results and isinstance(results[0], RevertResult) else "apply"]}
     docs = [r.to_json() for r in results]
     if len(docs) == 1:
-        return docs[0]
-    return {"trees": docs, "sets": [s for d in docs for s in d["sets"]], "noop": all(d["noop"] for d in docs)}
+        return {**schema, **docs[0]}
+    sets = [s for d in docs for s in d["sets"]]
+    return {**schema, "trees": docs, "sets": sets, "noop": all(d["noop"] for d in docs)}
 
 
 def combined_status_json(statuses: list[TreeStatus]) -> dict[str, Any]:
+    schema = {"schema": SCHEMAS["status"]}
     docs = [s.to_json() for s in statuses]
-    return docs[0] if len(docs) == 1 else {"trees": docs, "sets": [s for d in docs for s in d["sets"]]}
+    one = docs[0] if len(docs) == 1 else {"trees": docs, "sets": [s for d in docs for s in d["sets"]]}
+    return {**schema, **one}

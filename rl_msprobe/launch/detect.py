@@ -1,7 +1,7 @@
 """Decide the collection mode, the rollout engine and the training backend of a launch script.
 
 The signal table is the specification's (`seed/rl-msprobe-skill.txt`, step 0): words in
-the user's hint (Chinese or English, each mode's `hints` in `planner/registry.py`) and the
+the user's hint (Chinese or English, each mode's `hints` in `mode_table.py`) and the
 script's own contents. A hint wins over the
 script when they disagree, and the reasons say so. Every conclusion carries its reasons.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rl_msprobe import mode_table as registry
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
-from rl_msprobe.planner import registry
 
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 

@@ -47,6 +47,28 @@ class EnvReport:
     install_log: str = ""
     steps: list[str] = field(default_factory=list)
 
+    def lines(self) -> list[str]:
+        """The terminal text of `env`: what imports where, what was installed, else what to do."""
+        where = f"{self.executable} (Python {self.python_version})" if self.executable else self.python
+        if self.ok and self.installed_now:
+            return [
+                f"msprobe was missing in {where}: INSTALLED {PACKAGE} {self.version or ''} there "
+                f"(`{self.python} -m pip install {PACKAGE}`); it imports now."
+            ]
+        if self.ok:
+            return [
+                f"msprobe {self.version or '(version unknown)'} is importable in {where}; nothing installed."
+            ]
+        out = [f"msprobe is NOT importable in {where}: {self.error}"]
+        if not self.install_attempted:  # `ensure` installs whenever it may: not tried is --no-install
+            out.append("--no-install: nothing was installed.")
+        else:
+            out.append("Installing it failed; pip said:")
+            out += [f"  | {line}" for line in self.install_log.strip().splitlines()[-5:]]
+            out.append("Install it yourself, then verify.")
+        out += ["Manual commands:", *(f"  {cmd}" for cmd in self.manual_commands())]
+        return [*out, "Stop here: do not prepare, patch or launch a dump until msprobe imports."]
+
     def manual_commands(self) -> list[str]:
         """The specification's two manual commands, spelled for this interpreter."""
         py = self.python
@@ -54,6 +76,7 @@ class EnvReport:
 
     def to_json(self) -> dict[str, object]:
         doc: dict[str, object] = {
+            "schema": "rl-msprobe.env/1",
             "ok": self.ok,
             "python": self.python,
             "executable": self.executable,

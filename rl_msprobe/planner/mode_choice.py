@@ -9,6 +9,7 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.launch.detect import Detection
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
+from rl_msprobe.mode_table import get_mode, mode_names
 from rl_msprobe.planner.modes import weights
 from rl_msprobe.planner.modes.base import (
     Context,
@@ -16,7 +17,6 @@ from rl_msprobe.planner.modes.base import (
     Requirements,
     Violation,
 )
-from rl_msprobe.planner.registry import get_mode, mode_names
 from rl_msprobe.upstream.projects import project
 
 # entry points the modes do not all apply to: kind -> (modes refused, why, what to do instead)

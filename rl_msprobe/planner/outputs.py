@@ -9,7 +9,6 @@ resolved first, so no output can land on the original script through a symlink.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +29,9 @@ class Output:
 
 def _load_record(path: Path) -> dict[str, str]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return publishing.parse_record(path.read_bytes())
+    except OSError:
         return {}
-    files = doc.get("files") if isinstance(doc, dict) else None
-    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
 
 
 def _key(record: Path, path: str) -> str:
@@ -77,7 +74,7 @@ def write(outputs: list[Output], record_dir: str, original: str, original_bytes:
     for out in outputs:
         record[_key(record_path, out.path)] = journal.sha(out.text.encode("utf-8")) or ""
     files = [(Path(o.path), o.text.encode("utf-8"), 0o755 if o.executable else 0o644) for o in outputs]
-    doc = (json.dumps({"files": record}, indent=1) + "\n").encode()
+    doc = publishing.record_bytes(record)
     try:  # every output and the record in one publish step: the old files or the new, never some of each
         publishing.publish_paths(files, Path(record_dir), RECORD, doc)
     except OSError as exc:

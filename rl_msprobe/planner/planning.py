@@ -18,6 +18,7 @@ from rl_msprobe.errors import UserError
 from rl_msprobe.launch.detect import STAGES, Detection, detect
 from rl_msprobe.launch.overrides import format_value, same_value
 from rl_msprobe.launch.render import Token, comment, render
+from rl_msprobe.mode_table import get_mode
 from rl_msprobe.planner import msprobe_config
 from rl_msprobe.planner.mode_choice import build_context, choose_mode, mode_requirements
 from rl_msprobe.planner.modes.base import (
@@ -31,7 +32,6 @@ from rl_msprobe.planner.modes.base import (
 )
 from rl_msprobe.planner.patch_advice import entry_point_of, patch_commands
 from rl_msprobe.planner.reading import compose_violation, detect_text, read
-from rl_msprobe.planner.registry import get_mode
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from rl_msprobe.mode_table import needs_msprobe
 from rl_msprobe.planner import msprobe_config, outputs
 from rl_msprobe.planner.env import EnvReport
 from rl_msprobe.planner.given_trees import resolve
 from rl_msprobe.planner.planning import Plan, PlanRequest, plan
-from rl_msprobe.planner.registry import needs_msprobe
 
 
 @dataclass(frozen=True)

@@ -160,10 +160,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_POSITION_DUMPS: dict[str, Path] = {}  # built once per session, whichever module asks first
+
+
 @pytest.fixture(scope="session")
 def position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real msprobe tensor-mode dumps (position_standin.py) of one request: rollout roots
-    (stepN = prefill, then decode steps) and training roots (step0 = the whole forward)."""
+    (stepN = prefill, then decode steps) and training roots (step0 = the whole forward).
+    Modules that import this fixture share the one build (`_POSITION_DUMPS`)."""
+    if not _POSITION_DUMPS:
+        _POSITION_DUMPS.update(_build_position_dumps(tmp_path_factory))
+    return _POSITION_DUMPS
+
+
+def _build_position_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import os
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""The mode table (rl_msprobe/planner/registry.py) is the only list of modes: no other module spells
+"""The mode table (rl_msprobe/mode_table.py) is the only list of modes: no other module spells
 them out, the docs' table is its output, and a row added to it reaches detect, the planner, the CLI's
 --mode choices and the docs table without another edit."""
 
@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_msprobe.planner import registry
+from rl_msprobe import mode_table as registry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _string_groups(path: Path) -> list[tuple[int, set[str]]]:
@@ -65,7 +65,7 @@ def test_every_row_names_a_rules_module_and_unique_outputs() -> None:
 NEW_ROW = """
 import json, sys
 from click.testing import CliRunner
-from rl_msprobe.planner import registry
+from rl_msprobe import mode_table as registry
 registry.MODES = (*registry.MODES, registry.Mode(
     "probe", "a test row", "training", "run_probe_", hints=((r"probe\\s+words", "probe words"),),
     hint_rank=-1, configs=("config.json",)))
