@@ -25,7 +25,10 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             (`received`, first line of the vLLM worker extension's `_update_weights`;
             `call_received` in SGLang's `update_weights_from_tensor`, once per bucket), per TP rank;
             with TP > 1 also this rank's 1/TP chunk along dims 0 and 1 (`shard_fp`), so that a
-            loader fault in one rank's shard names that rank;
+            loader fault in one rank's shard names that rank. Where the sender's {hash, fp} came
+            in the bucket's metadata (`tag` / `arrived`, verl's BucketedWeightSender / Receiver),
+            only the checksum is taken: equal, the sender's statistics are written
+            (`"same_as": "sent"`), else they are measured;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
             `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
@@ -412,12 +415,48 @@ def _sent(stream, sync: int, step):
     rank, records, hashed = _rank(), [], _hash_wanted()
     try:
         for index, (name, tensor) in enumerate(stream):
+            _outgoing.pop(name, None)
             with _never_breaks_the_sync("the sent fingerprint"):
                 records.append(_record("sent", sync, rank, name, tensor, index, hashed, step=step))
+                if records[-1].get("hash"):
+                    _outgoing[name] = {"hash": records[-1]["hash"], "fp": records[-1]["fp"]}
             yield name, tensor
     finally:
         with _never_breaks_the_sync("writing the sent fingerprints"):
             _write("sent", records)
+
+
+# ------------------------------------------------------------------------------ the bucket
+# The sender's fingerprint of each tensor travels with it, in the bucket's own metadata (verl's
+# BucketedWeightSender: one dict per tensor, pickled with the bucket), so that the receiver, which
+# takes the k64 checksum of what it got, writes the sender's statistics where the checksums are
+# equal (the same bytes, dtype and shape) instead of measuring them again (`_received`).
+
+BUCKET_KEY = "rl_msprobe"  # the key added to a tensor's bucket metadata
+_outgoing: dict[str, dict] = {}  # sender: name -> {hash, fp} of the tensor `sent` last fingerprinted
+_incoming: dict[str, dict] = {}  # receiver: name -> {hash, fp} from the bucket that brought it
+
+
+def tag(meta, name) -> None:
+    """Sender, after the bucket metadata of NAME is made: add its sent {hash, fp} to META."""
+    if not enabled():
+        return
+    with _never_breaks_the_sync("tagging the bucket"):
+        carried = _outgoing.pop(name, None)
+        if carried is not None:
+            meta[BUCKET_KEY] = carried
+
+
+def arrived(metadata) -> None:
+    """Receiver, as a bucket's metadata arrives: keep the sender's {hash, fp} of each tensor in it
+    for `_received` (the same process: verl's receiver calls the extension's `_update_weights`)."""
+    if not enabled():
+        return
+    with _never_breaks_the_sync("reading the bucket's fingerprints"):
+        for name, meta in metadata["bucket_meta"].items():
+            carried = meta.get(BUCKET_KEY) if isinstance(meta, dict) else None
+            if isinstance(carried, dict) and carried.get("hash"):
+                _incoming[name] = carried
 
 
 # ------------------------------------------------------------------------------ engine side
@@ -457,10 +496,20 @@ def _received(state: dict, weights) -> None:
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
         rank = state["rank"]
-        fp, checksum, own = _measure_with_rows(tensor, hashed, _own_rows(tensor, rank, tp_size))
+        carried, extra = _incoming.pop(name, None), {}
+        checksum = digest(tensor) if hashed and carried is not None and tensor.numel() else None
+        if checksum is not None and checksum == carried["hash"]:
+            # the sender's bytes (k64 over bytes, dtype and shape): its statistics are these
+            fp, extra = dict(carried["fp"]), {"same_as": "sent"}
+            rows = _own_rows(tensor, rank, tp_size)
+            own = None if rows is None else fingerprint(tensor.detach().reshape(-1)[rows[0] : rows[1]])
+        else:  # not carried, or other bytes than were sent: measured (the checksum once)
+            want = hashed and checksum is None
+            fp, measured_sum, own = _measure_with_rows(tensor, want, _own_rows(tensor, rank, tp_size))
+            checksum = measured_sum if want else checksum
         measured = (fp, checksum)
         record = _record(
-            "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size
+            "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size, **extra
         )
         if tp_size > 1:
             # dim 0's chunk where the pass over the whole tensor measured it
