@@ -118,7 +118,8 @@ def test_nothing_carried_or_no_checksum_means_measured(tmp_path, monkeypatch):
 
 def test_a_tp_rank_reusing_the_sent_statistics_still_measures_its_own_chunks(tmp_path, monkeypatch):
     """TP 2, rank 1: the whole tensor's statistics come from the sender, this rank's chunks along
-    dims 0 and 1 (what its resident shard must match) are measured, exactly those of the chunks."""
+    dims 0 and 1 (what its resident shard must match) are measured, exactly those of the chunks;
+    a tensor altered on the wire is measured whole, chunks included."""
     helper = load()
     monkeypatch.setenv(helper.ENV, str(tmp_path))
     tensors = _tensors()
@@ -130,6 +131,12 @@ def test_a_tp_rank_reusing_the_sent_statistics_still_measures_its_own_chunks(tmp
         "0": helper.fingerprint(q.chunk(2, 0)[1]),
         "1": helper.fingerprint(q.chunk(2, 1)[1]),
     }
+    assert got[NAMES[0]]["hash"] == helper.digest(q)  # the checksum of the pass that measured the rows
+    _sync(helper, _Model(tensors, tp=2, rank=1), tensors, 2, wire={NAMES[0]: lambda t: t * 1.001})
+    altered = _received(tmp_path, 2)[NAMES[0]]
+    assert "same_as" not in altered and altered["fp"] == helper.fingerprint(q * 1.001)
+    assert altered["shard_fp"]["0"] == helper.fingerprint((q * 1.001).chunk(2, 0)[1])
     doc = compare_run(read_run(tmp_path))  # rank 1 alone: its resident shards are half of a model
-    assert {r["received"]["status"] for r in doc["tensors"]} == {"equal"}, doc["tensors"]
-    assert doc["steps"][0]["received_reused"] == len(NAMES)
+    received = {(r["sync"], r["name"]): r["received"]["status"] for r in doc["tensors"]}
+    assert {k for k, v in received.items() if v != "equal"} == {(2, NAMES[0])}, received
+    assert [s["received_reused"] for s in doc["steps"]] == [len(NAMES), len(NAMES) - 1]

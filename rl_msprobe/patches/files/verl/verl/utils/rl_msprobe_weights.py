@@ -311,6 +311,21 @@ def _measure_with_rows(tensor, hashed: bool, rows) -> tuple[dict, str | None, di
     return whole, (None if keyed is None else keyed.result()), _fp(stop - start, stats[1])
 
 
+def _checksum_and_rows(tensor, rows) -> tuple[str, dict | None]:
+    """TENSOR's k64 checksum and, where ROWS is (start, stop) (`_own_rows`: a contiguous CPU
+    tensor), the fingerprint of elements [start, stop) from the same pass (only those measured)."""
+    if rows is None:
+        return digest(tensor), None
+    keyed = _Keyed(_header(tensor))
+    flat, (start, stop) = tensor.detach().reshape(-1), rows
+    for piece in _pieces(flat[:start]):
+        keyed.add(_raw(piece))
+    own = _fp(stop - start, _stats(_blocks(flat[start:stop], True), keyed))
+    for piece in _pieces(flat[stop:]):
+        keyed.add(_raw(piece))
+    return keyed.result(), own
+
+
 def _sum_stats(parts):
     totals, sumsqs, lows, highs, nans, infs = zip(*parts)
     present_lows, present_highs = [x for x in lows if x is not None], [x for x in highs if x is not None]
@@ -496,17 +511,15 @@ def _received(state: dict, weights) -> None:
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
         rank = state["rank"]
-        carried, extra = _incoming.pop(name, None), {}
-        checksum = digest(tensor) if hashed and carried is not None and tensor.numel() else None
-        if checksum is not None and checksum == carried["hash"]:
-            # the sender's bytes (k64 over bytes, dtype and shape): its statistics are these
-            fp, extra = dict(carried["fp"]), {"same_as": "sent"}
-            rows = _own_rows(tensor, rank, tp_size)
-            own = None if rows is None else fingerprint(tensor.detach().reshape(-1)[rows[0] : rows[1]])
-        else:  # not carried, or other bytes than were sent: measured (the checksum once)
-            want = hashed and checksum is None
-            fp, measured_sum, own = _measure_with_rows(tensor, want, _own_rows(tensor, rank, tp_size))
-            checksum = measured_sum if want else checksum
+        carried, extra, rows = _incoming.pop(name, None), {}, _own_rows(tensor, rank, tp_size)
+        if hashed and carried is not None and tensor.numel():
+            checksum, own = _checksum_and_rows(tensor, rows)
+            if checksum == carried["hash"]:  # the sender's bytes, dtype and shape: its statistics
+                fp, extra = dict(carried["fp"]), {"same_as": "sent"}
+            else:  # other bytes than were sent: measured
+                fp, _, own = _measure_with_rows(tensor, False, rows)
+        else:
+            fp, checksum, own = _measure_with_rows(tensor, hashed, rows)
         measured = (fp, checksum)
         record = _record(
             "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size, **extra
