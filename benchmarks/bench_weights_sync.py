@@ -233,6 +233,40 @@ def _helper_swap(old_path: str | None):
     return helper, dicts
 
 
+# the helper's stage entries: the sent stage's per-tensor record, the received bucket, the resident
+# layers and parameters; a call inside another is not counted again
+STAGE_ENTRIES = ("_record", "_received", "_capture", "_end")
+
+
+def _time_stages(namespaces: list[dict], clock: dict[str, float]) -> None:
+    """Wrap the STAGE_ENTRIES where the helper's code looks them up (each namespace) so that CLOCK
+    adds up the seconds spent in each, outermost calls only (thread-local: the sender's thread too)."""
+    import functools
+    import threading
+
+    depth = threading.local()
+
+    def timed(name, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            level = getattr(depth, "n", 0)
+            depth.n = level + 1
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                depth.n = level
+                if not level:
+                    clock[name] = clock.get(name, 0.0) + time.perf_counter() - started
+
+        return wrapper
+
+    for namespace in namespaces:
+        for name in STAGE_ENTRIES:
+            if callable(namespace.get(name)):
+                namespace[name] = timed(name, namespace[name])
+
+
 def _parts(engine, helper: dict, repeat: int = 5) -> dict[str, float]:
     """What the sync is made of, for scale: the actor's generator alone (FSDP2 full tensors), and
     one stage's fingerprints of the same tensors (statistics, statistics + k64) in the same process."""
@@ -281,6 +315,8 @@ def inner(spec: dict) -> None:
     handle = llm.collective_rpc("_get_zmq_handle")[0]
     engine = _actor(spec["model"])
     helper, helpers = _helper_swap(spec["work"] + "/old_helper.py" if spec["old"] else None)
+    clock: dict[str, float] = {}  # seconds in each of the helper's stage entries during the current sync
+    _time_stages([helpers["new"], *([helpers["old"]["_record"].__globals__] if spec["old"] else [])], clock)
     folders = {}
     variants = {
         "none": ("new", None, "1"),
@@ -301,6 +337,7 @@ def inner(spec: dict) -> None:
             os.environ["RL_MSPROBE_WEIGHTS_DIR"] = ""
         os.environ["RL_MSPROBE_WEIGHTS_HASH"] = hashed
         step[0] += 1
+        clock.clear()
         started = time.perf_counter()
         weights, _ = engine.get_per_tensor_param()
         weights = helper.sent(weights, step[0])  # engine_workers.update_weights' patched line
@@ -325,11 +362,16 @@ def inner(spec: dict) -> None:
     for name in names:  # warm-up: allocations, first touches, the hooks armed
         sync(name)
     times: dict[str, list[float]] = {n: [] for n in names}
+    inside: dict[str, list[float]] = {n: [] for n in names}  # seconds in the helper's stages
+    stages: dict[str, dict[str, list[float]]] = {}  # variant -> entry -> seconds per sync
     loads = [os.getloadavg()[0]]
     for r in range(spec["rounds"]):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             times[name].append(sync(name))
+            inside[name].append(sum(clock.values()))
+            for entry, seconds in clock.items():
+                stages.setdefault(name, {}).setdefault(entry, []).append(seconds)
         loads.append(os.getloadavg()[0])
     result = {
         "model_mb": round(sum(p.numel() * p.element_size() for p in engine.module.parameters()) / 2**20),
@@ -345,6 +387,15 @@ def inner(spec: dict) -> None:
             "median": round(statistics.median(ratios), 3),
             "min_max": [round(min(ratios), 3), round(max(ratios), 3)],
         }
+        # within each sync: its time over its time less the helper's (drift between syncs cancels)
+        own = [t / (t - h) for t, h in zip(times[name], inside[name])]
+        result[f"in-sync ratio {name}"] = {
+            "median": round(statistics.median(own), 3),
+            "min_max": [round(min(own), 3), round(max(own), 3)],
+            "helper_s_median": round(statistics.median(inside[name]), 3),
+            "by_entry_s_median": {e: round(statistics.median(x), 3) for e, x in stages.get(name, {}).items()},
+        }
+        result[f"fastest-sync ratio {name}"] = round(min(times[name]) / min(times["none"]), 3)
     result["seconds_all"] = {n: [round(x, 3) for x in t] for n, t in times.items()}
     vars(helper).update(helpers["new"])
     result["parts_median_s"] = _parts(engine, helpers["new"])
