@@ -65,6 +65,30 @@ reused part costs) 0.085-0.118 s: ~0.05 s a sync less, below this sync's round-t
 (the old helper came out either side of the new). The k64 costs ~0.6-0.7 of the statistics here,
 not the ~0.3 measured on a quiet machine, so reuse cuts the resident stage by about a third.
 
+The sender's fingerprints then travelled with the bucket (verl-weights-bucket: the sender's {hash,
+fp} in each tensor's bucket metadata; the receiver takes only the k64 of what it got and, equal,
+writes the sender's statistics, `"same_as": "sent"`). Measured 2026-12-04, paired against main's
+helper before it (`--old-helper 130df06`), every received and resident record reused, EQUAL; the
+machine shared with four other sessions' tests. Besides the paired ratio, each k64 sync's own time
+over its time less the seconds inside the helper's stages (`in-sync`, `_time_stages`: drift
+between syncs cancels) and, per stage, those seconds (sent / received / resident):
+
+  rounds  load (1 min)  no fingerprints  k64 paired [min-max]  k64 in-sync  helper s: sent/recv/res  old helper paired  in-sync  helper s: sent/recv/res
+  9       6.8-7.7       1.92 s           1.33x [0.97-1.96]     1.39x        0.31 / 0.15 / 0.15       1.38x              (*)
+  11      3.9-8.4       1.70 s           1.33x [1.08-1.81]     1.34x        0.28 / 0.15 / 0.14       1.39x              1.45x    0.27 / 0.29 / 0.13
+  11      2.2-8.8       1.93 s           1.34x [0.68-2.22]     1.35x        0.30 / 0.16 / 0.16       1.38x              1.42x    0.28 / 0.33 / 0.14
+
+(*) that run missed the old helper's resident stage (the hook armed by the new helper looked up
+its unwrapped `_capture`; fixed since). The received stage halved (0.29-0.33 s -> 0.15-0.16 s) and
+the helper's time per sync fell 0.70-0.76 s -> 0.57-0.66 s; about 0.04 s of the received k64 is
+the page faults of the receiver's mapping of the shared-memory bucket, which the loader pays when
+fingerprints are off (a digest through a second mapping: 0.12-0.13 s first, 0.08-0.09 s again).
+The target (<= 1.2x) is NOT met on this machine: the sent stage alone (statistics + k64, 0.28-0.31
+s) is ~1.16x of this one-rank sync, and the received and resident checksums read every byte once
+more each (~0.1 s each; alternatives measured in the helper's k64 comment: numpy's four in-place
+passes are the fastest found here). The 2-rank figure is not measured: this benchmark runs one
+rank, and the live TP=2 job does not log its syncs' time with and without fingerprints.
+
 Run: python benchmarks/bench_weights_sync.py [--rounds 7] [--old-helper REF] [--keep]   (needs the job venv)
 """
 
@@ -233,6 +257,40 @@ def _helper_swap(old_path: str | None):
     return helper, dicts
 
 
+# the helper's stage entries: the sent stage's per-tensor record, the received bucket, the resident
+# layers and parameters; a call inside another is not counted again
+STAGE_ENTRIES = ("_record", "_received", "_capture", "_end")
+
+
+def _time_stages(namespaces: list[dict], clock: dict[str, float]) -> None:
+    """Wrap the STAGE_ENTRIES where the helper's code looks them up (each namespace) so that CLOCK
+    adds up the seconds spent in each, outermost calls only (thread-local: the sender's thread too)."""
+    import functools
+    import threading
+
+    depth = threading.local()
+
+    def timed(name, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            level = getattr(depth, "n", 0)
+            depth.n = level + 1
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                depth.n = level
+                if not level:
+                    clock[name] = clock.get(name, 0.0) + time.perf_counter() - started
+
+        return wrapper
+
+    for namespace in namespaces:
+        for name in STAGE_ENTRIES:
+            if callable(namespace.get(name)):
+                namespace[name] = timed(name, namespace[name])
+
+
 def _parts(engine, helper: dict, repeat: int = 5) -> dict[str, float]:
     """What the sync is made of, for scale: the actor's generator alone (FSDP2 full tensors), and
     one stage's fingerprints of the same tensors (statistics, statistics + k64) in the same process."""
@@ -281,6 +339,11 @@ def inner(spec: dict) -> None:
     handle = llm.collective_rpc("_get_zmq_handle")[0]
     engine = _actor(spec["model"])
     helper, helpers = _helper_swap(spec["work"] + "/old_helper.py" if spec["old"] else None)
+    clock: dict[str, float] = {}  # seconds in each of the helper's stage entries during the current sync
+    # the old helper's functions: in the dict swapped in (what the patched lines and the hooks the
+    # new helper armed look up) and in its own module (what its functions call); one guard for all
+    old_namespaces = [helpers["old"], helpers["old"]["_record"].__globals__] if spec["old"] else []
+    _time_stages([helpers["new"], *old_namespaces], clock)
     folders = {}
     variants = {
         "none": ("new", None, "1"),
@@ -301,6 +364,7 @@ def inner(spec: dict) -> None:
             os.environ["RL_MSPROBE_WEIGHTS_DIR"] = ""
         os.environ["RL_MSPROBE_WEIGHTS_HASH"] = hashed
         step[0] += 1
+        clock.clear()
         started = time.perf_counter()
         weights, _ = engine.get_per_tensor_param()
         weights = helper.sent(weights, step[0])  # engine_workers.update_weights' patched line
@@ -325,11 +389,16 @@ def inner(spec: dict) -> None:
     for name in names:  # warm-up: allocations, first touches, the hooks armed
         sync(name)
     times: dict[str, list[float]] = {n: [] for n in names}
+    inside: dict[str, list[float]] = {n: [] for n in names}  # seconds in the helper's stages
+    stages: dict[str, dict[str, list[float]]] = {}  # variant -> entry -> seconds per sync
     loads = [os.getloadavg()[0]]
     for r in range(spec["rounds"]):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             times[name].append(sync(name))
+            inside[name].append(sum(clock.values()))
+            for entry, seconds in clock.items():
+                stages.setdefault(name, {}).setdefault(entry, []).append(seconds)
         loads.append(os.getloadavg()[0])
     result = {
         "model_mb": round(sum(p.numel() * p.element_size() for p in engine.module.parameters()) / 2**20),
@@ -345,6 +414,15 @@ def inner(spec: dict) -> None:
             "median": round(statistics.median(ratios), 3),
             "min_max": [round(min(ratios), 3), round(max(ratios), 3)],
         }
+        # within each sync: its time over its time less the helper's (drift between syncs cancels)
+        own = [t / (t - h) for t, h in zip(times[name], inside[name])]
+        result[f"in-sync ratio {name}"] = {
+            "median": round(statistics.median(own), 3),
+            "min_max": [round(min(own), 3), round(max(own), 3)],
+            "helper_s_median": round(statistics.median(inside[name]), 3),
+            "by_entry_s_median": {e: round(statistics.median(x), 3) for e, x in stages.get(name, {}).items()},
+        }
+        result[f"fastest-sync ratio {name}"] = round(min(times[name]) / min(times["none"]), 3)
     result["seconds_all"] = {n: [round(x, 3) for x in t] for n, t in times.items()}
     vars(helper).update(helpers["new"])
     result["parts_median_s"] = _parts(engine, helpers["new"])

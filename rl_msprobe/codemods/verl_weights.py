@@ -11,12 +11,19 @@
   the first statement of `_update_weights` (WEIGHTS: its first parameter after self), before the
   model's `load_weights`.
 
+- Bucket (`verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py`): in every method of
+  `BucketedWeightSender`, after each `META[NAME] = {...}` (a tensor's bucket metadata),
+  `rl_msprobe_weights.tag(META[NAME], NAME)` adds the sender's {hash, fp} of that tensor; in
+  `BucketedWeightReceiver.receive_weights`, after `X = self.socket.recv_pyobj()`,
+  `rl_msprobe_weights.arrived(X)` keeps them for the received line, which then measures a tensor
+  only where its checksum differs from the sender's.
+
 Shape decides: a class present without its anchors is an error naming what was expected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -37,10 +44,22 @@ HELPER_IMPORT = "from verl.utils import rl_msprobe_weights"
 ACTOR = "ActorRolloutRefWorker"
 GET_PARAMS = "self.actor.engine.get_per_tensor_param"
 EXTENSION = "vLLMColocateWorkerExtension"
+SENDER = "BucketedWeightSender"
+RECEIVER = "BucketedWeightReceiver"
 
 
 def _params(function: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+
+
+def _lines_after(
+    ctx: TransformContext, block: cst.IndentedBlock, lines_for: Callable[[cst.BaseStatement], list[str]]
+) -> cst.IndentedBlock:
+    """BLOCK with the lines LINES_FOR gives for a statement inserted right after it."""
+    body: list[cst.BaseStatement] = []
+    for stmt in block.body:
+        body += [stmt, *(ctx.statement(line) for line in lines_for(stmt))]
+    return block.with_changes(body=tuple(body))
 
 
 # `X, ... = self.actor.engine.get_per_tensor_param(...)` or `X = ...`: X is the weight stream
@@ -79,14 +98,14 @@ class _SentTransformer(ScopedTransformer):
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
         if not self.steps or not self.qualname.startswith(f"{ACTOR}."):
             return updated
-        body: list[cst.BaseStatement] = []
-        for stmt in updated.body:
-            body.append(stmt)
-            name = _stream_name(stmt)
-            if name is not None:
-                self.ctx.hit("get_per_tensor_param assignment")
-                body.append(self.ctx.statement(f"{name} = rl_msprobe_weights.sent({name}, {self.steps[-1]})"))
-        return updated.with_changes(body=tuple(body))
+        return _lines_after(self.ctx, updated, self._lines)
+
+    def _lines(self, stmt: cst.BaseStatement) -> list[str]:
+        name = _stream_name(stmt)
+        if name is None:
+            return []
+        self.ctx.hit("get_per_tensor_param assignment")
+        return [f"{name} = rl_msprobe_weights.sent({name}, {self.steps[-1]})"]
 
 
 class VerlWeightsSent(Codemod):
@@ -149,3 +168,83 @@ class VerlWeightsReceived(Codemod):
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
         return _ReceivedTransformer(ctx)
+
+
+# `META[NAME] = {...}`: one tensor's entry in the bucket's metadata (META and NAME plain names)
+BUCKET_ENTRY = matchers.one_line(
+    m.Assign(
+        targets=[
+            m.AssignTarget(
+                target=m.Subscript(value=m.Name(), slice=[m.SubscriptElement(slice=m.Index(value=m.Name()))])
+            )
+        ],
+        value=m.Dict(),
+    )
+)
+# `X = self.socket.recv_pyobj()`: a bucket's metadata arriving
+ARRIVAL = matchers.one_line(
+    m.Assign(
+        targets=[m.AssignTarget(target=matchers.saves(m.Name()))],
+        value=matchers.calls("self.socket.recv_pyobj"),
+    )
+)
+
+
+def _entry(stmt: cst.BaseStatement) -> tuple[str, str] | None:
+    """(META, NAME) of `META[NAME] = {...}`, else None."""
+    if not m.matches(stmt, BUCKET_ENTRY):
+        return None
+    assign = cst.ensure_type(cst.ensure_type(stmt, cst.SimpleStatementLine).body[0], cst.Assign)
+    target = cst.ensure_type(assign.targets[0].target, cst.Subscript)
+    index = cst.ensure_type(target.slice[0].slice, cst.Index)
+    return cst.ensure_type(target.value, cst.Name).value, cst.ensure_type(index.value, cst.Name).value
+
+
+class _BucketTransformer(ScopedTransformer):
+    targets = (SENDER, f"{RECEIVER}.receive_weights")
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        if not self.scope and node.name.value in (SENDER, RECEIVER):
+            self.ctx.hit(f"class {node.name.value}")
+        return super().visit_ClassDef(node)
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
+        sending = self.qualname.startswith(f"{SENDER}.")
+        receiving = self.qualname.startswith(f"{RECEIVER}.receive_weights")
+        if not (sending or receiving):
+            return updated
+        return _lines_after(self.ctx, updated, self._sender_lines if sending else self._receiver_lines)
+
+    def _sender_lines(self, stmt: cst.BaseStatement) -> list[str]:
+        entry = _entry(stmt)
+        if entry is None:
+            return []
+        self.ctx.hit("bucket metadata entry")
+        return [f"rl_msprobe_weights.tag({entry[0]}[{entry[1]}], {entry[1]})"]
+
+    def _receiver_lines(self, stmt: cst.BaseStatement) -> list[str]:
+        arrival = matchers.saved_name(stmt, ARRIVAL)
+        if arrival is None:
+            return []
+        self.ctx.hit("bucket metadata arrival")
+        return [f"rl_msprobe_weights.arrived({arrival})"]
+
+
+class VerlWeightsBucket(Codemod):
+    name = "verl-weights-bucket"
+    project = "verl"
+    path = "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py"
+    subject = (SENDER, RECEIVER)
+    anchors = {
+        f"class {SENDER}": f"a top-level class {SENDER}",
+        "bucket metadata entry": f"an assignment `META[NAME] = {{...}}` in a method of {SENDER} (a tensor's entry)",
+        f"class {RECEIVER}": f"a top-level class {RECEIVER}",
+        "bucket metadata arrival": (
+            f"an assignment `X = self.socket.recv_pyobj()` in {RECEIVER}.receive_weights (a bucket's metadata)"
+        ),
+    }
+
+    helper_import = HELPER_IMPORT
+
+    def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
+        return _BucketTransformer(ctx)

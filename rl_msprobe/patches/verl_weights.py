@@ -6,7 +6,7 @@ Kept in its own module (a row per set in `patches/registry.py`), like verl-triag
 from __future__ import annotations
 
 from rl_msprobe.codemods.sglang_weights import SGLangWeightsReceived, SGLangWeightsUpdater
-from rl_msprobe.codemods.verl_weights import VerlWeightsReceived, VerlWeightsSent
+from rl_msprobe.codemods.verl_weights import VerlWeightsBucket, VerlWeightsReceived, VerlWeightsSent
 from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, where_present
 from rl_msprobe.upstream.projects import project
 
@@ -25,14 +25,27 @@ RECEIVED = Capability(
     "before model.load_weights (verl/workers/rollout/vllm_rollout/utils.py)",
     ("verl-weights-received",),
 )
+BUCKET = Capability(
+    "sent fingerprints carried in the bucket",
+    "after each tensor's `bucket_meta[name] = {...}` in BucketedWeightSender and each "
+    "`metadata = self.socket.recv_pyobj()` in BucketedWeightReceiver.receive_weights "
+    "(verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py): the receiver measures a tensor only "
+    "where its checksum differs from the sender's",
+    ("verl-weights-bucket",),
+)
 
 VERL_WEIGHTS = PatchSet(
     name="verl-weights",
     project="verl",
     description=f"weight parity at every sync: what the actor sends, what each vLLM TP rank receives and "
     f"holds ({ENV}=<folder>; read it with `rl-msprobe weights compare`)",
-    pieces=(Piece(WEIGHTS_FILE), Piece(VerlWeightsSent()), Piece(VerlWeightsReceived())),
-    capabilities=(SENT, RECEIVED),
+    pieces=(
+        Piece(WEIGHTS_FILE),
+        Piece(VerlWeightsSent()),
+        Piece(VerlWeightsReceived()),
+        Piece(VerlWeightsBucket()),
+    ),
+    capabilities=(SENT, RECEIVED, BUCKET),
     min_version="0.7.1",
     max_version=project("verl").newest_tested,
     notes=(

@@ -319,6 +319,9 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
     reused = sum(
         e.same_as == "received" for p in run.entries["resident"].get(sync, {}).values() for e in p.values()
     )
+    received_reused = sum(
+        e.same_as == "sent" for p in run.entries["received"].get(sync, {}).values() for e in p.values()
+    )
     for row in rows:
         if row.get("how"):
             hows[row["how"]] += 1
@@ -341,6 +344,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         "counts": counts,
         "resident_how": dict(hows),
         "resident_reused": reused,
+        "received_reused": received_reused,
         "not_synced": not_synced,
     }
     return summary, rows

@@ -60,6 +60,7 @@ class SyncSummary(TypedDict):
     counts: dict[str, int]  # status -> findings, over both stages
     resident_how: dict[str, int]
     resident_reused: int  # resident fingerprints the helper took from received (identical bytes)
+    received_reused: int  # received fingerprints the helper took from sent (checksum equal to the sender's)
     not_synced: list[NotSynced]  # engine tensors this sync never wrote, by name, shape and rank
 
 

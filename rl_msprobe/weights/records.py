@@ -43,7 +43,7 @@ class Entry:
     step: int | None = None
     how: str | None = None  # resident: "loader-written" or "parameter"
     engine_name: str | None = None
-    same_as: str | None = None  # resident: "received" where the helper reused that stage's statistics
+    same_as: str | None = None  # the stage whose statistics the helper reused: "received" / "sent"
     unreadable: bool = False
     shape: tuple[int, ...] | None = None
     reset_kept: bool = False  # resident, reset mode: the part still holds the pattern (never written)

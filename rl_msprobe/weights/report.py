@@ -75,6 +75,11 @@ def summary_lines(doc: WeightsDoc) -> list[str]:
             f"sync {step['sync']} (step {step['step']}): {step['verdict']}: {step['sent_tensors']} sent, "
             f"{step['model_tensors']} in the model, TP {step['tp_size']}; findings {c['differs']} differ, "
             f"{c['missing']} missing, {c['not-compared']} not compared, {c['tied']} tied; resident: {how}"
+            + (
+                f"; received: {step['received_reused']} reused from sent"
+                if step.get("received_reused")
+                else ""
+            )
         )
     for row in doc["tensors"]:
         for stage in ("received", "resident"):

@@ -17,6 +17,7 @@ FILES = {
     "verl/utils/rl_msprobe_weights.py",
     "verl/workers/engine_workers.py",
     "verl/workers/rollout/vllm_rollout/utils.py",
+    "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py",
 }
 PATCHED = ["0.7.1", "0.8.0", "0.9.0", "0.9.1"]
 # version -> words the refusal names: 0.6.x has no engine worker; 0.7.0 loads inside vLLMAsyncRollout

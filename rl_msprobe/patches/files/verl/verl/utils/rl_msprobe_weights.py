@@ -9,7 +9,7 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
                               and numpy are never imported here
   RL_MSPROBE_WEIGHTS_HASH=0   skip the bit-exact checksum ("k64:...", see `_Keyed`) of sent and
                               received tensors (the statistics are always computed; without
-                              received checksums no resident statistics are reused)
+                              checksums neither sent nor received statistics are reused)
   RL_MSPROBE_WEIGHTS_RESET=N  reset mode, for a debugging run: at the start of sync N (1: the first;
                               "N,M": several) every floating engine parameter is filled with
                               `PATTERN`; each resident record of that sync says whether its part
@@ -25,7 +25,10 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             (`received`, first line of the vLLM worker extension's `_update_weights`;
             `call_received` in SGLang's `update_weights_from_tensor`, once per bucket), per TP rank;
             with TP > 1 also this rank's 1/TP chunk along dims 0 and 1 (`shard_fp`), so that a
-            loader fault in one rank's shard names that rank;
+            loader fault in one rank's shard names that rank. Where the sender's {hash, fp} came
+            in the bucket's metadata (`tag` / `arrived`, verl's BucketedWeightSender / Receiver),
+            only the checksum is taken: equal, the sender's statistics are written
+            (`"same_as": "sent"`), else they are measured;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
             `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
@@ -139,7 +142,11 @@ def _blocks(tensor, raw: bool = True):
 # same bits flipped in both halves of two words (e.g. both float32 of two aligned pairs negated),
 # which the statistics of the same line see. It guards transfers; it is no cryptographic hash. It runs
 # inline on the block the statistics just read (no thread): 400 MB in ~0.05 s on the 2-core dev
-# machine, where zlib's CRC-32 (FORMAT 1) took 0.10 s and the statistics take 0.09 s.
+# machine, where zlib's CRC-32 (FORMAT 1) took 0.10 s and the statistics take 0.09 s. Measured
+# against it 2026-12-04 (load ~10, 508 MB): these four numpy passes per 1 MiB block 0.10 s (as fast
+# as one numpy sum of the float32); np.dot for the multiply-and-sum 0.12 s (numpy's integer dot is
+# a plain loop); torch int64 on one thread (its shift is arithmetic: one more pass, a mask) 0.13-0.15
+# s against 0.08-0.09 s; sub-blocks sized for L2 (4K-64K words): no gain beyond the noise. Kept.
 HASH_NAME = "k64"
 WORDS = 1 << 17  # words per key block (1 MiB): word j is keyed KEYS[j % WORDS] * block key(j // WORDS)
 _MASK = (1 << 64) - 1
@@ -308,6 +315,21 @@ def _measure_with_rows(tensor, hashed: bool, rows) -> tuple[dict, str | None, di
     return whole, (None if keyed is None else keyed.result()), _fp(stop - start, stats[1])
 
 
+def _checksum_and_rows(tensor, rows) -> tuple[str, dict | None]:
+    """TENSOR's k64 checksum and, where ROWS is (start, stop) (`_own_rows`: a contiguous CPU
+    tensor), the fingerprint of elements [start, stop) from the same pass (only those measured)."""
+    if rows is None:
+        return digest(tensor), None
+    keyed = _Keyed(_header(tensor))
+    flat, (start, stop) = tensor.detach().reshape(-1), rows
+    for piece in _pieces(flat[:start]):
+        keyed.add(_raw(piece))
+    own = _fp(stop - start, _stats(_blocks(flat[start:stop], True), keyed))
+    for piece in _pieces(flat[stop:]):
+        keyed.add(_raw(piece))
+    return keyed.result(), own
+
+
 def _sum_stats(parts):
     totals, sumsqs, lows, highs, nans, infs = zip(*parts)
     present_lows, present_highs = [x for x in lows if x is not None], [x for x in highs if x is not None]
@@ -412,12 +434,48 @@ def _sent(stream, sync: int, step):
     rank, records, hashed = _rank(), [], _hash_wanted()
     try:
         for index, (name, tensor) in enumerate(stream):
+            _outgoing.pop(name, None)
             with _never_breaks_the_sync("the sent fingerprint"):
                 records.append(_record("sent", sync, rank, name, tensor, index, hashed, step=step))
+                if records[-1].get("hash"):
+                    _outgoing[name] = {"hash": records[-1]["hash"], "fp": records[-1]["fp"]}
             yield name, tensor
     finally:
         with _never_breaks_the_sync("writing the sent fingerprints"):
             _write("sent", records)
+
+
+# ------------------------------------------------------------------------------ the bucket
+# The sender's fingerprint of each tensor travels with it, in the bucket's own metadata (verl's
+# BucketedWeightSender: one dict per tensor, pickled with the bucket), so that the receiver, which
+# takes the k64 checksum of what it got, writes the sender's statistics where the checksums are
+# equal (the same bytes, dtype and shape) instead of measuring them again (`_received`).
+
+BUCKET_KEY = "rl_msprobe"  # the key added to a tensor's bucket metadata
+_outgoing: dict[str, dict] = {}  # sender: name -> {hash, fp} of the tensor `sent` last fingerprinted
+_incoming: dict[str, dict] = {}  # receiver: name -> {hash, fp} from the bucket that brought it
+
+
+def tag(meta, name) -> None:
+    """Sender, after the bucket metadata of NAME is made: add its sent {hash, fp} to META."""
+    if not enabled():
+        return
+    with _never_breaks_the_sync("tagging the bucket"):
+        carried = _outgoing.pop(name, None)
+        if carried is not None:
+            meta[BUCKET_KEY] = carried
+
+
+def arrived(metadata) -> None:
+    """Receiver, as a bucket's metadata arrives: keep the sender's {hash, fp} of each tensor in it
+    for `_received` (the same process: verl's receiver calls the extension's `_update_weights`)."""
+    if not enabled():
+        return
+    with _never_breaks_the_sync("reading the bucket's fingerprints"):
+        for name, meta in metadata["bucket_meta"].items():
+            carried = meta.get(BUCKET_KEY) if isinstance(meta, dict) else None
+            if isinstance(carried, dict) and carried.get("hash"):
+                _incoming[name] = carried
 
 
 # ------------------------------------------------------------------------------ engine side
@@ -457,10 +515,18 @@ def _received(state: dict, weights) -> None:
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
         rank = state["rank"]
-        fp, checksum, own = _measure_with_rows(tensor, hashed, _own_rows(tensor, rank, tp_size))
+        carried, extra, rows = _incoming.pop(name, None), {}, _own_rows(tensor, rank, tp_size)
+        if hashed and carried is not None and tensor.numel():
+            checksum, own = _checksum_and_rows(tensor, rows)
+            if checksum == carried["hash"]:  # the sender's bytes, dtype and shape: its statistics
+                fp, extra = dict(carried["fp"]), {"same_as": "sent"}
+            else:  # other bytes than were sent: measured
+                fp, _, own = _measure_with_rows(tensor, False, rows)
+        else:
+            fp, checksum, own = _measure_with_rows(tensor, hashed, rows)
         measured = (fp, checksum)
         record = _record(
-            "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size
+            "received", state["sync"], rank, name, tensor, index, hashed, measured, tp_size=tp_size, **extra
         )
         if tp_size > 1:
             # dim 0's chunk where the pass over the whole tensor measured it
