@@ -25,6 +25,7 @@ from rl_msprobe.patches.registry import (
     find_set,
     get_entry_point,
     get_set,
+    project_of,
     resolve_sets,
     set_names,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "find_set",
     "get_entry_point",
     "get_set",
+    "project_of",
     "resolve_sets",
     "set_names",
     "where_present",

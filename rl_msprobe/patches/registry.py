@@ -101,6 +101,13 @@ def find_set(name: str) -> PatchSet | None:
     return _LOADED[name]
 
 
+def project_of(name: str) -> str:
+    """The project set `name` patches, read from its row (its module is not imported)."""
+    if name not in _BY_NAME:
+        get_set(name)  # the UserError listing the known sets
+    return _BY_NAME[name].project
+
+
 def get_set(name: str) -> PatchSet:
     found = find_set(name)
     if found is None:

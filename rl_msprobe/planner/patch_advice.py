@@ -9,11 +9,11 @@ from rl_msprobe.launch.script import LaunchScript
 def entry_point_of(script: LaunchScript, sets: list[str]) -> tuple[str | None, list[str]]:
     """The `patch apply --for` name of the job the launch script starts (main_ppo, fully_async, ...),
     and a note when it starts a verl main whose trainer rl-msprobe cannot name (a recipe's own)."""
-    from rl_msprobe.patches import entry_point_started_by, entry_points, get_set  # the registry: LibCST
+    from rl_msprobe.patches import entry_point_started_by, entry_points, project_of  # no set is loaded
 
     if script.command is None or script.command.kind != "ppo" or not sets:
         return None, []
-    projects = {get_set(name).project for name in sets}
+    projects = {project_of(name) for name in sets}
     for upstream in sorted(projects):
         found = entry_point_started_by(upstream, script.command.entry)
         if found is not None:
@@ -32,18 +32,16 @@ def patch_commands(sets: list[str], targets: dict[str, str], entry_point: str | 
     """The exact `rl-msprobe patch apply` commands: one per tree, but one for every tree a single
     --python imports (`patch apply` then patches them all or none); `--for ENTRY` last, on the
     command that patches the entry point's project."""
-    from rl_msprobe.patches import entry_points, get_set  # the registry (LibCST: only here)
+    from rl_msprobe.patches import entry_points, project_of  # the rows: no set is loaded
 
     groups: dict[tuple[str, str], list[str]] = {}  # (project, or "" for a shared --python; where) -> sets
     for name in sets:
-        upstream = get_set(name).project
+        upstream = project_of(name)
         where = targets.get(upstream) or f"--tree <the {upstream} tree that actually runs>"
         groups.setdefault(("" if where.startswith("--python ") else upstream, where), []).append(name)
     commands = []
     for (_, where), names in groups.items():
-        ours = entry_point and any(
-            e.name == entry_point for n in names for e in entry_points(get_set(n).project)
-        )
+        ours = entry_point and any(e.name == entry_point for n in names for e in entry_points(project_of(n)))
         flag = f" --for {entry_point}" if ours else ""
         commands.append(f"rl-msprobe patch apply {' '.join(names)} {where}{flag}")
     return commands

@@ -90,3 +90,25 @@ def test_status_of_one_set_imports_that_sets_codemods_only(tmp_path: Path) -> No
     other_set_modules = {f"rl_msprobe.patches.{row.module}" for row in ROWS if row.module != "verl"}
     assert not modules & other_set_modules, modules
     assert json.loads(matchers_line) is False  # verl-engine's anchors need no libcst.matchers
+
+
+CHECK_IMPORTS = """
+import json, sys
+from rl_msprobe import planner
+report = planner.check("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm\\n", "/tmp/run_x.sh",
+                       mode="consistency")
+print(json.dumps([report.patch_commands, sorted(m for m in sys.modules if m.startswith("rl_msprobe.patches."))]))
+"""
+
+
+def test_the_planners_patch_commands_read_the_rows_only() -> None:
+    from rl_msprobe.patches import ROWS
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK_IMPORTS], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    commands, modules = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(c.startswith("rl-msprobe patch apply verl-consistency ") for c in commands), commands
+    assert not set(modules) & {f"rl_msprobe.patches.{row.module}" for row in ROWS}, modules
