@@ -10,7 +10,7 @@ the FSDP engine's `get_per_tensor_param` streams), fingerprinted by the helper's
 EQUAL; sync 2 sends an update with one planted loader fault in one expert's up_proj (the model's
 `load_weights` scales it: tests/support/weights_plant.py): DIFFERENT, naming that expert; a
 checkpoint copy with one expert's down_proj changed on disk is named. Marked `full` (one more live
-engine, ~1-2 min on 2 busy cores)."""
+engine, ~1 min on 2 busy cores); TP 2 is an xfail (`TP2_FAILS`)."""
 
 from __future__ import annotations
 
@@ -59,22 +59,30 @@ from verl.utils import rl_msprobe_weights as weights  # the file the verl-weight
 from verl.workers.engine.fsdp.utils import unfuse_moe_params
 from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
 
-model_dir, changed_dir = os.environ["MOE_MODEL"], os.environ["MOE_CHANGED"]
+model_dir, changed_dir, tp = os.environ["MOE_MODEL"], os.environ["MOE_CHANGED"], int(os.environ["MOE_TP"])
 llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=4, seed=0,
+          tensor_parallel_size=tp, distributed_executor_backend="mp" if tp > 1 else None,
           worker_extension_cls="verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension")
 text = llm.generate(["the model rollout"], SamplingParams(max_tokens=4, temperature=0))[0].outputs[0].text
 hf = Qwen3MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
 
-def sync(step, delta):
+def send(rank, step, delta):
+    # what actor rank RANK streams to its colocated TP rank: every tensor, whole; rank 0's is
+    # fingerprinted as sent (one actor process's record, as a job writes it)
     g = torch.Generator().manual_seed(step)
     params = ((n, p.detach() + delta * torch.randn(p.shape, generator=g)) for n, p in hf.named_parameters())
-    stream = weights.sent(unfuse_moe_params(params, "qwen3_moe"), step)
-    sender = BucketedWeightSender(handle, bucket_size_mb=1, use_shm=True)
-    thread = threading.Thread(target=lambda: asyncio.run(sender.async_send_weights(stream)))
-    thread.start()
+    stream = unfuse_moe_params(params, "qwen3_moe")
+    stream = weights.sent(stream, step) if rank == 0 else stream
+    handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-{rank}.sock"
+    asyncio.run(BucketedWeightSender(handle, bucket_size_mb=1, use_shm=True).async_send_weights(stream))
+
+def sync(step, delta):
+    threads = [threading.Thread(target=send, args=(rank, step, delta), daemon=True) for rank in range(tp)]
+    for thread in threads:
+        thread.start()
     llm.collective_rpc("update_weights_from_ipc", kwargs={"use_shm": True})
-    thread.join()
+    for thread in threads:
+        thread.join()
 
 sync(0, 0.0)  # the checkpoint's weights, as a job's first sync sends them
 sync(1, 0.01)  # an update, with the planted loader fault
@@ -96,7 +104,19 @@ def _moe_model(python: Path) -> Path:
     )
 
 
-def test_a_live_moe_sync_is_compared_per_expert(tmp_path):
+TP2_FAILS = (
+    "vLLM CPU 0.32 at TP 2 with this MoE: the first sync fails in verl 0.9.1's BucketedWeightReceiver"
+    " cleanup (shm.close(): `BufferError: cannot close exported pointers exist`, a view of the shared"
+    " bucket still referenced after the load), the same with the verl-weights patch and without it;"
+    " the dense TP 2 job's sync does not (tests/consistency/test_live_job.py). TP 2 is covered by the"
+    " unit tests (tests/weights/test_moe.py)."
+)
+
+
+@pytest.mark.parametrize(
+    "tp", [1, pytest.param(2, marks=pytest.mark.xfail(reason=TP2_FAILS, raises=AssertionError))]
+)
+def test_a_live_moe_sync_is_compared_per_expert(tmp_path, tp):
     python = vllm_cpu.venv_python_or_skip()
     model = _moe_model(python)
     pythonpath = live_job.write_pythonpath(tmp_path / "pythonpath", python)
@@ -104,7 +124,8 @@ def test_a_live_moe_sync_is_compared_per_expert(tmp_path):
     changed = tmp_path / "changed"
     changed.mkdir()
     shutil.copytree(model, changed, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors"))
-    plant = [{"sync": 2, "stage": "resident", "name": PLANTED, "factor": 1.5, "rank": None}]
+    plant = [{"sync": 2, "stage": "resident", "name": PLANTED, "factor": 1.5, "rank": tp - 1}]
+    binding = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tp > 1 else {}  # one NUMA node here (DOMAIN §9)
     env = vllm_cpu.engine_env(
         PYTHONPATH=str(pythonpath),
         VERL_USE_EXTERNAL_MODULES=live_job.PLATFORM_MODULE,
@@ -118,6 +139,8 @@ def test_a_live_moe_sync_is_compared_per_expert(tmp_path):
         ON_DISK=ON_DISK,
         MOE_MODEL=str(model),
         MOE_CHANGED=str(changed),
+        MOE_TP=str(tp),
+        **binding,
     )
     with vllm_cpu.patched(python, "verl-weights"):
         proc = vllm_cpu.run_in_venv(python, textwrap.dedent(SCRIPT), env, tmp_path, timeout=600)
@@ -125,19 +148,20 @@ def test_a_live_moe_sync_is_compared_per_expert(tmp_path):
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert result["text"], result  # the engine generated
     engine = dict(result["engine"])  # vLLM 0.32 holds the experts stacked, under routed_experts
-    assert engine["model.layers.0.mlp.experts.routed_experts.w13_weight"] == [4, 64, 64], engine
-    assert engine["model.layers.0.mlp.experts.routed_experts.w2_weight"] == [4, 64, 32], engine
+    assert engine["model.layers.0.mlp.experts.routed_experts.w13_weight"] == [4, 64 // tp, 64], engine
+    assert engine["model.layers.0.mlp.experts.routed_experts.w2_weight"] == [4, 64, 32 // tp], engine
 
     doc = compare_run(read_run(tmp_path / "w"))
     first, second = doc["steps"]
     experts = [r for r in doc["tensors"] if r["sync"] == 1 and "expert" in r]
     assert len(experts) == 2 * 4 * 3 and first["verdict"] == "EQUAL", first
-    assert first["sent_tensors"] == first["model_tensors"], first
+    assert first["sent_tensors"] == first["model_tensors"] and first["tp_size"] == tp, first
     assert second["verdict"] == "DIFFERENT", second
     differs = [(r["name"], s) for r in doc["tensors"] if r["sync"] == 2 for s in ("received", "resident")
                if r[s]["status"] == "differs"]  # fmt: skip
     assert differs == [(PLANTED, "resident")], differs
     assert doc["first_difference"]["expert"] == {"layer": 1, "expert": 2, "projection": "up_proj"}
+    assert doc["first_difference"]["faulty_ranks"] == [tp - 1]  # the rank whose loader scaled it
     code, out, _ = run_cli("weights", "compare", str(tmp_path / "w"))
     assert code == 1 and f"{PLANTED} (layer 1, expert 2, up_proj)" in out, out
 
