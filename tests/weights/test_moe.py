@@ -218,8 +218,10 @@ def test_one_expert_s_up_proj_changed_by_the_loader_is_named(tmp_path, monkeypat
         r["name"] for r in doc["tensors"] if "differs" in (r["received"]["status"], r["resident"]["status"])
     ]
     assert differs == [name]
-    code, out, _ = run_cli("weights", "compare", str(tmp_path / "w"))
+    code, out, _ = run_cli("weights", "compare", str(tmp_path / "w"), "--out", str(tmp_path / "report"))
     assert code == 1 and f"{name} (layer 1, expert 2, up_proj)" in out, out
+    markdown = (tmp_path / "report" / "weights.md").read_text()
+    assert f"`{name}` (layer 1, expert 2, up_proj) resident: differs" in markdown, markdown
 
 
 def test_an_expert_the_sync_never_sent_is_not_synced_by_expert(tmp_path, monkeypatch):
