@@ -20,6 +20,7 @@ from typing import Any
 
 from rl_msprobe.errors import UserError
 from rl_msprobe.weights.compare import DIFFERENT, EQUAL, NOT_COMPARED, Finding, _by_rank, _meta, _resident
+from rl_msprobe.weights.experts import expert_of, expert_text
 from rl_msprobe.weights.fingerprint import Fingerprint
 from rl_msprobe.weights.records import Entry, Run
 
@@ -155,6 +156,9 @@ def compare_checkpoint(run: Run, checkpoint: dict[str, Entry], sync: int | None 
         }
         if how:
             row["how"] = how
+        expert = expert_of(name)
+        if expert is not None:
+            row["expert"] = expert
         rows.append(row)
         if first is None and finding.status == "differs":
             first = row
@@ -184,12 +188,13 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     ]
     for row in doc["tensors"]:
         if row["status"] not in ("equal", "tied"):
-            detail = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("name", "status"))
-            lines.append(f"  {row['status']}: {row['name']} ({detail})")
+            detail = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("name", "status", "expert"))
+            lines.append(f"  {row['status']}: {row['name']}{expert_text(row['name'])} ({detail})")
     first = doc["first_difference"]
     if isinstance(first, dict):
         lines.append(
-            f"first difference: {first['name']}: {first.get('what')} (norm rel {first.get('norm_rel')})"
+            f"first difference: {first['name']}{expert_text(first['name'])}: {first.get('what')} "
+            f"(norm rel {first.get('norm_rel')})"
         )
     lines.append(str(doc["verdict"]))
     return lines

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import cast
 
 from rl_msprobe.weights.document import (
     FindingDoc,
@@ -25,7 +26,9 @@ from rl_msprobe.weights.document import (
     SyncSummary,
     TensorRow,
     WeightsDoc,
+    _Where,
 )
+from rl_msprobe.weights.experts import expert_of
 from rl_msprobe.weights.fingerprint import Delta, combine_ranks, compare, unit_roundoff
 from rl_msprobe.weights.records import Entry, Run
 
@@ -304,6 +307,9 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
                 row["replicas"] = replicas
             if how:
                 row["how"] = how
+            expert = expert_of(name)
+            if expert is not None:
+                row["expert"] = expert
             rows.append(row)
     counts = {s: 0 for s in STATUSES}
     for row in rows:
@@ -355,15 +361,17 @@ def _first_difference(rows: list[TensorRow]) -> FirstDifference | None:
         for stage in ("received", "resident"):
             finding = row[stage]
             if finding["status"] == "differs":
-                first: FirstDifference = {
+                where: _Where = {
                     "step": row["step"],
                     "sync": row["sync"],
                     "name": row["name"],
                     "stage": stage,
                     "index": row["index"],
-                    **finding,
                 }
+                first = cast(FirstDifference, {**where, **finding})
                 del first["status"]  # `differs`: said by being the first difference
+                if "expert" in row:  # which layer, expert and projection (a per-expert MoE tensor)
+                    first["expert"] = row["expert"]
                 return first
     return None
 

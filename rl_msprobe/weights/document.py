@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from rl_msprobe.weights.experts import ExpertDoc
+
 
 class DeltaDoc(TypedDict):
     """fingerprint.Delta: how far a tensor is from its reference."""
@@ -47,6 +49,7 @@ class TensorRow(_TensorRow, total=False):
     replica: int  # the engine replica, when there are several (absent for the first)
     replicas: int  # ranks holding each element of the tensor
     how: str  # where the resident fingerprint comes from: loader-written | parameter
+    expert: ExpertDoc  # a per-expert MoE tensor: its layer, expert and projection
 
 
 class SyncSummary(TypedDict):
@@ -87,6 +90,7 @@ class FirstDifference(_Where, _Detail, total=False):
     """The first tensor that differs: where, and what its finding says (its status is `differs`)."""
 
     status: str  # only while it is built from the finding: removed before it is returned
+    expert: ExpertDoc  # a per-expert MoE tensor: its layer, expert and projection
 
 
 class _Document(TypedDict):

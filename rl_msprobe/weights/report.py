@@ -10,6 +10,7 @@ from collections import defaultdict
 from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, h, html_table
 from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
+from rl_msprobe.weights.experts import expert_text
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "=", "not-synced": "N"}
@@ -86,18 +87,18 @@ def summary_lines(doc: WeightsDoc) -> list[str]:
             f = row[stage]
             if f["status"] == "differs":
                 lines.append(
-                    f"  sync {row['sync']} {stage} differs: {row['name']} {ranks_text(f)} "
+                    f"  sync {row['sync']} {stage} differs: {row['name']}{expert_text(row['name'])} {ranks_text(f)} "
                     f"(norm rel {f.get('norm_rel')}, {f.get('what')}, {f.get('ratio')}x tolerance)"
                 )
     for x in doc.get("not_synced", []):
         lines.append(
-            f"  sync {x['sync']} NOT SYNCED: {x['name']} shape {x['shape']} on ranks {x['ranks']}: {x['why']}"
+            f"  sync {x['sync']} NOT SYNCED: {x['name']}{expert_text(x['name'])} shape {x['shape']} on ranks {x['ranks']}: {x['why']}"
         )
     first = doc["first_difference"]
     if first:
         lines.append(
-            f"first difference: sync {first['sync']} (step {first['step']}) {first['name']}, stage {first['stage']}"
-            + _first_text(first)
+            f"first difference: sync {first['sync']} (step {first['step']}) {first['name']}"
+            f"{expert_text(first['name'])}, stage {first['stage']}" + _first_text(first)
         )
     lines.append(doc["verdict"])
     return lines
@@ -157,7 +158,9 @@ def markdown(doc: WeightsDoc) -> str:
             f = row[stage]
             if f["status"] not in ("equal", "tied"):
                 detail = ", ".join(f"{k} {v}" for k, v in f.items() if k != "status")
-                out.append(f"- sync {row['sync']} `{row['name']}` {stage}: {f['status']} ({detail})")
+                out.append(
+                    f"- sync {row['sync']} `{row['name']}`{expert_text(row['name'])} {stage}: {f['status']} ({detail})"
+                )
     unwritten = doc.get("not_synced", [])
     if unwritten:
         out += ["", "## NOT SYNCED (engine tensors the sync never wrote)", ""]
@@ -169,7 +172,8 @@ def markdown(doc: WeightsDoc) -> str:
     if first:
         out += [
             "",
-            f"**First difference**: sync {first['sync']} (step {first['step']}), `{first['name']}`, "
+            f"**First difference**: sync {first['sync']} (step {first['step']}), `{first['name']}`"
+            f"{expert_text(first['name'])}, "
             f"stage `{first['stage']}`{_first_text(first)}.",
         ]
     return "\n".join(out) + "\n"

@@ -16,3 +16,19 @@ def load():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def vllm_worker(helper, model):
+    """A vLLM worker extension as verl-weights patches it: the sync entry decorated, the bucket
+    fingerprinted as received before the model loads it."""
+
+    class Worker:
+        def __init__(self):
+            self.model_runner = type("Runner", (), {"model": model})()
+
+        @helper.engine_sync
+        def update_weights_from_ipc(self, weights):
+            helper.received(self, weights)
+            model.load_weights(weights)
+
+    return Worker()

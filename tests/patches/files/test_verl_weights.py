@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-from tests.weights.helper import PATH, load
+from tests.weights.helper import PATH, load, vllm_worker
 
 OFF = f"""
 import importlib.util, sys
@@ -287,21 +287,6 @@ class _Plain(torch.nn.Module):
                     params[name].data.copy_(tensor)
 
 
-def _vllm_worker(helper, model):
-    """A vLLM worker extension as verl-weights patches it: the sync entry and the received line."""
-
-    class Worker:
-        def __init__(self):
-            self.model_runner = type("Runner", (), {"model": model})()
-
-        @helper.engine_sync
-        def update_weights_from_ipc(self, weights):
-            helper.received(self, weights)
-            model.load_weights(weights)
-
-    return Worker()
-
-
 def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeypatch):
     """RL_MSPROBE_WEIGHTS_RESET=2: before sync 2 every parameter is filled with the pattern; the one the
     loader skipped still holds it afterwards (reset_kept), and the compare names it NOT SYNCED.
@@ -316,7 +301,7 @@ def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeyp
     with torch.inference_mode():  # as vLLM makes its parameters: inference tensors
         model = _Plain()
     model.skip = {"norm.weight"}
-    worker = _vllm_worker(helper, model)
+    worker = vllm_worker(helper, model)
     tensors = [("norm.weight", torch.ones(4)), ("head.weight", torch.full((3, 4), 0.5))]
     for sync in (1, 2):
         worker.update_weights_from_ipc(list(helper.sent(iter(tensors), sync)))

@@ -31,7 +31,8 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             (`"same_as": "sent"`), else they are measured;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
-            `packed_modules_mapping`; vocab padding rows dropped). Where the engine repacks a
+            `packed_modules_mapping`; stacked MoE experts, w13 / w2, per expert and projection,
+            `_expert_parts`; vocab padding rows dropped). Where the engine repacks a
             layer's weights after loading (vLLM CPU), the layer is fingerprinted just before its
             quant method's `process_weights_after_loading`, i.e. what the weight loader wrote
             (`"how": "loader-written"`); elsewhere the parameter as it stands after the sync
@@ -868,8 +869,64 @@ def _resident_record(state: dict, name: str, part, base: dict) -> dict:
     return _record("resident", state["sync"], state["rank"], name, part, -1, True, measured=measured, **base)
 
 
+# A fused-MoE layer (vLLM's FusedMoE / RoutedExperts, SGLang's FusedMoE) holds all its experts
+# stacked in two 3-D parameters: `w13_weight` [E, 2I, H] (each expert's gate rows, then its up rows,
+# as the loader's shards "w1" / "w3" write them) and `w2_weight` [E, H, I] (down), I this TP rank's
+# share. Split back into the per-expert tensors the trainer sends (`experts.{e}.gate_proj.weight`
+# ...), so that a fault names the layer, the expert and the projection.
+EXPERT_PARAMS = {
+    "w13_weight": ("ckpt_gate_proj_name", "ckpt_up_proj_name"),
+    "w2_weight": ("ckpt_down_proj_name",),
+}
+EXPERT_NAMES = {
+    "ckpt_gate_proj_name": "gate_proj",
+    "ckpt_up_proj_name": "up_proj",
+    "ckpt_down_proj_name": "down_proj",
+}
+
+
+def _expert_parts(module_name: str, module, pname: str, tensor):
+    """The per-expert HF parts of a stacked expert parameter; None for any other parameter. The HF
+    prefix is the layer's `layer_name` where the module sits under it (vLLM 0.32's
+    `experts.routed_experts`), else the module's own name; the projection names are the layer's
+    checkpoint names (`ckpt_*_proj_name`: Mixtral's w1 / w3 / w2); a non-gated layer's w13 is one
+    projection; under expert parallelism `expert_map` (global -> local, -1: elsewhere) says which
+    global experts this rank holds."""
+    keys = EXPERT_PARAMS.get(pname)
+    if keys is None or tensor.dim() != 3:
+        return None
+    config = getattr(module, "moe_config", None)
+    if len(keys) == 2 and getattr(config, "is_act_and_mul", True) is False:
+        keys = keys[:1]
+    projections = [getattr(module, key, None) or EXPERT_NAMES[key] for key in keys]
+    if tensor.shape[1] % len(projections):
+        return None
+    layer_name = getattr(module, "layer_name", None)
+    under = isinstance(layer_name, str) and module_name.startswith(layer_name + ".")
+    prefix = layer_name if under else module_name
+    try:
+        expert_map = getattr(module, "expert_map", None)
+    except Exception:  # noqa: BLE001 - a property that needs a kernel: no expert parallelism known
+        expert_map = None
+    if expert_map is not None and hasattr(expert_map, "tolist"):
+        local_of = expert_map.tolist()
+        held = sorted((local, g) for g, local in enumerate(local_of) if 0 <= local < tensor.shape[0])
+    else:
+        held = [(e, e) for e in range(tensor.shape[0])]
+    size = tensor.shape[1] // len(projections)
+    return [
+        (f"{prefix}.{expert}.{projection}.weight", tensor[local].narrow(0, i * size, size))
+        for local, expert in held
+        for i, projection in enumerate(projections)
+    ]
+
+
 def _parts(model, module_name: str, module, pname: str, param):
     tensor = param.detach()
+    experts = _expert_parts(module_name, module, pname, tensor)
+    if experts is not None:
+        yield from experts
+        return
     prefix, _, short = module_name.rpartition(".")
     packed = _packed(model).get(short)
     sizes = list(getattr(module, "output_partition_sizes", None) or [])
