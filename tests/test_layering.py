@@ -1,6 +1,6 @@
 """The import rules of docs/architecture.md, read from the source with `ast` (nothing imported):
 the packages import one another without a cycle, lazy imports included; no module imports another
-at import time in a cycle; no module takes a private (`_name`) name from another package; and the
+at import time in a cycle; no module takes a private (`_name`) name from another module; and the
 helpers under rl_msprobe/patches/files, which run inside verl / vLLM / SGLang, import nothing of
 rl_msprobe."""
 
@@ -93,12 +93,14 @@ def test_no_module_imports_another_in_a_cycle_at_import_time():
     assert not cycle, f"modules in an import-time cycle: {' -> '.join(cycle)}"
 
 
-def test_no_private_name_crosses_a_package():
+def test_no_private_name_crosses_a_module():
+    """A `_name` is its module's own: one shared by two modules is public (or lives in a module
+    both import), in the same package as across packages."""
     crossing = [
         f"{module} imports {name} from {target}"
         for module in MODULES
         for target, name in _imports(module, at_import_time=False)
-        if name.startswith("_") and not name.startswith("__") and _package(target) != _package(module)
+        if name.startswith("_") and not name.startswith("__") and target != module
     ]
     assert not crossing, "make these public (or move them):\n" + "\n".join(crossing)
 
