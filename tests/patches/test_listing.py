@@ -1,0 +1,56 @@
+"""`patch list` is `rl_msprobe.patches.listing.list_sets()` rendered: its JSON is the result's own
+(the array docs/json.md documents), and docs/support.md's version table is the result's table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rl_msprobe.patches import ROWS
+from rl_msprobe.patches.listing import SetList, list_sets
+from tests.support.trees import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = ["name", "project", "versions", "default_release", "native_since", "optional", "description", "pieces"]
+PIECE_KEYS = ["name", "path", "essential", "runs_in"]
+GENERATE = 'python -c "from rl_msprobe.patches.listing import list_sets; print(list_sets().support_table())"'
+
+
+def test_the_support_table_is_the_registrys() -> None:
+    """docs/support.md holds the generated table, and no other set row beside it."""
+    result = list_sets()
+    text = (ROOT / "docs" / "support.md").read_text(encoding="utf-8")
+    assert result.support_table() in text, f"regenerate docs/support.md's table: {GENERATE}"
+    rows = [line for line in text.splitlines() if re.match(r"^\| `[a-z-]+` \| [a-z-]+ \| ", line)]
+    assert rows == result.support_table().splitlines()[2:]
+    assert [s.name for s in result.sets] == [row.name for row in ROWS]
+
+
+def test_patch_list_json_is_the_results_own() -> None:
+    code, out, err = run_cli("patch", "list", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc == list_sets().to_json()
+    assert isinstance(doc, list) and all(list(entry) == KEYS for entry in doc)
+    assert all(list(piece) == PIECE_KEYS for entry in doc for piece in entry["pieces"])
+    assert sum(len(entry["pieces"]) for entry in doc) >= len(doc)
+    section = (ROOT / "docs" / "json.md").read_text(encoding="utf-8").split("## patch list", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    assert all(f"`{key}`" in section for key in KEYS + PIECE_KEYS), section
+
+
+def test_the_result_is_frozen_and_the_text_has_a_header_and_a_line_per_set() -> None:
+    result = list_sets()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.sets[0].name = "x"  # type: ignore[misc]
+    lines = result.text_lines()
+    assert lines[0].split() == ["SET", "PROJECT", "VERSIONS", "DEFAULT", "DESCRIPTION"]
+    assert [line.split()[0] for line in lines[1:]] == [s.name for s in result.sets]
+    one = SetList(result.sets[:1])
+    assert one.support_table().splitlines()[2] == (
+        f"| `{one.sets[0].name}` | {one.sets[0].project} | {one.sets[0].versions} | {one.sets[0].default_release} |"
+    )
