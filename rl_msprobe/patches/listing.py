@@ -7,6 +7,7 @@ one object per set.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rl_msprobe.patches.default_release import default_release
@@ -58,19 +59,10 @@ class SetInfo:
         )
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "project": self.project,
-            "versions": self.versions,
-            "default_release": self.default_release,
-            "native_since": self.native_since,
-            "optional": self.optional,
-            "description": self.description,
-            "pieces": [
-                {"name": p.name, "path": p.path, "essential": p.essential, "runs_in": list(p.runs_in)}
-                for p in self.pieces
-            ],
-        }
+        """The set's object in `patch list --json`: its fields in order, tuples as arrays."""
+        doc = dataclasses.asdict(self)
+        doc["pieces"] = [{**piece, "runs_in": list(piece["runs_in"])} for piece in doc["pieces"]]
+        return doc
 
 
 @dataclass(frozen=True)
