@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from rl_msprobe.patches import ROWS
+from rl_msprobe.patches import ROWS, registry
 from rl_msprobe.patches.listing import SetList, list_sets
 from tests.support.trees import run_cli
 
@@ -54,3 +56,31 @@ def test_the_result_is_frozen_and_the_text_has_a_header_and_a_line_per_set() -> 
     assert one.support_table().splitlines()[2] == (
         f"| `{one.sets[0].name}` | {one.sets[0].project} | {one.sets[0].versions} | {one.sets[0].default_release} |"
     )
+
+
+def test_a_new_row_reaches_patch_list_the_support_table_and_the_matrix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new set is one registry row plus its module: `patch list`, docs/support.md's table and its
+    release matrix (tests/support/releases.py) follow from the row and the set without another edit."""
+    from tests.support.releases import supported
+
+    probe = dataclasses.replace(
+        registry.get_set("vllm-dump"), name="vllm-probe", description="a test row", min_version="0.30.0"
+    )
+    module = types.ModuleType("rl_msprobe.patches.probe_row")
+    module.SETS = (probe,)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(
+        registry, "ROWS", (*registry.ROWS, registry.SetRow("vllm-probe", "vllm", "probe_row"))
+    )
+    code, out, err = run_cli("patch", "list", "--json")
+    assert code == 0, err
+    entry = json.loads(out)[-1]
+    assert (entry["name"], entry["versions"], entry["default_release"]) == (
+        "vllm-probe",
+        "0.30.0 … 0.34.0",
+        "0.34.0",
+    )
+    assert "| `vllm-probe` | vllm | 0.30.0 … 0.34.0 | 0.34.0 |" in list_sets().support_table()
+    assert supported("vllm-probe") == ["0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
