@@ -25,15 +25,16 @@ pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
 
 V1 = "vllm/v1/worker/gpu_model_runner.py"
 V2 = "vllm/v1/worker/gpu/model_runner.py"
-NEWEST = supported("vllm-dump")[-1]  # 0.34.0, V2 only: the newest tested vLLM
+RANGE = supported("vllm-dump")  # every release of its range (tests/support/releases.py)
+NEWEST = RANGE[-1]  # 0.34.0, V2 only: the newest tested vLLM
 NEWEST_WITH_V1 = "0.33.0"
 # the full patch cycle, oldest to newest (tests/patches/test_releases.py reads it); the full tier
 # adds the oldest release of the range and two between (0.30.0: V1's __init__ gains a decorator;
 # 0.32.0: what the CPU e2e runs) to the newest of each shape
-FULL_CYCLE = ["0.24.0", "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]
+FULL_CYCLE = [RANGE[0], "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]
 CYCLE = newest_in_default(FULL_CYCLE, keep=[NEWEST_WITH_V1])  # the newest of each shape by default
 # every other release in the range (eight more sdist downloads, ~47 MB each): RL_MSPROBE_VLLM_ALL_RELEASES=1
-EVERY = [v for v in supported("vllm-dump") if v not in FULL_CYCLE]
+EVERY = [v for v in RANGE if v not in FULL_CYCLE]
 LINES = CYCLE + (
     [pytest.param(v, marks=pytest.mark.full) for v in EVERY]
     if os.environ.get("RL_MSPROBE_VLLM_ALL_RELEASES") == "1"
