@@ -32,6 +32,19 @@ def test_the_support_table_is_the_registrys() -> None:
     assert [s.name for s in result.sets] == [row.name for row in ROWS]
 
 
+def test_the_ranges_the_notes_name_are_the_registrys() -> None:
+    """Each set's row in "The other sets" (or its own section's first line) names its range as the
+    registry has it: `LOW … HIGH`, or `≥ LOW` for a set without a newest tested release."""
+    lines = (ROOT / "docs" / "support.md").read_text(encoding="utf-8").splitlines()
+    wrong = {}
+    for s in registry.all_sets():
+        ranges = (s.range_text(), f"≥ {s.min_version}") if s.max_version is None else (s.range_text(),)
+        found = [line for line in lines if line.startswith((f"| `{s.name}` | ", f"`{s.name}` ("))]
+        if len(found) < 2 or not all(any(r in line for r in ranges) for line in found):
+            wrong[s.name] = [line[:100] for line in found]
+    assert wrong == {}
+
+
 def test_patch_list_json_is_the_results_own() -> None:
     code, out, err = run_cli("patch", "list", "--json")
     assert code == 0, err
