@@ -67,7 +67,7 @@ class SetInfo:
 
 @dataclass(frozen=True)
 class SetList:
-    """Every set (or one project's), in registry order."""
+    """Every set of the registry, in its order."""
 
     sets: tuple[SetInfo, ...]
 
