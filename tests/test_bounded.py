@@ -182,10 +182,10 @@ def test_a_stray_step_folder_is_refused_by_name_without_allocating_the_gap(tmp_p
 
 
 def test_missing_steps_are_named_from_the_steps_present():
-    from rl_msprobe.dumps.layout import _gaps
+    from rl_msprobe.dumps.layout import step_gaps
 
-    assert _gaps([0, 1, 3, 9_000_000]) == "step2, step4-8999999"
-    assert _gaps([4]) == ""
+    assert step_gaps([0, 1, 3, 9_000_000]) == "step2, step4-8999999"
+    assert step_gaps([4]) == ""
 
 
 def test_a_line_without_end_is_refused_at_the_line_limit(tmp_path):

@@ -1,8 +1,8 @@
 """The import rules of docs/architecture.md, read from the source with `ast` (nothing imported):
 the packages import one another without a cycle, lazy imports included; no module imports another
-at import time in a cycle; no module takes a private (`_name`) name from another package; and the
-helpers under rl_msprobe/patches/files, which run inside verl / vLLM / SGLang, import nothing of
-rl_msprobe."""
+at import time in a cycle; no module takes a private (`_name`) name from another module, nor does
+a test; and the helpers under rl_msprobe/patches/files, which run inside verl / vLLM / SGLang,
+import nothing of rl_msprobe."""
 
 from __future__ import annotations
 
@@ -93,14 +93,29 @@ def test_no_module_imports_another_in_a_cycle_at_import_time():
     assert not cycle, f"modules in an import-time cycle: {' -> '.join(cycle)}"
 
 
-def test_no_private_name_crosses_a_package():
+def test_no_private_name_crosses_a_module():
+    """A `_name` is its module's own: one shared by two modules is public (or lives in a module
+    both import), in the same package as across packages."""
     crossing = [
         f"{module} imports {name} from {target}"
         for module in MODULES
         for target, name in _imports(module, at_import_time=False)
-        if name.startswith("_") and not name.startswith("__") and _package(target) != _package(module)
+        if name.startswith("_") and not name.startswith("__") and target != module
     ]
     assert not crossing, "make these public (or move them):\n" + "\n".join(crossing)
+
+
+def test_no_test_takes_a_private_name_of_rl_msprobe():
+    """Tests call what the modules offer: a helper worth its own test is public."""
+    taking = [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name} from {node.module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rl_msprobe"
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not taking, "make these public (or test through a public name):\n" + "\n".join(taking)
 
 
 def test_the_injected_helpers_import_nothing_of_rl_msprobe():

@@ -96,7 +96,7 @@ def correlate(rollout_dir: Path, train_dir: Path, as_json: bool) -> None:
     sys.exit(0 if result.ok else 1)
 
 
-def _running_verdict(tally: dict[str, int]) -> str | None:
+def running_verdict(tally: dict[str, int]) -> str | None:
     """The verdict so far for the progress bar: `DIVERGENT so far (3 consistent, 1 divergent)`."""
     if not tally:
         return None
@@ -196,7 +196,7 @@ def _progress(total: int) -> Iterator[Callable[[PairResult], None]]:
         label="msprobe compare",
         file=sys.stderr,
         show_pos=True,
-        item_show_func=lambda _x: _running_verdict(tally),
+        item_show_func=lambda _x: running_verdict(tally),
     )
     with progress as bar:
 

@@ -70,44 +70,14 @@ def patch() -> None:
 @handles_user_errors
 def list_sets(as_json: bool) -> None:
     """List the patch sets: project, supported versions, the default release (used without --tree)."""
-    from rl_msprobe.patches import all_sets
-    from rl_msprobe.patches.default_release import default_release
+    from rl_msprobe.patches.listing import list_sets as listing
 
-    doc: list[dict[str, object]] = [
-        {
-            "name": s.name,
-            "project": s.project,
-            "versions": s.range_text(),
-            "default_release": default_release(s),
-            "native_since": s.native_since,
-            "optional": s.optional,
-            "description": s.description,
-            "pieces": [
-                {
-                    "name": p.label,
-                    "path": p.path,
-                    "essential": p.essential,
-                    "runs_in": [e.name for e in p.runs_in],
-                }
-                for p in s.all_pieces()
-            ],
-        }
-        for s in all_sets()
-    ]
+    result = listing()
     if as_json:
-        emit_json(doc)
+        emit_json(result.to_json())
         return
-    header: dict[str, object] = {
-        "name": "SET",
-        "project": "PROJECT",
-        "versions": "VERSIONS",
-        "default_release": "DEFAULT",
-    }
-    rows = [header, *doc]
-    widths = {key: max(len(str(row[key])) for row in rows) for key in header}
-    for row in rows:
-        cells = [f"{row[key]:<{widths[key]}}" for key in header]
-        click.echo("  ".join([*cells, str(row.get("description", "DESCRIPTION"))]).rstrip())
+    for line in result.text_lines():
+        click.echo(line)
 
 
 @patch.command()

@@ -347,7 +347,7 @@ def _check_side(root: Path, mode: str, report: LayoutReport, label: str, jobs: i
         }
         where = str(root / group.replace("pid ", "")) if group else str(root)
         if mode != "training":
-            gaps = _gaps(sorted(steps))
+            gaps = step_gaps(sorted(steps))
             if gaps:
                 report.problems.append(
                     {
@@ -408,7 +408,7 @@ def _rank_sort(label: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, label)
 
 
-def _gaps(steps: list[int]) -> str:
+def step_gaps(steps: list[int]) -> str:
     """The missing runs between sorted steps as text ("step3, step5-9"), from the steps present only
     (a stray step number far away costs nothing)."""
     out = []

@@ -85,7 +85,9 @@ _SIMPLE = re.compile(
 _NOT_STRINGS = {"null", "true", "false", "inf", "nan"}
 
 
-def _simple_override(text: str) -> Override | None:
+def simple_override(text: str) -> Override | None:
+    """`key=word` / `key=123` read without Hydra's parser (its grammar is slow on huge commands);
+    None for anything else, which `parse_override` hands to Hydra."""
     match = _SIMPLE.fullmatch(text)
     if match is None or (match.group(4) or "").lower() in _NOT_STRINGS:
         return None
@@ -98,7 +100,7 @@ def parse_override(text: str) -> Override:
     """Parse one override token with Hydra's grammar; OverrideError says what is wrong."""
     from hydra.errors import HydraException
 
-    simple = _simple_override(text)
+    simple = simple_override(text)
     if simple is not None:
         return simple
     try:

@@ -50,10 +50,14 @@ ROWS: tuple[SetRow, ...] = (
     SetRow("vllm-dump", "vllm", "vllm"),
 )
 
-_BY_NAME = {row.name: row for row in ROWS}
-if len(_BY_NAME) != len(ROWS):
+if len({row.name for row in ROWS}) != len(ROWS):
     raise ValueError(f"patch set names must be unique: {[row.name for row in ROWS]}")
 _LOADED: dict[str, PatchSet] = {}
+
+
+def _rows() -> dict[str, SetRow]:
+    """name -> row, read from ROWS at each call (a row is the only thing a new set adds here)."""
+    return {row.name: row for row in ROWS}
 
 
 def set_names(project: str | None = None) -> list[str]:
@@ -93,7 +97,7 @@ def all_sets(project: str | None = None) -> list[PatchSet]:
 def find_set(name: str) -> PatchSet | None:
     """The set `name`, or None when this rl-msprobe has none by that name (a tree's record may name
     a set of another version)."""
-    row = _BY_NAME.get(name)
+    row = _rows().get(name)
     if row is None:
         return None
     if name not in _LOADED:
@@ -103,15 +107,16 @@ def find_set(name: str) -> PatchSet | None:
 
 def project_of(name: str) -> str:
     """The project set `name` patches, read from its row (its module is not imported)."""
-    if name not in _BY_NAME:
+    rows = _rows()
+    if name not in rows:
         get_set(name)  # the UserError listing the known sets
-    return _BY_NAME[name].project
+    return rows[name].project
 
 
 def get_set(name: str) -> PatchSet:
     found = find_set(name)
     if found is None:
-        known = ", ".join(sorted(_BY_NAME))
+        known = ", ".join(sorted(_rows()))
         raise UserError(f"unknown patch set {name!r}; known sets: {known} (see `rl-msprobe patch list`).")
     return found
 
@@ -120,10 +125,11 @@ def resolve_sets(names: list[str] | tuple[str, ...]) -> list[PatchSet]:
     """The sets named on the command line; all for one project."""
     if not names:
         raise UserError("name at least one patch set (see `rl-msprobe patch list`).")
-    unknown = [n for n in names if n not in _BY_NAME]
+    rows = _rows()
+    unknown = [n for n in names if n not in rows]
     if unknown:
         get_set(unknown[0])
-    projects = {_BY_NAME[n].project for n in names}
+    projects = {rows[n].project for n in names}
     if len(projects) > 1:
         raise UserError(
             f"sets {', '.join(dict.fromkeys(names))} are for different projects ({', '.join(sorted(projects))}); "

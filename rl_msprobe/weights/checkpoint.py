@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from rl_msprobe.errors import UserError
-from rl_msprobe.weights.compare import DIFFERENT, EQUAL, NOT_COMPARED, Finding, _by_rank, _meta, _resident
+from rl_msprobe.weights.compare import (
+    DIFFERENT,
+    EQUAL,
+    NOT_COMPARED,
+    Finding,
+    replicas_by_rank,
+    resident_finding,
+    sync_meta,
+)
 from rl_msprobe.weights.experts import expert_of, expert_text
 from rl_msprobe.weights.fingerprint import Fingerprint
 from rl_msprobe.weights.records import Entry, Run
@@ -139,15 +147,15 @@ def compare_checkpoint(run: Run, checkpoint: dict[str, Entry], sync: int | None 
         raise UserError(
             f"--sync {at}: the engine wrote resident fingerprints at syncs {syncs[0]}..{syncs[-1]}."
         )
-    replicas = _by_rank(run.entries["resident"][at]) or [{}]
-    aliases, tp, _ = _meta(run, at)
+    replicas = replicas_by_rank(run.entries["resident"][at]) or [{}]
+    aliases, tp, _ = sync_meta(run, at)
     resident = replicas[0]
     held = {n for e in resident.values() for n in e}
     rows: list[dict[str, Any]] = []
     first = None
     for name, entry in checkpoint.items():
         finding: Finding
-        finding, _, how = _resident(entry, resident, name, aliases, None, tp)
+        finding, _, how = resident_finding(entry, resident, name, aliases, None, tp)
         row: dict[str, Any] = {
             "name": name,
             "dtype": entry.dtype,

@@ -26,7 +26,7 @@ from rl_msprobe.weights.document import (
     SyncSummary,
     TensorRow,
     WeightsDoc,
-    _Where,
+    Where,
 )
 from rl_msprobe.weights.experts import expert_of
 from rl_msprobe.weights.fingerprint import Delta, combine_ranks, compare, unit_roundoff
@@ -66,7 +66,7 @@ def _same(ref: Entry, got: Entry) -> Delta:
     return delta
 
 
-def _by_rank(processes: dict[str, dict[str, Entry]]) -> list[dict[int, dict[str, Entry]]]:
+def replicas_by_rank(processes: dict[str, dict[str, Entry]]) -> list[dict[int, dict[str, Entry]]]:
     """Engine processes grouped into replicas: the i-th process of each TP rank forms replica i."""
     ranks: dict[int, list[str]] = defaultdict(list)
     for process, entries in sorted(processes.items()):
@@ -135,7 +135,7 @@ def _other_bits(reference: Entry, held: dict[int, Entry]) -> list[int]:
     ]
 
 
-def _resident(
+def resident_finding(
     reference: Entry | None,
     resident: dict[int, dict[str, Entry]],
     name: str,
@@ -143,6 +143,8 @@ def _resident(
     received: dict[int, dict[str, Entry]] | None = None,
     tp: int | None = None,
 ) -> tuple[Finding, int | None, str | None]:
+    """Received vs resident for NAME (the module doc's loader finding): the finding, the replicas its
+    ranks' shards combine to and how the engine fingerprinted it. Shared with the checkpoint compare."""
     if name in aliases:
         return Finding("tied", [], why=f"held as {aliases[name]}"), None, None
     if not resident:
@@ -236,7 +238,7 @@ def _reference(
     return None, "the ranks received different tensors"
 
 
-def _meta(run: Run, sync: int) -> tuple[dict[str, str], int | None, list[str]]:
+def sync_meta(run: Run, sync: int) -> tuple[dict[str, str], int | None, list[str]]:
     """(tied aliases, TP size, every name the engine says it holds: SGLang's helper lists them)."""
     aliases: dict[str, str] = {}
     tp = None
@@ -254,9 +256,9 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         min(sent_procs, key=lambda p: (next(iter(sent_procs[p].values())).rank, p)) if sent_procs else None
     )
     sent = sent_procs.get(sent_proc, {}) if sent_proc else {}
-    replicas_received = _by_rank(run.entries["received"].get(sync, {})) or [{}]
-    replicas_resident = _by_rank(run.entries["resident"].get(sync, {})) or [{}]
-    aliases, tp, holds = _meta(run, sync)
+    replicas_received = replicas_by_rank(run.entries["received"].get(sync, {})) or [{}]
+    replicas_resident = replicas_by_rank(run.entries["resident"].get(sync, {})) or [{}]
+    aliases, tp, holds = sync_meta(run, sync)
     step = next((e.step for e in sent.values() if e.step is not None), None)
     rows: list[TensorRow] = []
     not_synced: list[NotSynced] = []
@@ -276,7 +278,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
             if why and entry is not None:
                 res, replicas, how = Finding("not-compared", [], why=why), None, None
             else:
-                res, replicas, how = _resident(reference, resident, name, aliases, received, tp)
+                res, replicas, how = resident_finding(reference, resident, name, aliases, received, tp)
             unwritten = _not_synced(resident, received, name, told) if res.status != "tied" else None
             if unwritten is not None:
                 res = unwritten
@@ -361,7 +363,7 @@ def _first_difference(rows: list[TensorRow]) -> FirstDifference | None:
         for stage in ("received", "resident"):
             finding = row[stage]
             if finding["status"] == "differs":
-                where: _Where = {
+                where: Where = {
                     "step": row["step"],
                     "sync": row["sync"],
                     "name": row["name"],

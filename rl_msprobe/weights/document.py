@@ -78,7 +78,9 @@ class NotSynced(TypedDict):
     why: str
 
 
-class _Where(TypedDict):
+class Where(TypedDict):
+    """Where a tensor's finding is: the step, sync, name, stage and (per expert) index."""
+
     step: int | None
     sync: int
     name: str
@@ -86,7 +88,7 @@ class _Where(TypedDict):
     index: int | None
 
 
-class FirstDifference(_Where, _Detail, total=False):
+class FirstDifference(Where, _Detail, total=False):
     """The first tensor that differs: where, and what its finding says (its status is `differs`)."""
 
     status: str  # only while it is built from the finding: removed before it is returned

@@ -202,12 +202,12 @@ def test_compare_never_reads_a_dump_outside_the_folder_given(tmp_path: Path) -> 
 
 
 def test_progress_shows_the_running_verdict() -> None:
-    from rl_msprobe.commands.dumps import _running_verdict
+    from rl_msprobe.commands.dumps import running_verdict
 
-    assert _running_verdict({}) is None
-    assert _running_verdict({"consistent": 2}) == "CONSISTENT so far (2 consistent)"
-    assert _running_verdict({"consistent": 1, "failed": 1}).startswith("NOT COMPARED so far")
-    assert _running_verdict({"divergent": 1, "failed": 1}) == "DIVERGENT so far (1 divergent, 1 failed)"
+    assert running_verdict({}) is None
+    assert running_verdict({"consistent": 2}) == "CONSISTENT so far (2 consistent)"
+    assert running_verdict({"consistent": 1, "failed": 1}).startswith("NOT COMPARED so far")
+    assert running_verdict({"divergent": 1, "failed": 1}) == "DIVERGENT so far (1 divergent, 1 failed)"
 
 
 def test_compare_names_the_training_backend_train_backend(tmp_path: Path) -> None:

@@ -153,6 +153,15 @@ def test_mismatch_report(tmp_path: Path) -> None:
     assert result.lines()[0] == f"{result.triage.requests} request(s), 5 step(s) from 1 file(s)"
 
 
+def test_patch_list() -> None:
+    from rl_msprobe.patches.listing import list_sets
+
+    result = list_sets()
+    vllm = next(s for s in result.sets if s.name == "vllm-dump")
+    assert vllm.project == "vllm" and vllm.default_release in vllm.versions
+    assert result.to_json()[0]["name"] == result.sets[0].name and json.dumps(result.to_json())
+
+
 def test_patch_preview(tmp_path: Path) -> None:
     from rl_msprobe.engine.preview import Pending, preview
     from tests.support.trees import scratch_copy

@@ -11,7 +11,6 @@ and triage tests' logs). A command holding a `<placeholder>` is shown, not run.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -159,19 +158,6 @@ def test_readme_main_job_summary_and_diff():
     diff_lines = [line for line in step.expected if line not in summary]
     assert sum(line.startswith("+") for line in diff_lines) >= 3
     assert missing_output(tuple(diff_lines), out.splitlines()) is None, out[:3000]
-
-
-def test_support_table_is_patch_lists():
-    """docs/support.md's version table is `rl-msprobe patch list --json`, row for row."""
-    code, out, _ = run_cli("patch", "list", "--json")
-    assert code == 0
-    rows = [
-        f"| `{s['name']}` | {s['project']} | {s['versions']} | {s['default_release']} |"
-        for s in json.loads(out)
-    ]
-    text = (ROOT / "docs" / "support.md").read_text(encoding="utf-8")
-    table = [line for line in text.splitlines() if re.match(r"^\| `[a-z-]+` \| [a-z-]+ \| ", line)]
-    assert table == rows
 
 
 def test_consistency_rules_named_in_the_docs_are_the_planners():

@@ -129,10 +129,10 @@ def test_the_fast_path_reads_a_plain_override_as_hydra_does(key: str, value: str
     """`key=word` / `key=123` skip Hydra's parser (a 2 MB command took minutes): same key, prefix and value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from rl_msprobe.launch.overrides import _simple_override
+    from rl_msprobe.launch.overrides import simple_override
 
     text = key + value
-    fast = _simple_override(text)
+    fast = simple_override(text)
     if fast is None:
         return
     parsed = OverridesParser.create().parse_override(text)

@@ -51,6 +51,17 @@ def test_default_is_the_newest_fully_tested_release(patch_set):
     assert patch_set.native_since is None or Version(version) < Version(patch_set.native_since)
 
 
+def test_every_sets_matrix_ends_at_its_default_release():
+    """tests/support/releases.py derives each set's matrix from its registry range: a default release
+    (a newer `newest_tested` in upstream/projects.py) missing from its release list fails here."""
+    from tests.support.releases import RELEASES, supported
+
+    for project, versions in RELEASES.items():
+        assert list(versions) == sorted(versions, key=Version), project
+    ends = {s.name: (supported(s.name) or ["none"])[-1] for s in all_sets()}
+    assert ends == {s.name: default_release(s) for s in all_sets()}
+
+
 def test_patch_list_shows_the_default_in_aligned_columns():
     code, out, _ = run_cli("patch", "list", "--json")
     assert code == 0

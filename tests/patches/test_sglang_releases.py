@@ -17,23 +17,15 @@ import pytest
 from packaging.version import Version
 
 from rl_msprobe.codemods.sglang_model_runner import SGLangModelRunner
+from rl_msprobe.patches import get_set
+from tests.support.releases import supported
 from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 pytestmark = pytest.mark.release
 
-# Every release on the index from 0.4.6.post5 below 0.5.11 (none was yanked or skipped).
-VERSIONS = [
-    *("0.4.6.post5", "0.4.7", "0.4.7.post1", "0.4.8", "0.4.8.post1"),
-    *(f"0.4.9{p}" for p in ("", ".post1", ".post2", ".post3", ".post4", ".post5", ".post6")),
-    *("0.4.10", "0.4.10.post1", "0.4.10.post2"),
-    *("0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2"),
-    *("0.5.3", "0.5.3.post1", "0.5.3.post2", "0.5.3.post3"),
-    *("0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3"),
-    *("0.5.5", "0.5.5.post1", "0.5.5.post2", "0.5.5.post3"),
-    *("0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1"),
-    *("0.5.9", "0.5.10", "0.5.10.post1"),
-]
+# every release on the index in sglang-dump's range (0.4.6.post5 below 0.5.11; tests/support/releases.py)
+VERSIONS = supported("sglang-dump")
 # representative -> the releases whose diff equals its own but for line numbers (measured on every
 # release above with the codemods of Nov 2026: 41 releases, 13 shapes). A representative is the
 # newest of its group, except 0.5.1, which the refusal test below fetches anyway.
@@ -56,8 +48,8 @@ ALL_RELEASES = os.environ.get("RL_MSPROBE_SGLANG_ALL_RELEASES") == "1"
 FULL_CYCLE = VERSIONS if ALL_RELEASES else sorted(SHAPES, key=Version)
 # the releases with SGLang's own msprobe debugger the native-debugger sets (sglang-pd-dump-path)
 # cycle (apply, check, revert byte-exactly): the newest is their default release
-NATIVE_FULL_CYCLE = ["0.5.11", "0.5.12"]
-BOOTSTRAP_ROOM_SINCE = Version("0.5.2")
+NATIVE_FULL_CYCLE = supported("sglang-pd-dump-path")
+BOOTSTRAP_ROOM_SINCE = Version(get_set("sglang-bootstrap-room").min_version or "0")
 DUMP_FILES = {"sglang/srt/model_executor/model_runner.py", "sglang/srt/model_executor/rl_msprobe_dump.py"}
 ROOM_FILES = {"sglang/srt/managers/io_struct.py", "sglang/srt/managers/rl_msprobe_bootstrap_room.py"}
 
@@ -133,7 +125,7 @@ def test_bootstrap_room_refused_before_0_5_2(tmp_path):
     assert snapshot(tree) == before
 
 
-@pytest.mark.parametrize("version", newest_in_default(["0.5.11", "0.5.12"]))
+@pytest.mark.parametrize("version", newest_in_default(NATIVE_FULL_CYCLE))
 def test_native_release_refused_names_the_override(version, tmp_path):
     tree = scratch_copy("sglang", version, tmp_path / "sglang")
     before = snapshot(tree)
@@ -157,14 +149,14 @@ def test_status_tells_native_from_absent(tmp_path):
     assert code == 1 and json.loads(out)["sets"][0]["status"] == "absent"
 
 
-@pytest.mark.parametrize("version", newest_in_default(["0.5.10.post1", "0.5.12"]))
+@pytest.mark.parametrize("version", newest_in_default([VERSIONS[-1], NATIVE_FULL_CYCLE[-1]]))
 def test_dispatch_log_with_either_debugger_and_separate_reverts(version, tmp_path):
     """sglang-dispatch-log on real releases: on 0.5.10.post1 together with sglang-dump (both edit
     model_runner.py; each reports applied, and the one applied first reverts alone), on 0.5.12 next
     to SGLang's own msprobe_dump_config debugger. Byte-identical after both reverts."""
     tree = scratch_copy("sglang", version, tmp_path / "sglang", with_git=False)
     before = snapshot(tree)
-    sets = ["sglang-dump", "sglang-dispatch-log"] if version == "0.5.10.post1" else ["sglang-dispatch-log"]
+    sets = ["sglang-dump", "sglang-dispatch-log"] if version == VERSIONS[-1] else ["sglang-dispatch-log"]
     for name in sets:
         code, _, err = run_cli("patch", "apply", name, "--tree", str(tree))
         assert code == 0, err

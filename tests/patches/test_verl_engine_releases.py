@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from tests.support.releases import supported
 from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
-VERSIONS = ["0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1"]
+VERSIONS = supported("verl-engine")  # its range in the registry, up to the newest tested verl
 ENGINE_FILES = {
     "verl/utils/rl_msprobe_hooks.py",
     "verl/workers/engine/fsdp/transformer_impl.py",
@@ -30,7 +31,7 @@ def test_full_cycle(version, tmp_path):
     assert all(f["status"] == "applied" for f in entry["files"])
 
 
-@pytest.mark.parametrize("version", newest_in_default(["0.6.0", "0.9.1"]))
+@pytest.mark.parametrize("version", newest_in_default([VERSIONS[0], VERSIONS[-1]]))
 def test_diff_on_fetched_release_touches_both_engines(version):
     code, out, _ = run_cli(
         "patch", "diff", "verl-engine", "--tree", f"release:verl=={version}", "--json", "--exit-code"

@@ -17,6 +17,7 @@ import pytest
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.upstream import detect_version, fetch_release
+from tests.support.releases import supported
 from tests.support.tiers import newest_in_default
 from tests.support.trees import full_cycle, run_cli, scratch_copy
 
@@ -24,15 +25,16 @@ pytestmark = [pytest.mark.release, pytest.mark.timeout(1200)]
 
 V1 = "vllm/v1/worker/gpu_model_runner.py"
 V2 = "vllm/v1/worker/gpu/model_runner.py"
-NEWEST = "0.34.0"  # V2 only
+RANGE = supported("vllm-dump")  # every release of its range (tests/support/releases.py)
+NEWEST = RANGE[-1]  # 0.34.0, V2 only: the newest tested vLLM
 NEWEST_WITH_V1 = "0.33.0"
 # the full patch cycle, oldest to newest (tests/patches/test_releases.py reads it); the full tier
 # adds the oldest release of the range and two between (0.30.0: V1's __init__ gains a decorator;
 # 0.32.0: what the CPU e2e runs) to the newest of each shape
-FULL_CYCLE = ["0.24.0", "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]
+FULL_CYCLE = [RANGE[0], "0.30.0", "0.32.0", NEWEST_WITH_V1, NEWEST]
 CYCLE = newest_in_default(FULL_CYCLE, keep=[NEWEST_WITH_V1])  # the newest of each shape by default
-# every release in the range (eight more sdist downloads, ~47 MB each): RL_MSPROBE_VLLM_ALL_RELEASES=1
-EVERY = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.31.0"]
+# every other release in the range (eight more sdist downloads, ~47 MB each): RL_MSPROBE_VLLM_ALL_RELEASES=1
+EVERY = [v for v in RANGE if v not in FULL_CYCLE]
 LINES = CYCLE + (
     [pytest.param(v, marks=pytest.mark.full) for v in EVERY]
     if os.environ.get("RL_MSPROBE_VLLM_ALL_RELEASES") == "1"
