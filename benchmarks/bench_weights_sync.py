@@ -202,6 +202,8 @@ def main() -> None:
         "verdict": doc.get("verdict"),
         "syncs": len(doc.get("steps", [])),
         "tensors_per_sync": sorted({s.get("sent_tensors") for s in doc.get("steps", [])}),
+        "received_implied": sorted({s.get("received_implied") for s in doc.get("steps", [])}, key=str),
+        "resident_reused": sorted({s.get("resident_reused") for s in doc.get("steps", [])}, key=str),
     }
     print(json.dumps(result, indent=1))
     if not args.keep:
@@ -244,7 +246,9 @@ def _helper_swap(old_path: str | None):
     """{variant: module dict} to load into verl.utils.rl_msprobe_weights before a sync: the
     patched tree's own helper, and the old revision's (its functions look their names up in the
     same module dict, so the patched lines and hooks run the old code once it is loaded)."""
+    import functools
     import importlib.util
+    import inspect
 
     from verl.utils import rl_msprobe_weights as helper
 
@@ -254,12 +258,19 @@ def _helper_swap(old_path: str | None):
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
         dicts["old"] = {k: v for k, v in vars(old).items() if not k.startswith("__")}
+        arrived = dicts["old"].get("arrived")
+        if arrived is not None and "settles" not in inspect.signature(arrived).parameters:
+            # a helper before `settled()`: the patched receiver's `arrived(X, settles=True)` line runs it
+            dicts["old"]["arrived"] = functools.wraps(arrived)(
+                lambda metadata, settles=False: arrived(metadata)
+            )
     return helper, dicts
 
 
 # the helper's stage entries: the sent stage's per-tensor record, the received bucket, the resident
-# layers and parameters; a call inside another is not counted again
-STAGE_ENTRIES = ("_record", "_received", "_capture", "_end")
+# layers and parameters, the received records a bucket left to its end; a call inside another is
+# not counted again
+STAGE_ENTRIES = ("_record", "_received", "_capture", "_end", "settled")
 
 
 def _time_stages(namespaces: list[dict], clock: dict[str, float]) -> None:
