@@ -34,6 +34,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, fingerprints)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_weights_sync import compare_summary
+
     from tests.support import live_job, vllm_cpu
 
     work = Path(tempfile.mkdtemp(prefix="bench-weights-job-"))
@@ -68,21 +71,7 @@ def main() -> None:
     ratios = [with_fp[s] / base[s] for s in base if base.get(s) and with_fp.get(s)]
     result["ratio per step"] = [round(r, 3) for r in ratios]
     result["ratio median"] = round(statistics.median(ratios), 3) if ratios else None
-    compare = subprocess.run(
-        [sys.executable, "-m", "rl_msprobe", "weights", "compare", str(folder), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    doc = json.loads(compare.stdout) if compare.stdout.strip().startswith("{") else {}
-    result["k64_compare"] = {
-        "exit": compare.returncode,
-        "verdict": doc.get("verdict"),
-        "syncs": len(doc.get("steps", [])),
-        "tp_size": sorted({s.get("tp_size") for s in doc.get("steps", [])}, key=str),
-        "received_reused": [s.get("received_reused") for s in doc.get("steps", [])],
-        "resident_reused": [s.get("resident_reused") for s in doc.get("steps", [])],
-    }
+    result["k64_compare"] = compare_summary(folder)
     print(json.dumps(result, indent=1))
     if args.keep:
         print(f"kept: {work}", file=sys.stderr)

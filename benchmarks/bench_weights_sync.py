@@ -166,6 +166,26 @@ def _prepare(work: Path, old_ref: str | None) -> tuple[Path, Path, dict]:
     return python, model, env
 
 
+def compare_summary(folder: Path) -> dict:
+    """`rl-msprobe weights compare FOLDER`: its exit, verdict and per-sync counts (EQUAL expected)."""
+    compare = subprocess.run(
+        [sys.executable, "-m", "rl_msprobe", "weights", "compare", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    doc = json.loads(compare.stdout) if compare.stdout.strip().startswith("{") else {}
+    steps = doc.get("steps", [])
+    return {
+        "exit": compare.returncode,
+        "verdict": doc.get("verdict"),
+        "syncs": len(steps),
+        "tensors_per_sync": sorted({s.get("sent_tensors") for s in steps}, key=str),
+        "tp_size": sorted({s.get("tp_size") for s in steps}, key=str),
+        **{k: [s.get(k) for s in steps] for k in ("received_reused", "received_implied", "resident_reused")},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -190,21 +210,7 @@ def main() -> None:
             f"the benchmark process failed (exit {proc.returncode}); its log: {log}\n{log.read_text()[-3000:]}"
         )
     result = json.loads(lines[-1][len("RESULT ") :])
-    compare = subprocess.run(
-        [sys.executable, "-m", "rl_msprobe", "weights", "compare", str(work / "weights" / "k64"), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    doc = json.loads(compare.stdout) if compare.stdout.strip().startswith("{") else {}
-    result["k64_compare"] = {
-        "exit": compare.returncode,
-        "verdict": doc.get("verdict"),
-        "syncs": len(doc.get("steps", [])),
-        "tensors_per_sync": sorted({s.get("sent_tensors") for s in doc.get("steps", [])}),
-        "received_implied": sorted({s.get("received_implied") for s in doc.get("steps", [])}, key=str),
-        "resident_reused": sorted({s.get("resident_reused") for s in doc.get("steps", [])}, key=str),
-    }
+    result["k64_compare"] = compare_summary(work / "weights" / "k64")
     print(json.dumps(result, indent=1))
     if not args.keep:
         subprocess.run(["rm", "-rf", str(work)], check=False)
