@@ -86,8 +86,41 @@ fingerprints are off (a digest through a second mapping: 0.12-0.13 s first, 0.08
 The target (<= 1.2x) is NOT met on this machine: the sent stage alone (statistics + k64, 0.28-0.31
 s) is ~1.16x of this one-rank sync, and the received and resident checksums read every byte once
 more each (~0.1 s each; alternatives measured in the helper's k64 comment: numpy's four in-place
-passes are the fastest found here). The 2-rank figure is not measured: this benchmark runs one
-rank, and the live TP=2 job does not log its syncs' time with and without fingerprints.
+passes are the fastest found here). The 2-rank figure: see below.
+
+Then on TP 1 the received checksum waited for the resident one (`_deferred`): a resident part
+checked while its bucket is loaded, of the tensor's name, dtype and shape, whose k64 equals the
+sender's, holds the sent bytes, so the received record is the sender's (`"implied_by":
+"resident"`); any other tensor is checksummed in `settled()`, after the receiver's callback, before
+the bucket's buffer is reused. Measured 2026-12-04 19:30 UTC, paired against round 1's helper
+(`--old-helper 5e6d11c`), 9 rounds, load 2.7-4.2 (the machine shared; this benchmark ~2 of it);
+EQUAL, 10 syncs, 75 tensors, 62 received records implied per sync (the 13 RMSNorm weights
+have no quant method to hook, so they are checked after the sync, and received in `settled()`):
+
+  rounds  load (1 min)  no fingerprints  k64 paired [min-max]  k64 in-sync [min-max]  helper s: sent/recv/res(+settled)  old helper paired  in-sync  helper s: sent/recv/res
+  9       2.7-4.2       1.67 s           1.23x [0.95-1.85]     1.26x [1.21-1.31]      0.27 / 0.00 / 0.13 (+0.002)        1.41x              1.34x    0.27 / 0.17 / 0.13
+  9       0.5-1.0 (*)   0.94 s           1.45x [1.16-1.67]     1.37x [1.32-1.42]      0.25 / 0.00 / 0.12 (+0.002)        1.65x              1.49x    0.25 / 0.13 / 0.12
+
+(*) 19:40 UTC, the machine nearly idle: the sync itself is ~45% faster, the fingerprints (one
+thread, memory-bound) only ~15%, so the ratio rises. In both runs the received stage went to
+nothing (0.13-0.17 s before) and the helper's time per sync fell by 0.12-0.13 s (0.58 -> 0.46 s,
+0.51 -> 0.37 s). The target (<= 1.2x) is still NOT met on one rank: by ~0.05-0.1 s under load,
+by ~0.2 s on an idle machine. What is left is the statistics once (0.15 s alone) and the k64
+twice (0.10 s alone each: sent, resident), on one thread; on an idle machine a second thread
+(numpy releases the GIL) is the next thing to measure (at load 2.5-3 it gained nothing: no free
+core). Measured the same day against numpy's other ways to take the statistics of a block
+(np.einsum for the sum of squares, a float64-casting sum and square, np.dot): none faster.
+
+The 2-rank figure (benchmarks/bench_weights_job.py, 2026-12-04 19:35-19:42 UTC, load 1.6-3.0):
+the live tp2 job's configuration (FSDP2 world 2, one vLLM CPU server with TP = 2, the tiny fp32
+Qwen2 of DOMAIN §8: 1.6 MB, 27 tensors), 3 training steps, run once without and once with
+fingerprints (the same patched verl); verl's own `timing_s/update_weights` per step:
+0.139 / 0.114 / 0.121 s without, 0.144 / 0.120 / 0.121 s with: 1.035x median [1.00-1.06]; EQUAL,
+4 syncs (the one before step 1 untimed), every received record reused from sent (54 a sync: 27
+on each TP rank, none implied: TP 2), 10 resident parts reused (the replicated norms). On this
+model the sync is Ray's and ZMQ's fixed cost; the 383 MB model on two ranks is not measured (a
+2-rank variant of this benchmark needs vLLM's TP workers in their own processes, which its
+in-process switch of RL_MSPROBE_WEIGHTS_DIR between variants cannot reach).
 
 Run: python benchmarks/bench_weights_sync.py [--rounds 7] [--old-helper REF] [--keep]   (needs the job venv)
 """
@@ -166,6 +199,26 @@ def _prepare(work: Path, old_ref: str | None) -> tuple[Path, Path, dict]:
     return python, model, env
 
 
+def compare_summary(folder: Path) -> dict:
+    """`rl-msprobe weights compare FOLDER`: its exit, verdict and per-sync counts (EQUAL expected)."""
+    compare = subprocess.run(
+        [sys.executable, "-m", "rl_msprobe", "weights", "compare", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    doc = json.loads(compare.stdout) if compare.stdout.strip().startswith("{") else {}
+    steps = doc.get("steps", [])
+    return {
+        "exit": compare.returncode,
+        "verdict": doc.get("verdict"),
+        "syncs": len(steps),
+        "tensors_per_sync": sorted({s.get("sent_tensors") for s in steps}, key=str),
+        "tp_size": sorted({s.get("tp_size") for s in steps}, key=str),
+        **{k: [s.get(k) for s in steps] for k in ("received_reused", "received_implied", "resident_reused")},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -190,19 +243,7 @@ def main() -> None:
             f"the benchmark process failed (exit {proc.returncode}); its log: {log}\n{log.read_text()[-3000:]}"
         )
     result = json.loads(lines[-1][len("RESULT ") :])
-    compare = subprocess.run(
-        [sys.executable, "-m", "rl_msprobe", "weights", "compare", str(work / "weights" / "k64"), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    doc = json.loads(compare.stdout) if compare.stdout.strip().startswith("{") else {}
-    result["k64_compare"] = {
-        "exit": compare.returncode,
-        "verdict": doc.get("verdict"),
-        "syncs": len(doc.get("steps", [])),
-        "tensors_per_sync": sorted({s.get("sent_tensors") for s in doc.get("steps", [])}),
-    }
+    result["k64_compare"] = compare_summary(work / "weights" / "k64")
     print(json.dumps(result, indent=1))
     if not args.keep:
         subprocess.run(["rm", "-rf", str(work)], check=False)
@@ -244,7 +285,9 @@ def _helper_swap(old_path: str | None):
     """{variant: module dict} to load into verl.utils.rl_msprobe_weights before a sync: the
     patched tree's own helper, and the old revision's (its functions look their names up in the
     same module dict, so the patched lines and hooks run the old code once it is loaded)."""
+    import functools
     import importlib.util
+    import inspect
 
     from verl.utils import rl_msprobe_weights as helper
 
@@ -254,12 +297,19 @@ def _helper_swap(old_path: str | None):
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
         dicts["old"] = {k: v for k, v in vars(old).items() if not k.startswith("__")}
+        arrived = dicts["old"].get("arrived")
+        if arrived is not None and "settles" not in inspect.signature(arrived).parameters:
+            # a helper before `settled()`: the patched receiver's `arrived(X, settles=True)` line runs it
+            dicts["old"]["arrived"] = functools.wraps(arrived)(
+                lambda metadata, settles=False: arrived(metadata)
+            )
     return helper, dicts
 
 
 # the helper's stage entries: the sent stage's per-tensor record, the received bucket, the resident
-# layers and parameters; a call inside another is not counted again
-STAGE_ENTRIES = ("_record", "_received", "_capture", "_end")
+# layers and parameters, the received records a bucket left to its end; a call inside another is
+# not counted again
+STAGE_ENTRIES = ("_record", "_received", "_capture", "_end", "settled")
 
 
 def _time_stages(namespaces: list[dict], clock: dict[str, float]) -> None:

@@ -15,8 +15,10 @@
   `BucketedWeightSender`, after each `META[NAME] = {...}` (a tensor's bucket metadata),
   `rl_msprobe_weights.tag(META[NAME], NAME)` adds the sender's {hash, fp} of that tensor; in
   `BucketedWeightReceiver.receive_weights`, after `X = self.socket.recv_pyobj()`,
-  `rl_msprobe_weights.arrived(X)` keeps them for the received line, which then measures a tensor
-  only where its checksum differs from the sender's.
+  `rl_msprobe_weights.arrived(X, settles=True)` keeps them for the received line, and after the
+  call of its callback parameter (`on_bucket_received(...)`: the bucket loaded, its buffer not yet
+  reused) `rl_msprobe_weights.settled()` writes the received records the resident checks of that
+  bucket did not settle: a TP-1 tensor is checksummed once, where the engine holds it, if it can be.
 
 Shape decides: a class present without its anchors is an error naming what was expected.
 """
@@ -203,6 +205,16 @@ def _entry(stmt: cst.BaseStatement) -> tuple[str, str] | None:
 class _BucketTransformer(ScopedTransformer):
     targets = (SENDER, f"{RECEIVER}.receive_weights")
 
+    def __init__(self, ctx: TransformContext) -> None:
+        super().__init__(ctx)
+        self.callback: str | None = None  # receive_weights' first parameter after self
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value == "receive_weights":
+            params = _params(node)
+            self.callback = params[1] if len(params) > 1 else None
+        return super().visit_FunctionDef(node)
+
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if not self.scope and node.name.value in (SENDER, RECEIVER):
             self.ctx.hit(f"class {node.name.value}")
@@ -223,11 +235,14 @@ class _BucketTransformer(ScopedTransformer):
         return [f"rl_msprobe_weights.tag({entry[0]}[{entry[1]}], {entry[1]})"]
 
     def _receiver_lines(self, stmt: cst.BaseStatement) -> list[str]:
+        if self.callback and m.matches(stmt, matchers.one_line(m.Expr(m.Call(func=m.Name(self.callback))))):
+            self.ctx.hit("bucket callback")
+            return ["rl_msprobe_weights.settled()"]
         arrival = matchers.saved_name(stmt, ARRIVAL)
         if arrival is None:
             return []
         self.ctx.hit("bucket metadata arrival")
-        return [f"rl_msprobe_weights.arrived({arrival})"]
+        return [f"rl_msprobe_weights.arrived({arrival}, settles=True)"]
 
 
 class VerlWeightsBucket(Codemod):
@@ -241,6 +256,10 @@ class VerlWeightsBucket(Codemod):
         f"class {RECEIVER}": f"a top-level class {RECEIVER}",
         "bucket metadata arrival": (
             f"an assignment `X = self.socket.recv_pyobj()` in {RECEIVER}.receive_weights (a bucket's metadata)"
+        ),
+        "bucket callback": (
+            f"a call `CALLBACK(...)` alone on its line in {RECEIVER}.receive_weights(self, CALLBACK, ...)"
+            " (a bucket loaded)"
         ),
     }
 

@@ -27,10 +27,10 @@ RECEIVED = Capability(
 )
 BUCKET = Capability(
     "sent fingerprints carried in the bucket",
-    "after each tensor's `bucket_meta[name] = {...}` in BucketedWeightSender and each "
-    "`metadata = self.socket.recv_pyobj()` in BucketedWeightReceiver.receive_weights "
+    "after each tensor's `bucket_meta[name] = {...}` in BucketedWeightSender, and each "
+    "`metadata = self.socket.recv_pyobj()` and `on_bucket_received(...)` in BucketedWeightReceiver.receive_weights "
     "(verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py): the receiver measures a tensor only "
-    "where its checksum differs from the sender's",
+    "where its checksum differs from the sender's, and on TP 1 checksums it only where the engine's copy differs",
     ("verl-weights-bucket",),
 )
 

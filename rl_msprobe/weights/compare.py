@@ -330,6 +330,9 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
     received_reused = sum(
         e.same_as == "sent" for p in run.entries["received"].get(sync, {}).values() for e in p.values()
     )
+    received_implied = sum(
+        e.implied_by == "resident" for p in run.entries["received"].get(sync, {}).values() for e in p.values()
+    )
     for row in rows:
         if row.get("how"):
             hows[row["how"]] += 1
@@ -353,6 +356,7 @@ def compare_sync(run: Run, sync: int) -> tuple[SyncSummary, list[TensorRow]]:
         "resident_how": dict(hows),
         "resident_reused": reused,
         "received_reused": received_reused,
+        "received_implied": received_implied,
         "not_synced": not_synced,
     }
     return summary, rows

@@ -64,6 +64,7 @@ class SyncSummary(TypedDict):
     resident_how: dict[str, int]
     resident_reused: int  # resident fingerprints the helper took from received (identical bytes)
     received_reused: int  # received fingerprints the helper took from sent (checksum equal to the sender's)
+    received_implied: int  # of those, checksummed where the engine holds them (resident k64 = sent k64)
     not_synced: list[NotSynced]  # engine tensors this sync never wrote, by name, shape and rank
 
 

@@ -44,6 +44,7 @@ class Entry:
     how: str | None = None  # resident: "loader-written" or "parameter"
     engine_name: str | None = None
     same_as: str | None = None  # the stage whose statistics the helper reused: "received" / "sent"
+    implied_by: str | None = None  # received: the stage whose checksum stood for this one ("resident")
     unreadable: bool = False
     shape: tuple[int, ...] | None = None
     reset_kept: bool = False  # resident, reset mode: the part still holds the pattern (never written)
@@ -142,6 +143,7 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             how=_text(doc, "how", path, line),
             engine_name=_text(doc, "engine_name", path, line),
             same_as=_text(doc, "same_as", path, line),
+            implied_by=_text(doc, "implied_by", path, line),
             unreadable=bool(doc.get("unreadable", False)),
             shape=dims,
             reset_kept=doc.get("reset_kept") is True,

@@ -78,6 +78,11 @@ def summary_lines(doc: WeightsDoc) -> list[str]:
             f"{c['missing']} missing, {c['not-compared']} not compared, {c['tied']} tied; resident: {how}"
             + (
                 f"; received: {step['received_reused']} reused from sent"
+                + (
+                    f" ({step['received_implied']} by the resident checksum)"
+                    if step.get("received_implied")
+                    else ""
+                )
                 if step.get("received_reused")
                 else ""
             )

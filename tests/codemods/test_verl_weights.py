@@ -31,3 +31,24 @@ def test_sglang_weights_fails_loudly_where_no_class_has_the_update_entry(tmp_pat
     assert code == 2, err
     assert "received + resident fingerprints" in err and "update_weights_from_tensor" in err, err
     assert snapshot(tree) == before
+
+
+def test_the_bucket_receiver_settles_right_after_each_bucket_is_loaded():
+    """verl 0.9.1's receiver (cached release): `arrived(metadata, settles=True)` after the metadata
+    arrives, `settled()` right after the callback (the bucket loaded, its buffer not yet reused);
+    without the callback's call the set refuses, naming it."""
+    import pytest
+
+    from rl_msprobe.codemods.base import AnchorError
+    from rl_msprobe.codemods.verl_weights import VerlWeightsBucket
+    from rl_msprobe.upstream.release_cache import fetch_release
+
+    path = fetch_release("verl", "0.9.1") / VerlWeightsBucket.path
+    source = path.read_text(encoding="utf-8")
+    lines = [x.strip() for x in VerlWeightsBucket().apply(source).splitlines()]
+    callback = lines.index("on_bucket_received(weights, is_last)")
+    assert lines[callback + 1].startswith("rl_msprobe_weights.settled()"), lines[callback : callback + 2]
+    assert any(x.startswith("rl_msprobe_weights.arrived(metadata, settles=True)") for x in lines)
+    unloaded = source.replace("on_bucket_received(weights, is_last)", "pass")
+    with pytest.raises(AnchorError, match="bucket callback"):
+        VerlWeightsBucket().apply(unloaded)

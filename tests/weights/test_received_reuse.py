@@ -17,10 +17,14 @@ from tests.weights.helper import load
 from tests.weights.test_resident_reuse import NAMES, _Model, _tensors
 
 
-def _sync(helper, model: _Model, tensors: dict[str, torch.Tensor], sync: int, wire=None, tagged=True) -> None:
+def _sync(
+    helper, model: _Model, tensors: dict[str, torch.Tensor], sync: int, wire=None, tagged=True, settles=None
+) -> None:
     """One sync as the patched verl runs it: the actor's `sent` stream, the sender's metadata per
     tensor (tagged), the bucket pickled (verl's ZMQ send_pyobj) with its tensors through WIRE (a
-    fault of the transfer: name -> function), the receiver's `arrived`, then the worker extension."""
+    fault of the transfer: name -> function), the receiver's `arrived`, then the worker extension.
+    SETTLES: as verl-weights-bucket patches the receiver, `arrived(..., settles=True)` and `settled()`
+    once the bucket is loaded ("never": the promise without the call); None: the plain `arrived`."""
 
     class Worker:
         model_runner = type("Runner", (), {"model": model})()
@@ -28,10 +32,12 @@ def _sync(helper, model: _Model, tensors: dict[str, torch.Tensor], sync: int, wi
         @helper.engine_sync
         def update_weights_from_ipc(self):
             metadata = pickle.loads(wire_bytes)
-            helper.arrived(metadata)
+            helper.arrived(metadata, **({"settles": True} if settles else {}))
             named = [(n, (wire or {}).get(n, lambda t: t)(t.clone())) for n, t in bucket]
             helper.received(self, named)
             model.load_weights(named)
+            if settles is True:
+                helper.settled()
 
     bucket, meta = [], {}
     for name, tensor in helper.sent(iter(tensors.items()), sync):

@@ -28,7 +28,15 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             loader fault in one rank's shard names that rank. Where the sender's {hash, fp} came
             in the bucket's metadata (`tag` / `arrived`, verl's BucketedWeightSender / Receiver),
             only the checksum is taken: equal, the sender's statistics are written
-            (`"same_as": "sent"`), else they are measured;
+            (`"same_as": "sent"`), else they are measured. On TP 1, where the receiver says it
+            calls `settled()` after each bucket's load (`arrived(..., settles=True)`), even that
+            checksum waits (`_deferred`): a resident part of the same name, dtype and shape
+            checked while the bucket is loaded, its k64 equal to the sender's, holds the sent
+            bytes, so the received ones were those too (`"same_as": "sent", "implied_by":
+            "resident"`, one read of the tensor instead of two); any other resident checksum,
+            or none by the end of the bucket (`settled`), and the received tensor is
+            checksummed (and measured on a mismatch) as above, so that a transfer fault is
+            still named at stage received and a loader fault at stage resident;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
             `packed_modules_mapping`; stacked MoE experts, w13 / w2, per expert and projection,
@@ -455,6 +463,61 @@ def _sent(stream, sync: int, step):
 BUCKET_KEY = "rl_msprobe"  # the key added to a tensor's bucket metadata
 _outgoing: dict[str, dict] = {}  # sender: name -> {hash, fp} of the tensor `sent` last fingerprinted
 _incoming: dict[str, dict] = {}  # receiver: name -> {hash, fp} from the bucket that brought it
+_bucket = {"settles": False}  # the receiver of the bucket now loading calls `settled()` after it
+# receiver, TP 1: name -> (sync state, received tensor, carried {hash, fp}, index): a received record
+# not yet written, settled by the resident check of the same name in this bucket or by `settled()`
+_deferred: dict[str, tuple] = {}
+_received_out: list[dict] = []  # received records settled, to be written by `settled()` / `_end`
+
+
+def settled() -> None:
+    """Receiver, after a bucket's callback returned (its tensors still valid): every received record
+    of the bucket still deferred is checksummed and written now, as `_received` would have, and no
+    reference to the bucket's buffer is kept."""
+    if not enabled():
+        _deferred.clear()
+        return
+    with _never_breaks_the_sync("the received fingerprints"):
+        for name in list(_deferred):
+            _settle_received(name, None)
+    _deferred.clear()
+    with _never_breaks_the_sync("writing the received fingerprints"):
+        _write("received", _received_out)
+    _received_out.clear()
+
+
+def _settle_received(name: str, resident_hash: str | None) -> None:
+    """Write NAME's deferred received record. RESIDENT_HASH: the k64 of a resident part of the same
+    dtype and shape; equal to the sender's, the received bytes were the sent ones (a tensor that
+    arrives other than sent cannot leave the sent bytes where the engine holds it); else the
+    received tensor is checksummed here (measured where it differs from the sender's)."""
+    state, tensor, carried, index = _deferred.pop(name)
+    if resident_hash is not None and resident_hash == carried["hash"]:
+        fp, checksum, extra = (
+            dict(carried["fp"]),
+            carried["hash"],
+            {"same_as": "sent", "implied_by": "resident"},
+        )
+    else:
+        checksum = digest(tensor)
+        if checksum == carried["hash"]:
+            fp, extra = dict(carried["fp"]), {"same_as": "sent"}
+        else:
+            fp, extra = fingerprint(tensor), {}
+    record = _record(
+        "received",
+        state["sync"],
+        state["rank"],
+        name,
+        tensor,
+        index,
+        True,
+        (fp, checksum),
+        tp_size=1,
+        **extra,
+    )
+    _received_out.append(record)
+    state.setdefault("got", {})[name] = {k: record[k] for k in ("hash", "dtype", "shape", "fp")}
 
 
 def tag(meta, name) -> None:
@@ -467,11 +530,14 @@ def tag(meta, name) -> None:
             meta[BUCKET_KEY] = carried
 
 
-def arrived(metadata) -> None:
+def arrived(metadata, settles: bool = False) -> None:
     """Receiver, as a bucket's metadata arrives: keep the sender's {hash, fp} of each tensor in it
-    for `_received` (the same process: verl's receiver calls the extension's `_update_weights`)."""
+    for `_received` (the same process: verl's receiver calls the extension's `_update_weights`).
+    SETTLES: the receiver calls `settled()` once the bucket is loaded, before its buffer is reused,
+    so the received checksums of this bucket may wait for the resident ones (`_deferred`)."""
     if not enabled():
         return
+    _bucket["settles"] = settles
     with _never_breaks_the_sync("reading the bucket's fingerprints"):
         for name, meta in metadata["bucket_meta"].items():
             carried = meta.get(BUCKET_KEY) if isinstance(meta, dict) else None
@@ -508,15 +574,23 @@ def received(worker, weights) -> None:
     if not enabled():
         return
     with _never_breaks_the_sync("the received fingerprints"):
-        _received(_states.get(id(worker)) or _begin(worker), weights)
+        _received(_states.get(id(worker)) or _begin(worker), weights, defer=_bucket["settles"])
 
 
-def _received(state: dict, weights) -> None:
+def _received(state: dict, weights, defer: bool = False) -> None:
     hashed, records = _hash_wanted(), []
     for name, tensor in weights:
         index, tp_size = state["index"], state["tp_size"]
         rank = state["rank"]
         carried, extra, rows = _incoming.pop(name, None), {}, _own_rows(tensor, rank, tp_size)
+        waits = defer and hashed and carried is not None and tp_size == 1 and tensor.numel()
+        if waits and tensor.device.type == "cpu" and name not in _deferred:  # `_settle_received`
+            _deferred[name] = (state, tensor, carried, index)
+            shape, dtype = list(tensor.shape), str(tensor.dtype).removeprefix("torch.")
+            got = {"hash": carried["hash"], "dtype": dtype, "shape": shape, "fp": carried["fp"]}
+            state.setdefault("got", {})[name] = got
+            state["index"] += 1
+            continue
         if hashed and carried is not None and tensor.numel():
             checksum, own = _checksum_and_rows(tensor, rows)
             if checksum == carried["hash"]:  # the sender's bytes, dtype and shape: its statistics
@@ -726,6 +800,15 @@ def _holds_pattern(part) -> bool:
 
 def _end(worker, state: dict) -> None:
     _states.pop(id(worker), None)
+    stale = [name for name, entry in _deferred.items() if entry[0] is state]
+    if stale:  # a receiver that never called `settled()`: those tensors may be gone, not guessed
+        for name in stale:
+            del _deferred[name]
+        with _never_breaks_the_sync("received records never settled"):
+            raise RuntimeError(f"{len(stale)} received records not settled by the receiver ({stale[0]}, ...)")
+    if _received_out:
+        _write("received", _received_out)
+        _received_out.clear()
     model = _model(worker)
     if model is None:
         return
@@ -862,6 +945,9 @@ def _resident_record(state: dict, name: str, part, base: dict) -> dict:
     if not comparable:
         return _record("resident", state["sync"], state["rank"], name, part, -1, **base)
     checksum = digest(part)
+    if name in _deferred and _deferred[name][0] is state:  # its received record waits for this check
+        _settle_received(name, checksum)
+        got = state["got"][name]
     if checksum == got["hash"]:
         measured, base = (dict(got["fp"]), checksum), dict(base, same_as="received")
     else:
