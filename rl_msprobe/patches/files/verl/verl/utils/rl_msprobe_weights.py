@@ -377,6 +377,11 @@ def digest(tensor) -> str:
     return keyed.result()
 
 
+def _dtype_name(tensor) -> str:
+    """The dtype as the records spell it ("float32", not "torch.float32")."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def _record(
     stage: str,
     sync: int,
@@ -397,7 +402,7 @@ def _record(
         "rank": rank,
         "index": index,
         "name": name,
-        "dtype": str(tensor.dtype).removeprefix("torch."),
+        "dtype": _dtype_name(tensor),
         "shape": list(tensor.shape),
         "fp": fp,
     }
@@ -482,7 +487,12 @@ def settled() -> None:
             _settle_received(name, None)
     _deferred.clear()
     with _never_breaks_the_sync("writing the received fingerprints"):
-        _write("received", _received_out)
+        _flush_received()
+
+
+def _flush_received() -> None:
+    """Write the settled received records (`settled()`, or `_end` for what is left) and forget them."""
+    _write("received", _received_out)
     _received_out.clear()
 
 
@@ -586,7 +596,7 @@ def _received(state: dict, weights, defer: bool = False) -> None:
         waits = defer and hashed and carried is not None and tp_size == 1 and tensor.numel()
         if waits and tensor.device.type == "cpu" and name not in _deferred:  # `_settle_received`
             _deferred[name] = (state, tensor, carried, index)
-            shape, dtype = list(tensor.shape), str(tensor.dtype).removeprefix("torch.")
+            shape, dtype = list(tensor.shape), _dtype_name(tensor)
             got = {"hash": carried["hash"], "dtype": dtype, "shape": shape, "fp": carried["fp"]}
             state.setdefault("got", {})[name] = got
             state["index"] += 1
@@ -806,9 +816,7 @@ def _end(worker, state: dict) -> None:
             del _deferred[name]
         with _never_breaks_the_sync("received records never settled"):
             raise RuntimeError(f"{len(stale)} received records not settled by the receiver ({stale[0]}, ...)")
-    if _received_out:
-        _write("received", _received_out)
-        _received_out.clear()
+    _flush_received()
     model = _model(worker)
     if model is None:
         return
@@ -939,7 +947,7 @@ def _resident_record(state: dict, name: str, part, base: dict) -> dict:
         got is not None
         and part.device.type == "cpu"
         and part.numel() > 0
-        and str(part.dtype).removeprefix("torch.") == got["dtype"]
+        and _dtype_name(part) == got["dtype"]
         and list(part.shape) == got["shape"]
     )
     if not comparable:
