@@ -51,7 +51,9 @@ VERL_WEIGHTS = PatchSet(
     notes=(
         f"Active only with {ENV}=<absolute folder> in the job's environment (actor workers and the vLLM "
         "workers); unset, the marked lines return at once and torch is not touched. "
-        "RL_MSPROBE_WEIGHTS_HASH=0 skips the bit-exact hash of sent and received tensors.",
+        "RL_MSPROBE_WEIGHTS_HASH=0 skips the bit-exact hash of sent and received tensors; "
+        "RL_MSPROBE_WEIGHTS_STATS=all has the sender take the statistics too (default: lazy, the "
+        "statistics only where a checksum cannot stand for them).",
         "The resident side is what the loader wrote (each layer just before vLLM processes / repacks its "
         "weights after loading) where vLLM repacks them (CPU), else the parameters after the sync; fused "
         "qkv_proj / gate_up_proj are split back by the layer's output_partition_sizes and the model's "

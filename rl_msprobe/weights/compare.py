@@ -11,10 +11,14 @@ it is loaded under. An engine tensor the sync never wrote on a rank is `not-sync
 by name, shape and rank): the rank holds it but received nothing under its name in this sync
 (while it received other tensors), or, in reset mode, it still holds the pattern. The model's tensors are the engine's (resident) ones plus its tied names: a
 sync whose sent tensors are not exactly those is never EQUAL.
+Where one side holds only its checksum (lazy statistics, `"fp": null`), the k64 checksums of the
+same dtype and shape decide (`_by_checksum`); where there are none to decide by, the tensor is
+NOT COMPARED, never EQUAL.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import cast
@@ -57,8 +61,29 @@ class Finding:
         return doc
 
 
-def _same(ref: Entry, got: Entry) -> Delta:
-    """Sent vs received: the same layout, so the same dtype is bit-for-bit when the hashes say so."""
+BLIND = (
+    "one side holds only its checksum (lazy statistics) and the other no checksum of the same dtype "
+    "and shape; rerun with RL_MSPROBE_WEIGHTS_STATS=all (or the same RL_MSPROBE_WEIGHTS_HASH everywhere)"
+)
+
+
+def _by_checksum(ref: Entry, got: Entry) -> Delta | None:
+    """Where one side's statistics were not taken: equal k64 checksums of the same dtype and shape
+    are the same bytes; unequal ones other bytes (how they differ is unknown: no statistics). None
+    where the checksums cannot decide."""
+    if not (ref.hash and got.hash and ref.dtype == got.dtype and ref.shape == got.shape):
+        return None
+    if ref.hash == got.hash:
+        return Delta(True, 0.0, 0.0, "none")
+    known = "" if ref.fp is None and got.fp is None else " on one side"
+    return Delta(False, 1.0, math.inf, f"bits (hash differs; statistics not taken{known}: lazy)")
+
+
+def _same(ref: Entry, got: Entry) -> Delta | None:
+    """Sent vs received: the same layout, so the same dtype is bit-for-bit when the hashes say so.
+    None: the checksums cannot decide where a side has no statistics (`_by_checksum`)."""
+    if ref.fp is None or got.fp is None:
+        return _by_checksum(ref, got)
     roundoff = 0.0 if ref.dtype == got.dtype else max(unit_roundoff(ref.dtype), unit_roundoff(got.dtype))
     delta = compare(ref.fp, got.fp, roundoff)
     if delta.equal and ref.hash and got.hash and ref.hash != got.hash and ref.dtype == got.dtype:
@@ -86,10 +111,22 @@ def _received(sent: Entry | None, received: dict[int, dict[str, Entry]], name: s
     if missing:
         return Finding("missing", missing, why="sent but not received by these ranks")
     deltas = {r: _same(sent, e) for r, e in sorted(got.items())}
-    bad = [r for r, d in deltas.items() if not d.equal]
+    return _finding(deltas, bad_ranks=None)
+
+
+def _finding(deltas: dict[int, Delta | None], bad_ranks: list[int] | None) -> Finding:
+    """Differs where a rank's delta says so (its ranks, or BAD_RANKS' ranks with those as the faulty
+    ones), else NOT COMPARED where one cannot tell (`_by_checksum`), else equal."""
+    bad = [r for r, d in deltas.items() if d is not None and not d.equal]
     if bad:
-        return Finding("differs", bad, deltas[bad[0]])
-    return Finding("equal", [], max(deltas.values(), key=lambda d: d.ratio))
+        first = deltas[bad[0]]
+        if bad_ranks is None:
+            return Finding("differs", bad, first)
+        return Finding("differs", bad_ranks, first, faulty_ranks=bad)
+    blind = [r for r, d in deltas.items() if d is None]
+    if blind:
+        return Finding("not-compared", blind, why=BLIND)
+    return Finding("equal", [], max((d for d in deltas.values() if d), key=lambda d: d.ratio))
 
 
 def _shard_dim(held: tuple[int, ...] | None, whole: tuple[int, ...] | None, tp: int) -> int | None:
@@ -107,6 +144,8 @@ def _faulty_ranks(
     same rank's chunk of what it received. None when some rank's part cannot be told apart."""
     faulty = []
     for rank, entry in sorted(held.items()):
+        if entry.fp is None or reference.fp is None:
+            return None
         expected = reference.fp if entry.fp.count == reference.fp.count else None
         got = received.get(rank, {}).get(name)
         if expected is None and got is not None and tp:
@@ -160,8 +199,12 @@ def resident_finding(
     if unreadable:
         why = "the engine repacked it before it could be fingerprinted"
         return Finding("not-compared", unreadable, why=why), None, how
+    fps = [e.fp for e in held.values() if e.fp is not None]
+    if reference.fp is None or len(fps) < len(held):  # lazy statistics
+        deltas = {r: _by_checksum(reference, e) for r, e in sorted(held.items())}
+        return _finding(deltas, bad_ranks=sorted(held)), None, how
     try:
-        whole, replicas = combine_ranks((e.fp for e in held.values()), reference.fp.count)
+        whole, replicas = combine_ranks(fps, reference.fp.count)
     except ValueError as exc:
         return Finding("differs", sorted(held), Delta(False, float("inf"), float("inf"), str(exc))), None, how
     dtypes = {e.dtype for e in held.values()}
@@ -233,8 +276,11 @@ def _reference(
     if not got:
         return sent, ""
     first = got[0]
-    if all(_same(first, e).equal for e in got[1:]):
+    deltas = [_same(first, e) for e in got[1:]]
+    if all(d is not None and d.equal for d in deltas):
         return first, ""
+    if all(d is None or d.equal for d in deltas):
+        return None, f"whether the ranks received the same tensor is unknown: {BLIND}"
     return None, "the ranks received different tensors"
 
 

@@ -38,7 +38,7 @@ class Entry:
     name: str
     index: int
     dtype: str
-    fp: Fingerprint
+    fp: Fingerprint | None  # None: the helper took only the checksum (lazy statistics)
     hash: str | None = None
     step: int | None = None
     how: str | None = None  # resident: "loader-written" or "parameter"
@@ -126,8 +126,8 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
         if not isinstance(name, str):
             raise _bad(path, line, f"name is {json.dumps(name)[:40]}, not a string")
         where = f"{path}:{line}"
-        fp = validate.fingerprint(doc["fp"], where, name)
-        dims = validate.shape(doc.get("shape"), fp.count, where, name)
+        fp, count = validate.statistics(doc, where, name)
+        dims = validate.shape(doc.get("shape"), count, where, name)
         tp = _optional_whole(doc, "tp_size", path, line, RANK_LIMIT)
         return Entry(
             stage=doc["stage"],
@@ -147,7 +147,7 @@ def _entry(doc: JsonObject, path: Path, line: int, process: str) -> Entry:
             unreadable=bool(doc.get("unreadable", False)),
             shape=dims,
             reset_kept=doc.get("reset_kept") is True,
-            shards=validate.shards(doc.get("shard_fp"), fp, dims, tp, where, name),
+            shards=validate.shards(doc.get("shard_fp"), count, dims, tp, where, name),
         )
     except KeyError as exc:
         raise _bad(path, line, f"key {exc.args[0]!r} missing") from None

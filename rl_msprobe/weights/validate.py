@@ -134,8 +134,24 @@ def dtype(value: object, where: str, name: str) -> str:
     return value
 
 
+def statistics(doc: Mapping[str, Any], where: str, name: str) -> tuple[Fingerprint | None, int]:
+    """A line's `fp` and its element count. `"fp": null` is a line whose statistics the helper left
+    out (lazy statistics: only its checksum taken), valid only with a hash and a shape to count by."""
+    value = doc["fp"]
+    if value is not None:
+        fp = fingerprint(value, where, name)
+        return fp, fp.count
+    if not isinstance(doc.get("hash"), str) or not doc.get("hash"):
+        raise _bad(where, name, "fp is null without a hash: a line with neither statistics nor checksum")
+    dims = doc.get("shape")
+    if not isinstance(dims, list):
+        raise _bad(where, name, f"fp is null and shape is {_shown(dims)}: nothing to count the elements by")
+    count = math.prod(n for n in dims if type(n) is int and n >= 0) if len(dims) <= DIMS_LIMIT else -1
+    return None, count
+
+
 def shards(
-    value: object, whole: Fingerprint, dims: tuple[int, ...] | None, tp: int | None, where: str, name: str
+    value: object, count: int, dims: tuple[int, ...] | None, tp: int | None, where: str, name: str
 ) -> dict[int, Fingerprint]:
     """A received line's `shard_fp` (this rank's 1/TP chunk along dim 0 / 1): dims of the tensor,
     each chunk 1/TP of its elements where the TP size is given."""
@@ -150,9 +166,9 @@ def shards(
                 where, name, f"shard_fp has dim {_shown(key)}, not a dim (0 or 1) of shape {_shown(dims)}"
             )
         part = fingerprint(fp, where, name, f"shard_fp.{key}")
-        if tp and part.count * tp != whole.count:
+        if tp and part.count * tp != count:
             raise _bad(
-                where, name, f"shard_fp.{key}.count is {part.count}, not 1/{tp} of the tensor's {whole.count}"
+                where, name, f"shard_fp.{key}.count is {part.count}, not 1/{tp} of the tensor's {count}"
             )  # fmt: skip
         out[int(key)] = part
     return out

@@ -8,6 +8,8 @@ there; a receiver that promised `settled()` and never called it leaves those rec
 
 from __future__ import annotations
 
+import pytest
+
 from rl_msprobe.weights.compare import compare_run
 from rl_msprobe.weights.records import read_run
 from tests.weights.helper import load
@@ -15,6 +17,13 @@ from tests.weights.test_received_reuse import _received, _sent, _sync
 from tests.weights.test_resident_reuse import NAMES, _Model, _tensors
 
 QKV, LATER = NAMES[:3], NAMES[3:]  # captured in the bucket (before the repack); at the sync's end
+
+
+@pytest.fixture(autouse=True)
+def _statistics_at_send(monkeypatch):
+    """This module checks the reuse of the sender's statistics, which the sender takes with
+    RL_MSPROBE_WEIGHTS_STATS=all; the default, lazy statistics, is tests/weights/test_lazy_statistics.py."""
+    monkeypatch.setenv("RL_MSPROBE_WEIGHTS_STATS", "all")
 
 
 def _first(doc) -> tuple[str, str]:

@@ -9,12 +9,20 @@ from __future__ import annotations
 import json
 import pickle
 
+import pytest
 import torch
 
 from rl_msprobe.weights.compare import compare_run
 from rl_msprobe.weights.records import read_run
 from tests.weights.helper import load
 from tests.weights.test_resident_reuse import NAMES, _Model, _tensors
+
+
+@pytest.fixture(autouse=True)
+def _statistics_at_send(monkeypatch):
+    """This module checks the reuse of the sender's statistics, which the sender takes with
+    RL_MSPROBE_WEIGHTS_STATS=all; the default, lazy statistics, is tests/weights/test_lazy_statistics.py."""
+    monkeypatch.setenv("RL_MSPROBE_WEIGHTS_STATS", "all")
 
 
 def _sync(

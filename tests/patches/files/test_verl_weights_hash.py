@@ -99,3 +99,26 @@ def test_dtype_shape_and_padding_are_part_of_it():
     raw = a.view(torch.int16)
     assert len({helper.digest(x) for x in (a, padded, raw, a.reshape(3, 1))}) == 4
     assert helper.digest(torch.empty(0)) != helper.digest(torch.empty(0, 3))
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e5m2, torch.int64]
+)
+@pytest.mark.parametrize("size", [1, 7, 64 * 3, 64 * 5 + 3, 1027])
+def test_the_device_checksum_is_the_same_k64(dtype, size, monkeypatch):
+    """`_device_digest` (int64 tensor arithmetic, for a tensor on a GPU / NPU) gives `digest`'s value,
+    over key blocks, device steps of several blocks and their zero-padded ends, on views that start
+    mid-word. Run here on CPU tensors: the same torch operations a device runs, not a device (none
+    is lent to this machine; on one, `digest` takes this path)."""
+    monkeypatch.setattr(helper, "WORDS", 16)
+    monkeypatch.setattr(helper, "DEVICE_BLOCKS", 3)
+    t = (torch.randn(size + 3, generator=GEN) * 100).to(dtype)
+    for view in (t[:size], t[3:], t[1 : size + 1].reshape(-1, 1)):
+        assert helper._device_digest(view) == helper.digest(view), (dtype, size, view.storage_offset())
+    assert helper._device_digest(flipped(t, t.numel() * t.element_size() - 1, 7)) != helper._device_digest(t)
+
+
+def test_the_device_checksum_of_a_strided_tensor_is_its_row_major_bytes():
+    t = torch.randn(6, 10, generator=GEN)
+    assert helper._device_digest(t.t()) == helper.digest(t.t().contiguous()) == helper.digest(t.t())
+    assert helper._device_digest(t[:, 2:7]) == helper.digest(t[:, 2:7])

@@ -8,8 +8,16 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
   RL_MSPROBE_WEIGHTS_DIR=DIR  enable; unset or empty: every function returns at once and torch
                               and numpy are never imported here
   RL_MSPROBE_WEIGHTS_HASH=0   skip the bit-exact checksum ("k64:...", see `_Keyed`) of sent and
-                              received tensors (the statistics are always computed; without
-                              checksums neither sent nor received statistics are reused)
+                              received tensors (the statistics are then taken at every stage;
+                              without checksums no statistics are reused or left out)
+  RL_MSPROBE_WEIGHTS_STATS=all the sender takes the statistics too. By default (`lazy`) it takes
+                              only the checksum (`"fp": null`): the statistics are taken at the
+                              first later stage whose checksum cannot stand for them (a received
+                              tensor that differs from the sent one, or whose resident part has
+                              another layout, dtype or TP shard; a resident part that differs
+                              from what arrived; every resident part of a process's first sync,
+                              what `weights compare --checkpoint` reads), so a sync whose bytes
+                              arrive and load unchanged costs two checksums and no statistics
   RL_MSPROBE_WEIGHTS_RESET=N  reset mode, for a debugging run: at the start of sync N (1: the first;
                               "N,M": several) every floating engine parameter is filled with
                               `PATTERN`; each resident record of that sync says whether its part
@@ -20,7 +28,7 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
 Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
   sent      every (HF name, tensor) the actor's engine hands to the sync (`sent`, wrapping the
             generator of `get_per_tensor_param()` lazily: a tensor is fingerprinted as it is
-            consumed), per actor rank;
+            consumed), per actor rank; with lazy statistics (the default) only its checksum;
   received  every tensor the rollout worker gets, before its loader fuses or shards it
             (`received`, first line of the vLLM worker extension's `_update_weights`;
             `call_received` in SGLang's `update_weights_from_tensor`, once per bucket), per TP rank;
@@ -28,14 +36,16 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             loader fault in one rank's shard names that rank. Where the sender's {hash, fp} came
             in the bucket's metadata (`tag` / `arrived`, verl's BucketedWeightSender / Receiver),
             only the checksum is taken: equal, the sender's statistics are written
-            (`"same_as": "sent"`), else they are measured. On TP 1, where the receiver says it
+            (`"same_as": "sent"`), else they are measured (so they are where the sender took
+            none, lazy statistics: every TP > 1 rank's shards need the whole). On TP 1, where the receiver says it
             calls `settled()` after each bucket's load (`arrived(..., settles=True)`), even that
             checksum waits (`_deferred`): a resident part of the same name, dtype and shape
             checked while the bucket is loaded, its k64 equal to the sender's, holds the sent
             bytes, so the received ones were those too (`"same_as": "sent", "implied_by":
             "resident"`, one read of the tensor instead of two); any other resident checksum,
             or none by the end of the bucket (`settled`), and the received tensor is
-            checksummed (and measured on a mismatch) as above, so that a transfer fault is
+            checksummed (and measured on a mismatch, or always where the sender took no
+            statistics) as above, so that a transfer fault is
             still named at stage received and a loader fault at stage resident;
   resident  what the engine holds after the load, per TP rank, split back into HF names
             (fused q|k|v and gate|up by the layer's `output_partition_sizes` and the model's
@@ -48,8 +58,9 @@ Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
             that carried it returns (`engine_call`); the sync's meta line lists every name held.
             A part with the dtype and shape this process received under its name in this sync
             (TP 1, a replicated copy) gets its checksum first: equal to the received one, the
-            received statistics are written (`"same_as": "received"`: the same bytes), else
-            its own are measured (`_resident_record`).
+            received statistics are written (`"same_as": "received"`: the same bytes; none where
+            none were taken), else its own are measured (`_resident_record`); with lazy
+            statistics every part of a process's first sync is measured (`--checkpoint`).
 A fingerprint is {count, sum, sumsq, min, max, nan, inf} in float64: additive over concatenation
 and shards, invariant under permutation. Sync numbers count syncs per process (1, 2, ...).
 
@@ -69,9 +80,10 @@ import sys
 
 ENV = "RL_MSPROBE_WEIGHTS_DIR"
 HASH_ENV = "RL_MSPROBE_WEIGHTS_HASH"
+STATS_ENV = "RL_MSPROBE_WEIGHTS_STATS"
 RESET_ENV = "RL_MSPROBE_WEIGHTS_RESET"
 PATTERN = 0.0012345678  # reset mode's fill: no trained or initialised weight is this constant
-FORMAT = 2  # 2: hashes are k64 ("k64:<16 hex>"); 1 wrote bare CRC-32s (8 hex)
+FORMAT = 3  # 3: a record may hold only its checksum ("fp": null, lazy statistics); 2: k64 hashes; 1: CRC-32s
 
 _counters = {"sent": 0, "engine": 0}
 _warned: set[str] = set()
@@ -83,6 +95,11 @@ def enabled() -> bool:
 
 def _hash_wanted() -> bool:
     return os.environ.get(HASH_ENV, "1").strip() != "0"
+
+
+def _lazy() -> bool:
+    """Statistics only where a checksum cannot stand for them (RL_MSPROBE_WEIGHTS_STATS, module doc)."""
+    return _hash_wanted() and os.environ.get(STATS_ENV, "lazy").strip().lower() != "all"
 
 
 @contextlib.contextmanager
@@ -228,15 +245,52 @@ class _Keyed:
             words = words[part.size :]
 
     def result(self) -> str:
-        import hashlib
-
         import numpy as np
 
         if self.carry:
             self._words(np.frombuffer(self.carry.ljust(8, b"\0"), dtype="<u8"))
             self.carry = b""
-        header = int.from_bytes(hashlib.blake2b(self.header.encode(), digest_size=8).digest(), "little")
-        return f"{HASH_NAME}:{_mix((self.total + header) & _MASK):016x}"
+        return _finish(self.header, self.total)
+
+
+def _finish(header: str, total: int) -> str:
+    """The k64 string of a keyed word sum TOTAL and the tensor's HEADER (dtype and shape)."""
+    import hashlib
+
+    key = int.from_bytes(hashlib.blake2b(header.encode(), digest_size=8).digest(), "little")
+    return f"{HASH_NAME}:{_mix((total + key) & _MASK):016x}"
+
+
+DEVICE_BLOCKS = 64  # key blocks (1 MiB each) per step on a device: 64 MiB of int64 scratch
+
+
+def _device_digest(tensor) -> str:
+    """`digest` where the tensor lives (a GPU / NPU): the same k64 in int64 tensor arithmetic, whose
+    two's-complement multiply and sum wrap modulo 2**64 as numpy's uint64 do (the fold's shift is
+    arithmetic in int64, hence its mask); one int64 per 1 MiB key block crosses to the host, never
+    the tensor. Runs on a CPU tensor too, where it must give `digest`'s value (the tests check it)."""
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.storage_offset() % 8 or flat.numel() % 8:  # whole, aligned words: a padded copy
+        padded = flat.new_zeros(flat.numel() + (-flat.numel()) % 8)
+        padded[: flat.numel()] = flat
+        flat = padded
+    words = flat.view(torch.int64)
+    keys = torch.from_numpy(_word_keys().view("<i8")).to(words.device)
+    total, block = 0, 0
+    for start in range(0, words.numel(), WORDS * DEVICE_BLOCKS):
+        part = words[start : start + WORDS * DEVICE_BLOCKS]
+        rows = -(-part.numel() // WORDS)
+        if part.numel() != rows * WORDS:  # the last key block, zero-padded (a zero word adds nothing)
+            part = torch.cat([part, part.new_zeros(rows * WORDS - part.numel())])
+        part = part.view(rows, WORDS)
+        folded = torch.bitwise_and(part >> 32, 0xFFFFFFFF).bitwise_xor_(part)
+        sums = folded.mul_(keys).sum(dim=1).tolist()
+        for s in sums:
+            total = (total + (_mix(block + (1 << 40)) | 1) * (s & _MASK)) & _MASK
+            block += 1
+    return _finish(_header(tensor), total)
 
 
 def _stats(blocks, keyed=None) -> tuple[float, float, float | None, float | None, int, int]:
@@ -369,6 +423,11 @@ def _header(tensor) -> str:
 def digest(tensor) -> str:
     """A bit-exact checksum of TENSOR's bytes, dtype and shape: "k64:" and 16 hex digits (a change
     within one 8-byte word is always caught; it guards transfers, it is no cryptographic hash)."""
+    if tensor.device.type != "cpu":
+        try:
+            return _device_digest(tensor)
+        except Exception:  # noqa: BLE001 - a device without one of these integer ops: on the host
+            pass
     t = tensor.detach().cpu()
     keyed = _Keyed(_header(t))
     if t.numel():
@@ -391,11 +450,13 @@ def _record(
     index: int,
     hashed=None,
     measured=None,
+    lazy=False,
     **extra,
 ) -> dict:
     """One JSON line; HASHED True / False adds "hash" (the k64 checksum, or null when switched off);
-    MEASURED: (fingerprint, checksum) known already, nothing is measured."""
-    fp, checksum = measured or _measure(tensor, bool(hashed))
+    MEASURED: (fingerprint, checksum) known already, nothing is measured (fingerprint None: the
+    statistics not taken); LAZY: only the checksum is taken (`"fp": null`)."""
+    fp, checksum = measured or ((None, digest(tensor)) if lazy else _measure(tensor, bool(hashed)))
     record = {
         "stage": stage,
         "sync": sync,
@@ -445,12 +506,15 @@ def sent(stream, step=None):
 
 
 def _sent(stream, sync: int, step):
-    rank, records, hashed = _rank(), [], _hash_wanted()
+    rank, records, hashed, lazy = _rank(), [], _hash_wanted(), _lazy()
     try:
         for index, (name, tensor) in enumerate(stream):
             _outgoing.pop(name, None)
             with _never_breaks_the_sync("the sent fingerprint"):
-                records.append(_record("sent", sync, rank, name, tensor, index, hashed, step=step))
+                lazy_here = lazy and tensor.numel() > 0
+                records.append(
+                    _record("sent", sync, rank, name, tensor, index, hashed, lazy=lazy_here, step=step)
+                )
                 if records[-1].get("hash"):
                     _outgoing[name] = {"hash": records[-1]["hash"], "fp": records[-1]["fp"]}
             yield name, tensor
@@ -504,10 +568,12 @@ def _settle_received(name: str, resident_hash: str | None) -> None:
     state, tensor, carried, index = _deferred.pop(name)
     if resident_hash is not None and resident_hash == carried["hash"]:
         fp, checksum, extra = (
-            dict(carried["fp"]),
+            _copy(carried["fp"]),
             carried["hash"],
             {"same_as": "sent", "implied_by": "resident"},
         )
+    elif carried["fp"] is None:  # lazy statistics: no resident part vouched for these bytes, measured
+        (fp, checksum), extra = _measure(tensor, True), {}
     else:
         checksum = digest(tensor)
         if checksum == carried["hash"]:
@@ -528,6 +594,11 @@ def _settle_received(name: str, resident_hash: str | None) -> None:
     )
     _received_out.append(record)
     state.setdefault("got", {})[name] = {k: record[k] for k in ("hash", "dtype", "shape", "fp")}
+
+
+def _copy(fp):
+    """A record's statistics to reuse in another record (None: not taken, lazy statistics)."""
+    return None if fp is None else dict(fp)
 
 
 def tag(meta, name) -> None:
@@ -601,7 +672,7 @@ def _received(state: dict, weights, defer: bool = False) -> None:
             state.setdefault("got", {})[name] = got
             state["index"] += 1
             continue
-        if hashed and carried is not None and tensor.numel():
+        if hashed and carried is not None and carried.get("fp") is not None and tensor.numel():
             checksum, own = _checksum_and_rows(tensor, rows)
             if checksum == carried["hash"]:  # the sender's bytes, dtype and shape: its statistics
                 fp, extra = dict(carried["fp"]), {"same_as": "sent"}
@@ -952,14 +1023,15 @@ def _resident_record(state: dict, name: str, part, base: dict) -> dict:
     )
     if not comparable:
         return _record("resident", state["sync"], state["rank"], name, part, -1, **base)
-    checksum = digest(part)
+    # lazy statistics: a process's first sync measures every part (what `--checkpoint` compares)
+    fp, checksum = _measure(part, True) if got["fp"] is None and state["sync"] == 1 else (None, digest(part))
     if name in _deferred and _deferred[name][0] is state:  # its received record waits for this check
         _settle_received(name, checksum)
         got = state["got"][name]
-    if checksum == got["hash"]:
-        measured, base = (dict(got["fp"]), checksum), dict(base, same_as="received")
+    if checksum == got["hash"] and fp is None:
+        measured, base = (_copy(got["fp"]), checksum), dict(base, same_as="received")
     else:
-        measured = (fingerprint(part), checksum)
+        measured = (fp or fingerprint(part), checksum)
     return _record("resident", state["sync"], state["rank"], name, part, -1, True, measured=measured, **base)
 
 
