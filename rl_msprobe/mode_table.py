@@ -95,7 +95,13 @@ MODES: tuple[Mode, ...] = (
         ),
         hint_rank=0,
         configs=("config_generate.json", "config_actor.json"),
-        patch_sets=("verl-consistency", "vllm-dump", "sglang-dump", "sglang-dispatch-log"),
+        patch_sets=(
+            "verl-consistency",
+            "vllm-dump",
+            "sglang-dump",
+            "sglang-pd-dump-path",
+            "sglang-dispatch-log",
+        ),
         dump_layout=True,
     ),
     Mode(

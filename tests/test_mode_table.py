@@ -98,3 +98,26 @@ def test_a_new_row_reaches_detect_the_planner_the_cli_and_the_docs() -> None:
         "derived": "run_probe_x.sh",
         "docs": True,
     }
+
+
+def test_a_mode_that_asks_for_a_set_its_row_does_not_list_fails_loudly(monkeypatch) -> None:
+    """The row's `patch_sets` is what the docs and `--help` say a mode may patch: rules that ask
+    for another set are a bug of rl-msprobe, caught at plan time, never a plan that quietly differs."""
+    import dataclasses
+
+    import pytest
+
+    from rl_msprobe import planner
+
+    script = (
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm trainer.n_gpus_per_node=1\n"
+    )
+    assert any(
+        "vllm-dump" in c for c in planner.check(script, "/tmp/run_x.sh", mode="inference").patch_commands
+    )
+    rows = tuple(
+        dataclasses.replace(m, patch_sets=()) if m.name == "inference" else m for m in registry.MODES
+    )
+    monkeypatch.setattr(registry, "MODES", rows)
+    with pytest.raises(RuntimeError, match=r"mode inference's rules ask for patch set\(s\) \['vllm-dump'\]"):
+        planner.check(script, "/tmp/run_x.sh", mode="inference")

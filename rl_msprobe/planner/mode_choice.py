@@ -111,7 +111,14 @@ def requirements(ctx: Context, mode: str) -> Requirements:
     wrong_entry = entry_violation(ctx.script, mode)
     if wrong_entry is not None:
         return Requirements(violations=[wrong_entry])
-    req: Requirements = get_mode(mode).rules().requirements(ctx)
+    row = get_mode(mode)
+    req: Requirements = row.rules().requirements(ctx)
+    stray = [name for name in req.patch_sets if name not in row.patch_sets]
+    if stray:  # a bug of rl-msprobe's, never of the user's script: the table is what docs and --help say
+        raise RuntimeError(
+            f"mode {mode}'s rules ask for patch set(s) {stray}, which its row of the Mode table "
+            "(rl_msprobe/mode_table.py, patch_sets) does not list: add them there"
+        )
     assert ctx.script.command is not None
     assumed = [a for arg in ctx.script.command.args for a in arg.value.assumed]
     req.notes.extend(f"assumed: {a}" for a in dict.fromkeys(assumed))
