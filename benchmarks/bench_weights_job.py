@@ -13,6 +13,14 @@ Measured 2026-12-04 19:35-19:42 UTC (load 1.6-3.0, the machine shared), 3 steps:
 0.121 s without, 0.144 / 0.120 / 0.121 s with: 1.035x median [1.00-1.06]; EQUAL, 4 syncs, 27
 tensors (1.6 MB fp32), every received record reused from sent; jobs 165 s and 126 s.
 
+With lazy statistics (bc43076; TP 2: each rank measures what it received, the sender only
+checksums), 2026-12-04 21:40-22:00 UTC, 8 steps, the machine shared (load 2.7-11.9): 1.43x median
+[1.18-2.43] (0.09-0.13 s without, 0.13-0.32 s with), then 1.19x [1.11-1.37] (0.10-0.13 s
+without, 0.13-0.17 s with); EQUAL, 9 syncs, 10 resident parts reused a sync. The runs are not
+interleaved, so the load between them is in the figure: the helper's own arithmetic for these 27
+tensors is ~10 ms a sync per rank (measured alone: 8 ms received + 2 ms sent, against 7.3 + 3.3 ms
+for the helper before lazy statistics), ~0.02 s of each 0.1 s sync is what the job shows.
+
 Run: python benchmarks/bench_weights_job.py [--steps 4] [--keep]   (needs the job venv; holds the live-job lock)
 """
 
