@@ -19,6 +19,8 @@
   call of its callback parameter (`on_bucket_received(...)`: the bucket loaded, its buffer not yet
   reused) `rl_msprobe_weights.settled()` writes the received records the resident checks of that
   bucket did not settle: a TP-1 tensor is checksummed once, where the engine holds it, if it can be.
+  A loop reading buckets (`X = self.socket.recv_pyobj()`) in another method of the receiver (upstream
+  a32d635's generator `iter_weights`, reverted a week later) has no site for the received line: refused.
 
 Shape decides: a class present without its anchors is an error naming what was expected.
 """
@@ -26,6 +28,7 @@ Shape decides: a class present without its anchors is an error naming what was e
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import libcst as cst
 import libcst.matchers as m
@@ -202,12 +205,32 @@ def _entry(stmt: cst.BaseStatement) -> tuple[str, str] | None:
     return cst.ensure_type(target.value, cst.Name).value, cst.ensure_type(index.value, cst.Name).value
 
 
+RECEIVE_LOOPS = "bucket receive loops"
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
+
+
 class _BucketTransformer(ScopedTransformer):
-    targets = (SENDER, f"{RECEIVER}.receive_weights")
+    targets = (SENDER, RECEIVER)
 
     def __init__(self, ctx: TransformContext) -> None:
         super().__init__(ctx)
         self.callback: str | None = None  # receive_weights' first parameter after self
+        self.loops = 0  # the `for` / `while` loops the walk is inside
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.loops += isinstance(node, (cst.For, cst.While))
+        return super().on_visit(node)
+
+    def on_leave(
+        self, original_node: NodeT, updated_node: NodeT
+    ) -> NodeT | cst.RemovalSentinel | cst.FlattenSentinel[NodeT]:
+        self.loops -= isinstance(original_node, (cst.For, cst.While))
+        return super().on_leave(original_node, updated_node)
+
+    def leave_scope(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.BaseStatement:
+        if not self.scope and original.name.value == RECEIVER:
+            self.ctx.hit(RECEIVE_LOOPS)  # walked whole: no other method receives buckets
+        return updated
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if node.name.value == "receive_weights":
@@ -224,6 +247,9 @@ class _BucketTransformer(ScopedTransformer):
         sending = self.qualname.startswith(f"{SENDER}.")
         receiving = self.qualname.startswith(f"{RECEIVER}.receive_weights")
         if not (sending or receiving):
+            elsewhere = self.loops and self.qualname.startswith(f"{RECEIVER}.")
+            if elsewhere and any(matchers.saved_name(stmt, ARRIVAL) for stmt in updated.body):
+                self.ctx.fail(RECEIVE_LOOPS)  # buckets whose weights no received line would record
             return updated
         return _lines_after(self.ctx, updated, self._sender_lines if sending else self._receiver_lines)
 
@@ -260,6 +286,11 @@ class VerlWeightsBucket(Codemod):
         "bucket callback": (
             f"a call `CALLBACK(...)` alone on its line in {RECEIVER}.receive_weights(self, CALLBACK, ...)"
             " (a bucket loaded)"
+        ),
+        RECEIVE_LOOPS: (
+            f"every loop of {RECEIVER} that reads a bucket's metadata (`X = self.socket.recv_pyobj()`)"
+            " in receive_weights; another method receiving buckets (such as a generator iter_weights)"
+            " would load weights that no received line records"
         ),
     }
 
