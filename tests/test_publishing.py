@@ -10,13 +10,19 @@ process ends there, as with SIGKILL) is recognised by the next run as its own: t
 --force, leaves exactly the new outputs. `dumps compare`'s `pairs/` folder (what the real msprobe
 writes) is built in a temporary sibling and renamed into place as a unit: a full disk while msprobe
 compares, a failing rename and a kill mid-swap all leave the earlier pairs folder byte for byte.
+
+`mismatch report`'s two plots are drawn once per triage (`drawn_once`): matplotlib takes ~0.4 s a
+figure and the matrices run the report ~100 times on two inputs; the publish step still gets the
+real PNG bytes of each input.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Callable
@@ -32,6 +38,25 @@ from tests.support.trees import run_cli
 from tests.weights import synthetic
 
 CALLS = ("_create", "_write", "_rename")
+_PLOTS: dict[str, tuple[dict[str, str], dict[str, bytes], str | None]] = {}
+
+
+@pytest.fixture(autouse=True)
+def drawn_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mismatch report`'s plots, drawn by the real code once per triage result (its pickled state,
+    so a different input is drawn afresh); the forked runs inherit what the parent drew."""
+    from rl_msprobe.triage import report
+    from rl_msprobe.triage.stream import Triage
+
+    real = report.plots
+
+    def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]:
+        key = hashlib.sha256(pickle.dumps(result)).hexdigest()
+        if key not in _PLOTS:
+            _PLOTS[key] = real(result)
+        return _PLOTS[key]
+
+    monkeypatch.setattr(report, "plots", plots)
 
 
 @dataclass

@@ -7,6 +7,9 @@ json or numpy take (5000 digits, 30-digit token ids, 1e400, Infinity, NaN), toke
 3e8 or 2**40 (per-token sums sized by them would need GiBs), lines that are not objects (a string,
 100k nested `[`), invalid UTF-8, lines cut short. Each example runs the real command in-process;
 tracemalloc (numpy reports to it) checks the peak. Few examples each (CI runs them derandomized).
+`mismatch report` draws its plots under tracemalloc (~2.5 s an example): the default tier runs its
+explicit examples (every hostile family: a huge or wrong-typed value, a whole bad line) and a few
+generated ones, `--full` 30 generated ones.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.dumps.conftest import dispatch, update, write_dump
+from tests.support.tiers import examples
 from tests.support.trees import run_cli
 
 MEMORY_BOUND = 96 << 20  # bytes: the peak any one example may allocate (the inputs are < 1 MB)
@@ -125,9 +129,27 @@ EXAMPLES = settings(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 
+REPORT_EXAMPLES = settings(EXAMPLES, max_examples=examples(4, 30))
 
-@EXAMPLES
+
+@REPORT_EXAMPLES
 @given(lines=_lines(TRIAGE, list(TRIAGE)))
+@example(  # values past what json and numpy take, under known keys
+    lines=[
+        _line(TRIAGE, {"step": "9" * 5000, "response_ids": f"[{2**40}]"}),
+        _line(TRIAGE, {"rollout_log_probs": "[Infinity, NaN]", "prompt_len": "1e400"}),
+        _line(TRIAGE, {"response_ids": "[300000000, 2]", "mask": "5"}),
+    ]
+)
+@example(  # wrong types: a string, a list, an object, a float, text
+    lines=[
+        _line(TRIAGE, {"rollout_log_probs": '"ab"', "step": "[1]", "index": "-3"}),
+        _line(TRIAGE, {"train_log_probs": '{"a": 1}', "prompt_len": "2.5", "uid": json.dumps("\u00e9")}),
+    ]
+)
+@example(
+    lines=[b"[" * 100_000, b"\xff\xfe{}", b'{"step": 1, "rollout_log_probs": [', b"", b"12"]
+)  # not objects
 def test_mismatch_report_never_tracebacks(tmp_path_factory, lines):
     folder = tmp_path_factory.mktemp("triage")
     (folder / "1").mkdir()

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.support.tiers import newest_in_default
-from tests.support.trees import full_cycle, run_cli, scratch_copy
+from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 
 pytestmark = pytest.mark.release
 
@@ -48,21 +48,32 @@ def test_triage_full_cycle_and_files(tmp_path, version):
 
 
 def test_triage_and_consistency_share_trainer_files(tmp_path):
-    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl")
-    status = full_cycle(tree, ["verl-consistency", "verl-triage"])
-    assert {s["name"]: s["status"] for s in status["sets"]} == {
-        "verl-consistency": "applied",
-        "verl-triage": "applied",
-    }
-    # reverting triage alone takes its lines out of the shared trainer file and leaves consistency whole
+    """Both sets in one apply edit the same trainer files; reverting triage alone takes only its lines
+    out and leaves consistency whole; reverting consistency then gives the release's bytes back."""
     plain = scratch_copy("verl", "0.9.1", tmp_path / "plain", with_git=False)
-    assert run_cli("patch", "apply", "verl-consistency", "verl-triage", "--tree", str(plain))[0] == 0
+    before = snapshot(plain)
+    both = ("verl-consistency", "verl-triage")
+    assert run_cli("patch", "apply", *both, "--tree", str(plain))[0] == 0
+    code, out, _ = run_cli("patch", "status", *both, "--tree", str(plain), "--json")
+    assert code == 0 and [s["status"] for s in json.loads(out)["sets"]] == ["applied", "applied"], out
     code, _, err = run_cli("patch", "revert", "verl-triage", "--tree", str(plain))
     assert code == 0, err
     v1 = (plain / V1).read_text()
     assert "rl_msprobe_triage" not in v1 and "rl_msprobe_consistency.prompts_forward" in v1
     code, out, _ = run_cli("patch", "status", "verl-consistency", "--tree", str(plain), "--json")
     assert code == 0 and json.loads(out)["sets"][0]["status"] == "applied", out
+    code, _, err = run_cli("patch", "revert", "verl-consistency", "--tree", str(plain))
+    assert code == 0 and snapshot(plain) == before, err
+
+
+@pytest.mark.full  # the two-set cycle: sglang's newest full cycle, each set's own cycle above
+def test_triage_and_consistency_full_cycle_together(tmp_path):
+    tree = scratch_copy("verl", "0.9.1", tmp_path / "verl")
+    status = full_cycle(tree, ["verl-consistency", "verl-triage"])
+    assert {s["name"]: s["status"] for s in status["sets"]} == {
+        "verl-consistency": "applied",
+        "verl-triage": "applied",
+    }
 
 
 @pytest.mark.parametrize(("missing", "entry"), [(SEPARATE, "one_step_off"), (RAY, "main_ppo")])

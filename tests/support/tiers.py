@@ -30,6 +30,12 @@ def full() -> bool:
     return _state["full"]
 
 
+def examples(default: int, full_tier: int) -> int:
+    """A slow property's hypothesis example count in this tier (modules are imported after
+    `pytest_configure`, so the tier is known when their `settings` are built)."""
+    return full_tier if full() else default
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--full",

@@ -1,9 +1,10 @@
 """The verl-triage lines on real verl 0.9.1 code (the cached verl venv, tests/support/job_venv.py).
 
 A release patched by `rl-msprobe patch apply verl-triage` goes first on PYTHONPATH of a fresh
-process (tests/patches/files/v1_scenario.py): the v1 trainer's real `_compute_old_log_prob` runs on a
-stand-in TransferQueue, and the legacy trainer's DataProto runs through the marked lines read
-from the patched file. `mismatch report`'s numbers must equal verl's own metrics of that batch.
+process (tests/patches/files/v1_scenario.py, both paths in turn, one verl import): the v1
+trainer's real `_compute_old_log_prob` runs on a stand-in TransferQueue, and the legacy trainer's
+DataProto runs through the marked lines read from the patched file. `mismatch report`'s numbers
+must equal verl's own metrics of that batch.
 """
 
 from __future__ import annotations
@@ -31,20 +32,27 @@ def tree(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize(("path", "step"), [("v1", 7), ("dataproto", 3)])
-def test_report_equals_verls_own_metrics(tree, tmp_path, path, step):
+@pytest.fixture(scope="module")
+def runs(tree, tmp_path_factory) -> Path:
+    """Both paths, one process (one verl import): OUT/<path>/triage and OUT/<path>/out.json."""
     python = verl_venv.venv_python_or_skip()
-    folder = tmp_path / "triage"
-    env = {**os.environ, "PYTHONPATH": str(tree), "RL_MSPROBE_TRIAGE": str(folder)}
+    out = tmp_path_factory.mktemp("paths")
+    env = {k: v for k, v in os.environ.items() if k != "RL_MSPROBE_TRIAGE"}
     proc = subprocess.run(
-        [str(python), str(SCENARIO), str(tmp_path / "out.json"), path],
-        env=env,
+        [str(python), str(SCENARIO), str(out), "v1", "dataproto"],
+        env={**env, "PYTHONPATH": str(tree)},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    verl = json.loads((tmp_path / "out.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize(("path", "step"), [("v1", 7), ("dataproto", 3)])
+def test_report_equals_verls_own_metrics(runs, path, step):
+    folder = runs / path / "triage"
+    verl = json.loads((runs / path / "out.json").read_text())
     result = read_triage(folder)
     assert result.requests == 3 and result.error_count == 0 and result.bad_count == 0
     (stats,) = result.step_list()

@@ -10,13 +10,15 @@ fit holds it after the union with the recompute (left-padded prompts, right-padd
 non-tensor ids), verl's calculate_debug_metrics, then the marked lines exactly as the patched
 verl/trainer/ppo/ray_trainer.py carries them (read from the file, run with `batch` and `self`).
 
-argv: OUT_JSON [v1|dataproto]. Env: RL_MSPROBE_TRIAGE=<folder>. Writes verl's metrics and the
-log-probs to OUT_JSON.
+argv: OUT_FOLDER PATH... (`v1`, `dataproto`), run in turn in this one process (one verl import):
+each writes its triage lines under OUT_FOLDER/PATH/triage (RL_MSPROBE_TRIAGE, read when a line is
+written) and verl's metrics and the log-probs to OUT_FOLDER/PATH/out.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,27 +152,32 @@ def dataproto_path(out: str) -> None:
     Path(out).write_text(json.dumps(doc))
 
 
-if len(sys.argv) > 2 and sys.argv[2] == "dataproto":
-    dataproto_path(sys.argv[1])
-    sys.exit(0)
-
-config = OmegaConf.create(
-    {
-        "algorithm": {"rollout_correction": None},
-        "actor_rollout_ref": {
-            "rollout": {"temperature": 1.0, "calculate_log_probs": True},
-            "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None},
-        },
+def v1_path(out: str) -> None:
+    config = OmegaConf.create(
+        {
+            "algorithm": {"rollout_correction": None},
+            "actor_rollout_ref": {
+                "rollout": {"temperature": 1.0, "calculate_log_probs": True},
+                "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None},
+            },
+        }
+    )
+    trainer = SimpleNamespace(config=config, actor_rollout_wg=StandInActor(), global_steps=7)
+    meta = KVBatchMeta(
+        keys=KEYS, tags=[{}] * 3, partition_id="train", fields=list(store.keys()), extra_info={}
+    )
+    metrics: dict = {}
+    trainer_base.PPOTrainer._compute_old_log_prob(trainer, meta, metrics)
+    old = store.get("old_log_probs")
+    result = {
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "old_log_probs": [t.tolist() for t in old.unbind()],
+        "rollout_log_probs": rollout,
     }
-)
-trainer = SimpleNamespace(config=config, actor_rollout_wg=StandInActor(), global_steps=7)
-meta = KVBatchMeta(keys=KEYS, tags=[{}] * 3, partition_id="train", fields=list(store.keys()), extra_info={})
-metrics: dict = {}
-trainer_base.PPOTrainer._compute_old_log_prob(trainer, meta, metrics)
-old = store.get("old_log_probs")
-result = {
-    "metrics": {k: float(v) for k, v in metrics.items()},
-    "old_log_probs": [t.tolist() for t in old.unbind()],
-    "rollout_log_probs": rollout,
-}
-Path(sys.argv[1]).write_text(json.dumps(result))
+    Path(out).write_text(json.dumps(result))
+
+
+for name in sys.argv[2:]:
+    folder = Path(sys.argv[1]) / name
+    os.environ["RL_MSPROBE_TRIAGE"] = str(folder / "triage")
+    {"v1": v1_path, "dataproto": dataproto_path}[name](str(folder / "out.json"))
