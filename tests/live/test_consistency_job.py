@@ -740,7 +740,8 @@ def test_whole_response_report_is_written(flow: Flow) -> None:
 def test_tp2_a_tensor_the_sync_never_wrote_is_not_synced_by_name_shape_and_rank(flow: Flow) -> None:
     """Sync 9 (in reset mode): UNSENT never reached rank 1 (named by what that rank received, and as
     still unloaded when the sync returned); UNLOADED was received but rank 0's loader dropped it
-    (named as unloaded alone: a sync that names a tensor is no proof it wrote it)."""
+    (named as unloaded: a sync that names a tensor is no proof it wrote it). Reset mode names both
+    again, as still holding its pattern."""
     run, doc = _tp2_weights(flow)
     planted = {
         (e["sync"], e["rank"], e["name"], e["stage"])
@@ -759,9 +760,11 @@ def test_tp2_a_tensor_the_sync_never_wrote_is_not_synced_by_name_shape_and_rank(
     assert "had not loaded it" in unsent["why"] and "received other tensors" in unsent["why"], unsent
     unloaded = found[(NOT_SYNCED_SYNC, UNLOADED, (0,))]
     assert "had not loaded it" in unloaded["why"] and "received other" not in unloaded["why"], unloaded
-    # reset mode sees neither here: vLLM's layer-by-layer reload keeps what it was not given on meta and
-    # restores it after the sync from values taken before the fill (proven with a plain loader in
-    # tests/patches/files/test_verl_weights.py only)
+    # reset mode sees both: the fill reaches what vLLM's layer-by-layer reload keeps aside while a layer
+    # is on meta, which it puts back after the sync for a layer it was not given; the check runs at the
+    # rollout's first forward after sync 9, the job's last
+    for x in (unsent, unloaded):
+        assert f"still holds the reset pattern after the sync on rank(s) {x['ranks']}" in x["why"], x
     assert unsent["shape"] == unloaded["shape"] == [128], (unsent, unloaded)  # the tiny Qwen2's hidden size
     assert step is not None and step["verdict"] == "DIFFERENT" and step["counts"]["not-synced"] == 2, step
     assert run.weights_report is not None

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from tests.weights.helper import PATH, load, vllm_worker
@@ -286,6 +287,9 @@ class _Plain(torch.nn.Module):
                 if name not in self.skip:  # a loader that misses a name
                     params[name].data.copy_(tensor)
 
+    def forward(self, x):
+        return self.head.weight @ (x * self.norm.weight)
+
 
 def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeypatch):
     """RL_MSPROBE_WEIGHTS_RESET=2: before sync 2 every parameter is filled with the pattern; the one the
@@ -317,3 +321,87 @@ def test_reset_mode_names_the_parameter_the_loader_never_wrote(tmp_path, monkeyp
     assert [(x["sync"], x["name"], x["shape"], x["ranks"]) for x in doc["not_synced"]] == [
         (2, "norm.weight", [4], [0])
     ]
+
+
+class _LayerwiseReload(torch.nn.Module):
+    """The shape of vLLM's layer-by-layer reload (model_loader.reload), which the live tp2 job runs for
+    real (tests/live/test_consistency_job.py's NOT SYNCED sync): at the sync's start each layer's
+    parameters go on meta and the real ones are kept aside in LAYERWISE_INFO[layer].kernel_tensors;
+    a layer given its tensor gets it copied into what was kept and put back; after the sync returns,
+    every layer not loaded gets its kept parameters back as they were. vLLM cannot be imported here:
+    its bookkeeping is stood in for by a module under its name."""
+
+    def __init__(self, infos):
+        super().__init__()
+        self.norm = _Plain().norm
+        self.head = _Plain().head
+        self.skip: set[str] = set()
+        self.infos = infos
+
+    def begin(self):
+        for layer in (self.norm, self.head):
+            kept = {"weight": layer.weight}
+            self.infos[layer] = type("Info", (), {"kernel_tensors": (kept, {})})()
+            layer.weight = torch.nn.Parameter(
+                torch.empty_like(kept["weight"], device="meta"), requires_grad=False
+            )
+
+    def load_weights(self, weights):
+        with torch.inference_mode():
+            for name, tensor in weights:
+                layer = getattr(self, name.split(".")[0])
+                if name not in self.skip:  # a layer loaded whole is put back at once
+                    self.infos[layer].kernel_tensors[0]["weight"].data.copy_(tensor)
+                    layer.weight = self.infos.pop(layer).kernel_tensors[0]["weight"]
+
+    def finish(self):
+        for layer in list(self.infos):
+            layer.weight = self.infos.pop(layer).kernel_tensors[0]["weight"]
+
+    def forward(self, x):
+        return self.head.weight @ (x * self.norm.weight)
+
+
+@pytest.mark.parametrize("engine", ["plain", "layerwise"])
+def test_reset_mode_checks_at_the_first_forward_after_the_sync(engine, tmp_path, monkeypatch):
+    """The reset sync is the job's last: the check runs at the rollout's first forward after it, not
+    at a next sync that never comes, and not at the sync's end, before a layer-by-layer reload puts
+    back what it was not given. With that reload the fill reaches the parameters kept aside while a
+    layer is on meta, so the skipped layer is put back holding the pattern and named."""
+    import types
+    import weakref
+
+    from rl_msprobe.weights.compare import compare_run
+    from rl_msprobe.weights.records import read_run
+
+    helper = load()
+    monkeypatch.setenv(helper.ENV, str(tmp_path))
+    monkeypatch.setenv(helper.RESET_ENV, "1")
+    infos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    layerwise = types.ModuleType("vllm.model_executor.model_loader.reload.layerwise")
+    layerwise.LAYERWISE_INFO = infos
+    monkeypatch.setitem(sys.modules, layerwise.__name__, layerwise)
+    with torch.inference_mode():
+        model = _Plain() if engine == "plain" else _LayerwiseReload(infos)
+    model.skip = {"norm.weight"}
+    worker = vllm_worker(helper, model)
+    tensors = [("norm.weight", torch.full((4,), 2.0)), ("head.weight", torch.full((3, 4), 0.5))]
+    if engine == "layerwise":
+        model.begin()
+    worker.update_weights_from_ipc(list(helper.sent(iter(tensors), 1)))
+    if engine == "layerwise":
+        model.finish()
+
+    def kept() -> list:
+        lines = [json.loads(x) for p in tmp_path.glob("resident-*.jsonl") for x in p.read_text().splitlines()]
+        return [x["reset_kept"] for x in lines if "reset_kept" in x and x["stage"] == "resident-meta"]
+
+    assert kept() == []  # not yet: the engine may still put back what it was not given
+    with torch.inference_mode():
+        model(torch.ones(4))
+        model(torch.ones(4))  # the check runs once
+    assert kept() == [["norm.weight"]]
+    assert bool((model.norm.weight == helper.PATTERN).all()) and bool((model.head.weight == 0.5).all())
+    doc = compare_run(read_run(tmp_path))
+    assert [(x["sync"], x["name"], x["ranks"]) for x in doc["not_synced"]] == [(1, "norm.weight", [0])]
+    assert "still holds the reset pattern" in doc["not_synced"][0]["why"]

@@ -20,10 +20,13 @@ Environment (read at every call, so Ray workers and the vLLM worker see what the
                               arrive and load unchanged costs two checksums and no statistics
   RL_MSPROBE_WEIGHTS_RESET=N  reset mode, for a debugging run: at the start of sync N (1: the first;
                               "N,M": several) every floating engine parameter is filled with
-                              `PATTERN`; each resident record of that sync says whether its part
-                              still holds it (`"reset_kept"`): what the sync never wrote. The
-                              engine then serves those parameters as the pattern, so never in a
-                              run whose results matter.
+                              `PATTERN` (and the parameters a layer-by-layer reload keeps aside
+                              while the layer is on meta); each resident record of that sync says
+                              whether its part still holds it (`"reset_kept"`), and so does a meta
+                              line written at the model's first forward after the sync (or the
+                              next sync's start): what the sync never wrote. The engine then
+                              serves those parameters as the pattern, so never in a run whose
+                              results matter.
 
 Three stages, one JSON line per tensor in `DIR/{stage}-{host}-{pid}.jsonl`:
   sent      every (HF name, tensor) the actor's engine hands to the sync (`sent`, wrapping the
@@ -818,9 +821,8 @@ def _begin(worker, armed: bool = True) -> dict:
              "seen": set(), "pending": set(), "got": {}}  # fmt: skip
     _states[id(worker)] = state
     model = _model(worker)
-    if model is not None and id(model) in _after_reset:
-        with _never_breaks_the_sync("reset mode's check"):
-            _check_reset(model, _after_reset.pop(id(model)), state)
+    if model is not None and id(model) in _after_reset:  # no forward since the reset sync
+        _reset_check(model)
     if model is not None and state["sync"] in _reset_syncs():
         with _never_breaks_the_sync("reset mode's fill"):
             _reset(model)
@@ -830,12 +832,36 @@ def _begin(worker, armed: bool = True) -> dict:
     return state
 
 
-_after_reset: dict[int, int] = {}  # id(model) -> the reset sync to check at the next sync's start
+# id(model) -> (the reset sync, its rank, its TP size, the forward pre-hook's handle): checked at the
+# model's first forward after that sync, or at the next sync's start where no forward came between
+_after_reset: dict[int, tuple[int, int, int, object]] = {}
 
 
-def _check_reset(model, sync: int, state: dict) -> None:
-    """At the start of the sync after a reset sync: the HF parts still holding the pattern, in a meta
-    line of the reset sync (an engine may restore unloaded parameters only after the sync returns)."""
+def _await_reset_check(model, state: dict) -> None:
+    """After a reset sync: check at the model's first forward (the rollout's first step), not at the
+    sync's end, since an engine may put back what it was not given only after the sync returns
+    (vLLM's layer-by-layer reload); the next sync's start checks where no hook ran (a compiled
+    forward)."""
+
+    def check_before_forward(module, args):
+        _reset_check(module)
+
+    handle = model.register_forward_pre_hook(check_before_forward)
+    _after_reset[id(model)] = (state["sync"], state["rank"], state["tp_size"], handle)
+
+
+def _reset_check(model) -> None:
+    pending = _after_reset.pop(id(model), None)
+    if pending is None:
+        return
+    sync, rank, tp_size, handle = pending
+    handle.remove()
+    with _never_breaks_the_sync("reset mode's check"):
+        _check_reset(model, sync, rank, tp_size)
+
+
+def _check_reset(model, sync: int, rank: int, tp_size: int) -> None:
+    """The HF parts still holding the pattern after reset sync SYNC, in a meta line of that sync."""
     kept = [
         name
         for module_name, module in model.named_modules()
@@ -844,7 +870,7 @@ def _check_reset(model, sync: int, state: dict) -> None:
         for name, part in _parts(model, module_name, module, pname, param)
         if _holds_pattern(part)
     ]
-    line = {"stage": "resident-meta", "sync": sync, "rank": state["rank"], "tp_size": state["tp_size"]}
+    line = {"stage": "resident-meta", "sync": sync, "rank": rank, "tp_size": tp_size}
     _write("resident", [{**line, "format": FORMAT, "reset_kept": kept}])
 
 
@@ -855,18 +881,35 @@ def _reset_syncs() -> set[int]:
 
 
 def _reset(model) -> None:
-    """Reset mode: every floating parameter filled with PATTERN before the sync writes the weights."""
+    """Reset mode: every floating parameter filled with PATTERN before the sync writes the weights,
+    and the tensors set aside for a layer whose parameters an engine has put on meta to reload it."""
     import torch
 
     # inference mode: vLLM creates its parameters as inference tensors, which refuse an in-place
     # update outside it (a normal tensor takes one inside it as well)
     with torch.inference_mode():
-        for _, param in model.named_parameters():
-            if param.numel() and param.is_floating_point():
-                try:
-                    param.data.fill_(PATTERN)
-                except Exception:  # noqa: BLE001 - an opaque (repacked) weight: left as it is, never named
-                    continue
+        for module in model.modules():
+            for param in [*module.parameters(recurse=False), *_set_aside(module)]:
+                if param.numel() and param.is_floating_point() and not param.is_meta:
+                    try:
+                        param.data.fill_(PATTERN)
+                    except Exception:  # noqa: BLE001 - an opaque (repacked) weight: left as it is, never named
+                        continue
+
+
+def _set_aside(module) -> list:
+    """The parameters an engine reloading layer by layer keeps aside while MODULE's are on meta, and
+    puts back for a layer the sync never loaded (vLLM's model_loader.reload: a layer's
+    `kernel_tensors`, where the reload copies what it loads); none for any other engine."""
+    layerwise = sys.modules.get("vllm.model_executor.model_loader.reload.layerwise")
+    infos = getattr(layerwise, "LAYERWISE_INFO", None)
+    try:
+        info = infos.get(module) if infos is not None else None
+    except TypeError:  # an unhashable module: not one the reload tracks
+        return []
+    kernel = getattr(info, "kernel_tensors", None)
+    params = kernel[0] if isinstance(kernel, tuple) and kernel and isinstance(kernel[0], dict) else {}
+    return [t for t in params.values() if hasattr(t, "is_floating_point")]
 
 
 def _holds_pattern(part) -> bool:
@@ -908,7 +951,7 @@ def _end(worker, state: dict) -> None:
             records.extend(_resident(model, module_name, module, pname, param, state, "parameter"))
     records.append({**_meta(model, state, aliases), "unwritten": unwritten})
     if state.get("reset"):
-        _after_reset[id(model)] = state["sync"]
+        _await_reset_check(model, state)
     _write("resident", records)
 
 
