@@ -201,8 +201,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     first = doc["first_difference"]
     if isinstance(first, dict):
         lines.append(
-            f"first difference: {first['name']}{expert_text(first['name'])}: {first.get('what')} "
-            f"(norm rel {first.get('norm_rel')})"
+            f"first difference: {first['name']}{expert_text(first['name'])}: {first.get('what')}"
+            + (f" (norm rel {first['norm_rel']:.3g})" if first.get("norm_rel") is not None else "")
         )
     lines.append(str(doc["verdict"]))
     return lines

@@ -135,6 +135,21 @@ class Delta:
         return {"ratio": _finite(self.ratio), "norm_rel": _finite(self.norm_rel), "what": self.what}
 
 
+def delta_text(detail: Mapping[str, Any]) -> str:
+    """`norm rel 0.0013, sum, 4.2x tolerance` from a finding's keys, leaving out what says nothing:
+    a norm or ratio that is None (infinite, or statistics not taken on one side) and the tolerance
+    ratio of a bit-level finding (its statistics agree or were never taken)."""
+    parts = []
+    if detail.get("norm_rel") is not None:
+        parts.append(f"norm rel {detail['norm_rel']:.3g}")
+    what = detail.get("what")
+    if what:
+        parts.append(str(what))
+    if detail.get("ratio") is not None and not str(what or "").startswith("bits"):
+        parts.append(f"{detail['ratio']:.3g}x tolerance")
+    return ", ".join(parts)
+
+
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 

@@ -11,6 +11,7 @@ from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, h, html_table
 from rl_msprobe.weights.document import FindingDoc, FirstDifference, SyncSummary, TensorRow, WeightsDoc
 from rl_msprobe.weights.experts import expert_text
+from rl_msprobe.weights.fingerprint import delta_text
 
 LAYER = re.compile(r"\blayers?\.(\d+)\.")
 MARK = {"equal": "·", "differs": "X", "missing": "?", "not-compared": "-", "tied": "=", "not-synced": "N"}
@@ -93,7 +94,7 @@ def summary_lines(doc: WeightsDoc) -> list[str]:
             if f["status"] == "differs":
                 lines.append(
                     f"  sync {row['sync']} {stage} differs: {row['name']}{expert_text(row['name'])} {ranks_text(f)} "
-                    f"(norm rel {f.get('norm_rel')}, {f.get('what')}, {f.get('ratio')}x tolerance)"
+                    f"({delta_text(f)})"
                 )
     for x in doc.get("not_synced", []):
         lines.append(
@@ -217,7 +218,7 @@ def html_page(doc: WeightsDoc) -> str:
             r["name"],
             stage,
             r[stage]["status"],
-            str(r[stage].get("norm_rel")),
+            delta_text(r[stage]) or "-",
             ranks_text(r[stage]),
         ]
         for r in doc["tensors"]
@@ -242,7 +243,7 @@ def html_page(doc: WeightsDoc) -> str:
         )
         + "<h2>Findings</h2>"
         + (
-            html_table(["sync", "tensor", "stage", "status", "norm rel", "ranks"], findings)
+            html_table(["sync", "tensor", "stage", "status", "how", "ranks"], findings)
             if findings
             else "<p>Every tensor equal at every sync.</p>"
         )

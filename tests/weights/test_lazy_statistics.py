@@ -16,6 +16,7 @@ from rl_msprobe.weights.checkpoint import compare_checkpoint
 from rl_msprobe.weights.compare import compare_run
 from rl_msprobe.weights.fingerprint import Fingerprint
 from rl_msprobe.weights.records import Entry, read_run
+from rl_msprobe.weights.report import summary_lines
 from tests.weights.helper import load
 from tests.weights.test_received_reuse import _received, _sent, _sync
 from tests.weights.test_resident_reuse import NAMES, _Model, _tensors
@@ -102,6 +103,14 @@ def test_every_fault_is_named_at_its_stage(tmp_path, monkeypatch):
     }
     loader = next(r for r in doc["tensors"] if r["sync"] == 3 and r["name"] == NAMES[0])["resident"]
     assert loader["ratio"] > 1 and loader["norm_rel"] == pytest.approx(0.001, rel=1e-3)
+    lines = {x.split(":")[0]: x for x in summary_lines(doc) if " differs: " in x}
+    assert "None" not in "".join(lines.values()), lines  # what was not measured is left out, not printed
+    assert lines["  sync 3 resident differs"].endswith(
+        f"(norm rel 0.001, {loader['what']}, {loader['ratio']:.3g}x tolerance)"
+    )
+    assert lines["  sync 2 received differs"].endswith(
+        f"({lazy})"
+    )  # no norm and no tolerance ratio: never measured
 
 
 def test_a_tp_rank_measures_what_it_received(tmp_path, monkeypatch):
