@@ -450,7 +450,8 @@ def default_branch(sets: list[PatchSet]) -> str:
 
 
 def check_branch_name(repo: Repo, name: str) -> None:
-    if run(repo, "check-ref-format", "--branch", name).returncode != 0:
+    # a NUL byte cannot reach git at all (no argv holds one): refused here, as git would
+    if "\x00" in name or run(repo, "check-ref-format", "--branch", name).returncode != 0:
         raise UserError(
             f"--branch {name!r}: not a valid git branch name (see `git check-ref-format`); pass another name."
         )

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.trees import release_subset, run_cli, tree_state
@@ -68,6 +68,14 @@ ODD_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max
     mangle=MANGLE,
     branch=st.none() | ODD_TEXT,
     manifest=st.none() | ODD_TEXT | st.sampled_from(["[]", '{"files": 1}', '{"files": {"a": []}}']),
+)
+@example(  # found by this test: a NUL byte in --branch was a ValueError from subprocess
+    with_git=True,
+    command="apply",
+    target="verl/workers/engine/fsdp/transformer_impl.py",
+    mangle=("keep", 0.0, b""),
+    branch="\x00",
+    manifest=None,
 )
 def test_patch_never_tracebacks(with_git, command, target, mangle, branch, manifest):
     with tempfile.TemporaryDirectory() as tmp:
