@@ -29,7 +29,7 @@ from rl_msprobe.weights.compare import (
     sync_meta,
 )
 from rl_msprobe.weights.experts import expert_of, expert_text
-from rl_msprobe.weights.fingerprint import Fingerprint
+from rl_msprobe.weights.fingerprint import Fingerprint, delta_text
 from rl_msprobe.weights.records import Entry, Run
 
 DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -196,13 +196,12 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     ]
     for row in doc["tensors"]:
         if row["status"] not in ("equal", "tied"):
-            detail = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("name", "status", "expert"))
+            detail = ", ".join(
+                f"{k} {v}" for k, v in row.items() if k not in ("name", "status", "expert") and v is not None
+            )  # None: not measured or infinite, as in the sync report's findings
             lines.append(f"  {row['status']}: {row['name']}{expert_text(row['name'])} ({detail})")
     first = doc["first_difference"]
     if isinstance(first, dict):
-        lines.append(
-            f"first difference: {first['name']}{expert_text(first['name'])}: {first.get('what')}"
-            + (f" (norm rel {first['norm_rel']:.3g})" if first.get("norm_rel") is not None else "")
-        )
+        lines.append(f"first difference: {first['name']}{expert_text(first['name'])}: {delta_text(first)}")
     lines.append(str(doc["verdict"]))
     return lines

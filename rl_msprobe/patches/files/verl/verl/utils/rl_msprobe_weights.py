@@ -821,7 +821,7 @@ def _begin(worker, armed: bool = True) -> dict:
              "seen": set(), "pending": set(), "got": {}}  # fmt: skip
     _states[id(worker)] = state
     model = _model(worker)
-    if model is not None and id(model) in _after_reset:  # no forward since the reset sync
+    if model is not None:  # a reset sync with no forward since: checked now
         _reset_check(model)
     if model is not None and state["sync"] in _reset_syncs():
         with _never_breaks_the_sync("reset mode's fill"):
