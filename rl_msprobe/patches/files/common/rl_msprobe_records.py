@@ -1,0 +1,273 @@
+"""Per-token records of module inputs and outputs, for the selected requests of a batched forward.
+Added to this tree by rl-msprobe (with the set that records here); `rl-msprobe patch revert`
+removes it. One source for every tree that records (verl's trainer, vLLM, SGLang, vLLM-Ascend):
+the format is rl-msprobe's `docs/records.md` ("rl-msprobe-records/1").
+
+Why: msprobe's statistics describe a whole tensor of a whole batch; consistency compares a
+request's row at a position. A caller (the engine helper) knows the batch layout — which rows of
+this forward belong to which request, at which positions — and hands it to a `Recorder`, whose
+forward hooks take each tensor's per-row Max, Min and L2 norm of the selected rows where the
+tensor lives (a few reductions on the device, one copy to the host per forward).
+
+Environment (docs/records.md): RL_MSPROBE_RECORD_DIR (the switch), RL_MSPROBE_RECORD_SHARE,
+RL_MSPROBE_RECORD_IDS, RL_MSPROBE_RECORD_LAYERS, RL_MSPROBE_RECORD_MODULES.
+
+Depends on the standard library and (lazily) torch; never on rl-msprobe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+
+FORMAT = "rl-msprobe-records/1"
+ENV_DIR = "RL_MSPROBE_RECORD_DIR"
+_VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_counters: dict = {}
+
+
+class RlMsprobeRecordError(RuntimeError):
+    """A record switch is set but cannot be used: one clear message naming the variable."""
+
+
+def record_dir() -> str | None:
+    """The records' root when recording is on (RL_MSPROBE_RECORD_DIR), else None."""
+    return os.environ.get(ENV_DIR, "").strip() or None
+
+
+def base_id(request_id) -> str:
+    """The id verl gave the request: vLLM's `-<8 hex>` suffix and SGLang PD's `_P` dropped
+    (the same rule as rl-msprobe's `dumps.correlate.strip_request_id`)."""
+    text = request_id.decode() if isinstance(request_id, bytes) else str(request_id)
+    if len(text) >= 9 and text[-9] == "-":
+        text = _VLLM_SUFFIX.sub("", text)
+    return text[:-2] if text.endswith("_P") else text
+
+
+def _share() -> float:
+    raw = os.environ.get("RL_MSPROBE_RECORD_SHARE", "").strip()
+    if not raw:
+        return 1.0
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise RlMsprobeRecordError(
+            f"RL_MSPROBE_RECORD_SHARE={raw!r} is not a share between 0 and 1; fix it or unset it (every request)."
+        )
+    return share
+
+
+def _ids() -> set | None:
+    raw = os.environ.get("RL_MSPROBE_RECORD_IDS", "").strip()
+    return {base_id(part.strip()) for part in raw.split(",") if part.strip()} if raw else None
+
+
+def selected(request_id) -> bool:
+    """Is this request recorded? The same answer on every side for the same base id."""
+    rid = base_id(request_id)
+    wanted = _ids()
+    if wanted is not None:
+        return rid in wanted
+    share = _share()
+    if share >= 1.0:
+        return True
+    return int(hashlib.sha1(rid.encode()).hexdigest()[:8], 16) / 2**32 < share
+
+
+def _layers() -> set | None:
+    raw = os.environ.get("RL_MSPROBE_RECORD_LAYERS", "").strip()
+    if not raw:
+        return None
+    try:
+        return {int(part) for part in raw.split(",") if part.strip()}
+    except ValueError:
+        raise RlMsprobeRecordError(
+            f"RL_MSPROBE_RECORD_LAYERS={raw!r}: give layer numbers separated by commas (0,27), or unset it."
+        ) from None
+
+
+def _modules():
+    raw = os.environ.get("RL_MSPROBE_RECORD_MODULES", "").strip()
+    if not raw:
+        return None
+    try:
+        return re.compile(raw)
+    except re.error as exc:
+        raise RlMsprobeRecordError(
+            f"RL_MSPROBE_RECORD_MODULES={raw!r} is not a regular expression ({exc})."
+        ) from None
+
+
+def wanted_module(name: str, layers=None, pattern=None) -> bool:
+    """Is module NAME recorded under the layer and name filters?"""
+    if layers is not None:
+        found = _LAYER.search(name)
+        if found is not None and int(found.group(1)) not in layers:
+            return False
+    return pattern is None or pattern.search(name) is not None
+
+
+class Layout:
+    """Which rows of a forward belong to which selected request, at which positions.
+
+    `total`: the token rows of the forward (a tensor is per token when its leading dimensions
+    multiply to `total`); `segments`: (request id, first row, first position, count) of each
+    selected request's rows; `samples`: (request id, row, position) of the rows of tensors with one
+    row per sampled request (`num_samples` rows in all), e.g. vLLM's logits."""
+
+    def __init__(self, total: int, segments=(), samples=(), num_samples: int | None = None) -> None:
+        self.total = int(total)
+        self.requests: list = []
+        self.token_rows: list = []
+        self.token_index: list = []
+        for rid, row, position, count in segments:
+            if count <= 0:
+                continue
+            self.token_rows.append([self._request(rid), int(position), int(count)])
+            self.token_index.extend(range(int(row), int(row) + int(count)))
+        self.sample_rows: list = []
+        self.sample_index: list = []
+        for rid, row, position in samples:
+            self.sample_rows.append([self._request(rid), int(position)])
+            self.sample_index.append(int(row))
+        self.num_samples = num_samples
+
+    def _request(self, rid) -> int:
+        rid = base_id(rid)
+        if rid not in self.requests:
+            self.requests.append(rid)
+        return self.requests.index(rid)
+
+    def empty(self) -> bool:
+        return not self.token_index and not self.sample_index
+
+
+class Recorder:
+    """Forward hooks on MODEL's submodules for one forward; `finish()` writes the record.
+
+    SIDE: "rollout" or "train"; META: header fields (rank, tp_rank, tp_size, phase, engine)."""
+
+    def __init__(self, model, layout: Layout, side: str, meta: dict | None = None) -> None:
+        self.layout, self.side, self.meta = layout, side, dict(meta or {})
+        self.tensors: list = []
+        self.values: list = []
+        self.calls: dict = {}
+        self.handles: list = []
+        self._index: dict = {}
+        layers, pattern = _layers(), _modules()
+        for name, module in model.named_modules():
+            if name and wanted_module(name, layers, pattern):
+                self.handles.append(module.register_forward_hook(self._hook(name, type(module).__name__)))
+
+    def _hook(self, name: str, cls: str):
+        def hook(module, args, output):
+            self._record(name, cls, args, output)
+
+        return hook
+
+    def _rows(self, value, kind: str):
+        """VALUE's selected rows as a 2-D tensor, or None when it is not per token / per sample."""
+        import torch
+
+        if not isinstance(value, torch.Tensor) or getattr(value, "is_nested", False) or value.dim() == 0:
+            return None
+        layout = self.layout
+        count = layout.total if kind == "token" else layout.num_samples
+        if not count:
+            return None
+        lead, k = 1, 0
+        while k < value.dim() and lead < count:
+            lead *= int(value.shape[k])
+            k += 1
+        if lead != count:
+            return None
+        index = layout.token_index if kind == "token" else layout.sample_index
+        if not index:
+            return None
+        key = (kind, str(value.device))
+        idx = self._index.get(key)
+        if idx is None:
+            idx = self._index[key] = torch.tensor(index, dtype=torch.long, device=value.device)
+        flat = value.detach().reshape(count, -1)
+        return flat.index_select(0, idx)
+
+    def _record(self, name: str, cls: str, args, output) -> None:
+        import torch
+
+        n = self.calls.get(name, 0)
+        self.calls[name] = n + 1
+        key = f"Module.{name}.{cls}.forward.{n}"
+        outputs = output if isinstance(output, (tuple, list)) else [output]
+        for role, values in (("input", args), ("output", outputs)):
+            tensors = [v for v in values if isinstance(v, torch.Tensor)]
+            for i, value in enumerate(tensors):
+                kind = "token"
+                rows = self._rows(value, "token")
+                if rows is None and self.layout.num_samples and self.layout.num_samples != self.layout.total:
+                    kind, rows = "sample", self._rows(value, "sample")
+                if rows is None or rows.shape[1] == 0:
+                    continue
+                with torch.no_grad():
+                    r = rows.float()
+                    stats = torch.stack((r.amax(dim=1), r.amin(dim=1), torch.linalg.vector_norm(r, dim=1)))
+                self.values.append(stats)
+                self.tensors.append(
+                    {
+                        "key": key,
+                        "label": f"{role}.{i}",
+                        "dtype": str(value.dtype),
+                        "width": int(rows.shape[1]),
+                        "rows": kind,
+                    }
+                )
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def finish(self) -> str | None:
+        """Remove the hooks and write the record (module doc); returns the header's path."""
+        self.remove()
+        root = record_dir()
+        if root is None or not self.tensors:
+            return None
+        import torch
+
+        folder = os.path.join(root, self.side, str(os.getpid()))
+        os.makedirs(folder, exist_ok=True)
+        k = _counters.get(folder)
+        if k is None:
+            k = sum(1 for name in os.listdir(folder) if name.endswith(".json"))
+        _counters[folder] = k + 1
+        flat = torch.cat([v.reshape(-1) for v in self.values]).to("cpu", torch.float32)
+        offset = 0
+        for tensor, value in zip(self.tensors, self.values):
+            tensor["offset"] = offset
+            offset += int(value.numel())
+        base = os.path.join(folder, f"rec{k}")
+        with open(base + ".f32", "wb") as handle:
+            handle.write(flat.numpy().astype("<f4", copy=False).tobytes())
+        header = {
+            "format": FORMAT,
+            "side": self.side,
+            "pid": os.getpid(),
+            "forward": k,
+            "timestamp": time.time(),
+            **self.meta,
+            "requests": self.layout.requests,
+            "token_rows": self.layout.token_rows,
+            "sample_rows": self.layout.sample_rows,
+            "tensors": self.tensors,
+        }
+        with open(base + ".json.tmp", "w", encoding="utf-8") as handle:
+            json.dump(header, handle)
+        os.replace(base + ".json.tmp", base + ".json")
+        self.values, self.tensors = [], []
+        return base + ".json"
