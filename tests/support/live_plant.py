@@ -13,16 +13,22 @@ and everything downstream sees it, as it would a real fault.
 ``RL_MSPROBE_PLANT`` holds the plan, a JSON list of
 ``{"sync": K, "module": "model.layers.0.mlp.down_proj", "scale": 1.01, "tp_rank": null}``
 (``tp_rank`` N: only that tensor-parallel rank's output, i.e. one shard of a column-parallel
-module; ``"phase": "decode"``: only in one-token forwards, the decode steps; ``"prefill"``: only in
-forwards of several tokens, the prefill; absent: every forward). ``RL_MSPROBE_PLANT_LOG`` gets one JSON line per sync and rank: what is active.
+module; ``"phase": "decode"``: only the rows of response positions, whatever else the forward
+holds; ``"prefill"``: only the rows of prompt positions; ``"batched"``: every row of a forward that
+holds two requests or more, none of a forward of one request, the kind of fault a kernel whose
+result depends on the batch makes; absent: every row). Rows are told apart from the V1 runner's
+own batch (``query_start_loc``, ``num_computed_tokens_cpu``, ``num_prompt_tokens``), as the runner
+laid them out, so a batched step with prefill and decode rows is planted row by row.
+``RL_MSPROBE_PLANT_LOG`` gets one JSON line per sync and rank: what is active, and when.
 """
 
 import json
 import os
+import time
 
 PLAN_VAR = "RL_MSPROBE_PLANT"
 LOG_VAR = "RL_MSPROBE_PLANT_LOG"
-_STATE = {"syncs": 0, "active": {}, "wrapped": set()}
+_STATE = {"syncs": 0, "active": {}, "wrapped": set(), "runner": None}
 
 
 def plan() -> list:
@@ -38,10 +44,32 @@ def _tp_rank() -> int:
         return 0
 
 
-def _scaled(output, scale):
-    if isinstance(output, tuple) and output:
-        return (output[0] * scale, *output[1:])
-    return output * scale
+def _row_mask(rows: int, phase: str):
+    """Which of the forward's ROWS the plant scales (module doc), from the runner's batch; None: all."""
+    import torch
+
+    runner = _STATE["runner"]
+    batch = getattr(runner, "input_batch", None)
+    if phase is None or batch is None:
+        return None
+    n = int(batch.num_reqs)
+    if phase == "batched":
+        return torch.full((rows,), n >= 2)
+    starts = runner.query_start_loc.np[: n + 1]
+    mask = torch.zeros(rows, dtype=torch.bool)
+    for i in range(n):
+        computed, prompt = int(batch.num_computed_tokens_cpu[i]), int(batch.num_prompt_tokens[i])
+        for row in range(int(starts[i]), min(int(starts[i + 1]), rows)):
+            in_prompt = computed + row - int(starts[i]) < prompt
+            mask[row] = in_prompt if phase == "prefill" else not in_prompt
+    return mask
+
+
+def _scaled_rows(value, scale: float, mask):
+    if mask is None:
+        return value * scale
+    factor = 1.0 + (scale - 1.0) * mask.to(value.dtype).reshape(-1, *([1] * (value.dim() - 1)))
+    return value * factor
 
 
 def _wrap(module, name: str) -> None:
@@ -54,10 +82,9 @@ def _wrap(module, name: str) -> None:
             return out
         scale, phase = active
         first = out[0] if isinstance(out, tuple) else out
-        tokens = int(first.shape[0]) if first.dim() > 1 else 1
-        if (phase == "decode" and tokens != 1) or (phase == "prefill" and tokens == 1):
-            return out
-        return _scaled(out, scale)
+        mask = _row_mask(int(first.shape[0]), phase) if first.dim() > 1 else None
+        scaled = _scaled_rows(first, scale, mask)
+        return (scaled, *out[1:]) if isinstance(out, tuple) else scaled
 
     module.forward = forward
     _STATE["wrapped"].add(name)
@@ -66,6 +93,7 @@ def _wrap(module, name: str) -> None:
 def after_weight_sync(worker) -> None:
     _STATE["syncs"] += 1
     sync, rank = _STATE["syncs"], _tp_rank()
+    _STATE["runner"] = worker.model_runner
     modules = dict(worker.model_runner.model.named_modules())
     active = {}
     for item in plan():
@@ -84,6 +112,7 @@ def after_weight_sync(worker) -> None:
                 "pid": os.getpid(),
                 "sync": sync,
                 "tp_rank": rank,
+                "time": time.time(),
                 "active": {k: v[0] for k, v in active.items()},
             }
             line["phases"] = {k: v[1] for k, v in active.items()}
