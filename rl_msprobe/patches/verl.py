@@ -23,7 +23,10 @@ MEGATRON_HOOK = Capability(
 HOOKS_FILE = NewFile("verl", "verl/utils/rl_msprobe_hooks.py", name="verl-hooks-file")
 # the shared per-token recorder (docs/records.md), one source for every tree that records
 RECORDS_FILE = NewFile(
-    "verl", "verl/utils/rl_msprobe_records.py", name="verl-records-file", source="common/rl_msprobe_records.py"
+    "verl",
+    "verl/utils/rl_msprobe_records.py",
+    name="verl-records-file",
+    source="common/rl_msprobe_records.py",
 )
 
 VERL_ENGINE = PatchSet(
