@@ -21,12 +21,19 @@ MEGATRON_HOOK = Capability(
 )
 
 HOOKS_FILE = NewFile("verl", "verl/utils/rl_msprobe_hooks.py", name="verl-hooks-file")
+# the shared per-token recorder (docs/records.md), one source for every tree that records
+RECORDS_FILE = NewFile(
+    "verl",
+    "verl/utils/rl_msprobe_records.py",
+    name="verl-records-file",
+    source="common/rl_msprobe_records.py",
+)
 
 VERL_ENGINE = PatchSet(
     name="verl-engine",
     project="verl",
     description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1)",
-    pieces=(Piece(HOOKS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
+    pieces=(Piece(HOOKS_FILE), Piece(RECORDS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
     capabilities=(FSDP_HOOK, MEGATRON_HOOK),
     min_version="0.6.0",
     max_version=NEWEST,

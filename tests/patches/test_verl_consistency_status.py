@@ -43,6 +43,7 @@ def test_status_through_a_lifecycle(tree):
     applied = {name for name, p in pieces.items() if p["status"] == "applied"}
     assert applied == {
         "verl-hooks-file",
+        "verl-records-file",
         "verl-fsdp-engine",
         "verl-megatron-engine",
         "verl-consistency-file",

@@ -13,6 +13,7 @@ from tests.support.trees import full_cycle, run_cli, scratch_copy, snapshot
 VERSIONS = supported("verl-engine")  # its range in the registry, up to the newest tested verl
 ENGINE_FILES = {
     "verl/utils/rl_msprobe_hooks.py",
+    "verl/utils/rl_msprobe_records.py",
     "verl/workers/engine/fsdp/transformer_impl.py",
     "verl/workers/engine/megatron/transformer_impl.py",
 }

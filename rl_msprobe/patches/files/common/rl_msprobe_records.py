@@ -113,6 +113,15 @@ def wanted_module(name: str, layers=None, pattern=None) -> bool:
     return pattern is None or pattern.search(name) is not None
 
 
+def class_name(module) -> str:
+    """MODULE's class as keys name it: FSDP2's `FSDP<Class>` (fully_shard's subclass) as `<Class>`."""
+    cls = type(module)
+    name = cls.__name__
+    if name.startswith("FSDP") and any(base.__name__ == name[4:] for base in cls.__bases__):
+        return name[4:]
+    return name
+
+
 class Layout:
     """Which rows of a forward belong to which selected request, at which positions.
 
@@ -163,7 +172,7 @@ class Recorder:
         layers, pattern = _layers(), _modules()
         for name, module in model.named_modules():
             if name and wanted_module(name, layers, pattern):
-                self.handles.append(module.register_forward_hook(self._hook(name, type(module).__name__)))
+                self.handles.append(module.register_forward_hook(self._hook(name, class_name(module))))
 
     def _hook(self, name: str, cls: str):
         def hook(module, args, output):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 PHASES = ("log_prob", "update_actor", "all")
@@ -252,28 +253,32 @@ def _finish(engine, batch, step, phase: str) -> None:
 
 
 def micro_batch_start(engine, micro_batch, forward_only):
-    """Before a micro-batch's forward (and backward): start the debugger on engine.module, and
-    (DUMP_POSITIONS=1) the per-token recorder on a log-prob forward over responses."""
+    """Before a micro-batch's forward (and backward): start the debugger on engine.module,
+    (DUMP_POSITIONS=1) the old per-token recorder on a log-prob forward over responses, and
+    (RL_MSPROBE_RECORD_DIR) the per-token records of the selected requests' rows."""
+    records = record_start(engine, micro_batch, forward_only)
     if not wants(engine, forward_only):
-        return None
+        return (None, micro_batch, None, None, None, records) if records is not None else None
     recorder = None
     if forward_only and positions_enabled() and _has_responses(micro_batch):
         recorder = PositionRecorder(engine.module, request_ids(micro_batch), _rank(engine))
     if not wants_batch(micro_batch):
-        return (None, micro_batch, None, None, recorder) if recorder is not None else None
+        return (None, micro_batch, None, None, recorder, records)
     phase = "log_prob" if forward_only else "update_actor"
-    return (engine, micro_batch, _start(engine.module), phase, recorder)
+    return (engine, micro_batch, _start(engine.module), phase, recorder, records)
 
 
 def micro_batch_end(token) -> None:
-    """After the micro-batch: stop, log its request ids, step; write the per-token record."""
+    """After the micro-batch: stop, log its request ids, step; write the per-token records."""
     if token is None:
         return
-    engine, micro_batch, step, phase, recorder = token
+    engine, micro_batch, step, phase, recorder, records = token
     if engine is not None:
         _finish(engine, micro_batch, step, phase)
     if recorder is not None:
         recorder.finish()
+    if records is not None:
+        records.finish()
 
 
 # ---------------------------------------------------------------- per-token statistics
@@ -391,6 +396,214 @@ class PositionRecorder:
         os.replace(path + ".tmp", path)
 
 
+# ---------------------------------------------------------------- per-token records (RL_MSPROBE_RECORD_DIR)
+
+# modules that only wrap another (FSDP1, activation checkpointing, Megatron's DDP / Float16Module):
+# left out of the names, so a key reads `model.layers.0.mlp` as the rollout's does
+_WRAPPERS = frozenset(
+    (
+        "FullyShardedDataParallel",
+        "CheckpointWrapper",
+        "OffloadWrapper",
+        "DistributedDataParallel",
+        "Float16Module",
+    )
+)
+_WRAPPED = frozenset(("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "module"))
+_LAYER_NAME = re.compile(r"^(?:.*\.)?layers\.\d+$")
+
+
+def records_enabled() -> bool:
+    """RL_MSPROBE_RECORD_DIR set: the per-token records of docs/records.md (independent of DUMP_ON)."""
+    return bool(os.environ.get("RL_MSPROBE_RECORD_DIR", "").strip())
+
+
+def _records():
+    from verl.utils import rl_msprobe_records
+
+    return rl_msprobe_records
+
+
+def records_wanted(engine, forward_only) -> bool:
+    """Is this engine call the actor's log-prob forward? Forward-only, not the reference model's
+    engine (`engine_config.forward_only`), not a value-head (critic) engine."""
+    if not forward_only or not records_enabled():
+        return False
+    if getattr(getattr(engine, "engine_config", None), "forward_only", False):
+        return False
+    return "ValueHead" not in type(engine).__name__
+
+
+def _prompts_copy(batch) -> bool:
+    """The PROMPTS_ONLY copy (its responses emptied): its prompt rows are recorded by the step's own
+    log-prob forward already."""
+    responses = _responses(batch) if batch is not None else None
+    return responses is not None and _empty(responses)
+
+
+class _Named:
+    """MODEL as the Recorder walks it (`named_modules`): wrapper modules left out of the names; a
+    Megatron layer named by its global number (`layer_number - 1`), so that the pipeline stages'
+    `decoder.layers.0` do not collide."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def named_modules(self):
+        found: list = []
+        self._walk(self.model, "", found, {id(self.model)})
+        return found
+
+    def _walk(self, module, prefix: str, found: list, seen: set) -> None:
+        wrapper = type(module).__name__ in _WRAPPERS
+        for child_name, child in module.named_children():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if wrapper and child_name in _WRAPPED:
+                name = prefix
+            else:
+                name = f"{prefix}.{child_name}" if prefix else child_name
+            number = getattr(child, "layer_number", None)
+            if isinstance(number, int) and _LAYER_NAME.match(name):
+                name = name[: name.rindex(".") + 1] + str(number - 1)
+            if name and type(child).__name__ not in _WRAPPERS:
+                found.append((name, child))
+            self._walk(child, name, found, seen)
+
+
+def _non_tensor(batch, key: str, default):
+    try:
+        from verl.utils import tensordict_utils as tu
+
+        return tu.get_non_tensor_data(data=batch, key=key, default=default)
+    except Exception:
+        return default
+
+
+def _runs(rid, row0: int, valid) -> list:
+    """(request id, first row, first position, count) of each run of consecutive valid rows; the
+    position of a row is its index among the request's valid rows."""
+    runs: list = []
+    position = 0
+    for index, ok in enumerate(valid):
+        if not ok:
+            continue
+        if runs and runs[-1][1] + runs[-1][3] == row0 + index:
+            runs[-1][3] += 1
+        else:
+            runs.append([rid, row0 + index, position, 1])
+        position += 1
+    return runs
+
+
+def _sp(engine) -> tuple:
+    """(sp rank, sp size) of the engine's Ulysses sequence parallelism; (0, 1) without."""
+    size = int(getattr(engine, "ulysses_sequence_parallel_size", 1) or 1)
+    if size <= 1:
+        return 0, 1
+    mesh = getattr(engine, "ulysses_device_mesh", None)
+    if mesh is not None:
+        return int(mesh["sp"].get_local_rank()), size
+    from verl.utils.ulysses import get_ulysses_sequence_parallel_rank
+
+    return int(get_ulysses_sequence_parallel_rank()), size
+
+
+def fsdp_layout(engine, micro_batch, ids: list):
+    """(Layout, header meta) of MICRO_BATCH's selected requests, rows as verl's FSDP engine
+    (`FSDPEngineWithLMHead.prepare_model_inputs`) feeds the model. Each sample of the nested
+    micro-batch holds the request's valid prompt tokens then its valid response tokens, so the
+    position of its k-th token is k (prompt 0..P-1, response P..).
+
+    - use_remove_padding (the default): the samples packed into one row stream [1, total_nnz]
+      (`input_ids.values()`), sample i at rows offsets[i]..offsets[i+1]; `pad_to_length` appends pad
+      rows at the end. Ulysses SP (size n > 1) pads the stream to a multiple of n and gives rank r
+      its rows [r*len/n, (r+1)*len/n): this rank's layout holds the rows of its slice, with the
+      positions they have in their request (pad rows belong to no request).
+    - use_remove_padding=False: `to_padded_tensor` to [B, max_len], right-padded: sample i at
+      rows i*max_len .. i*max_len+len_i-1.
+    - a padded [B, L] micro-batch (no nested tensors): the valid rows by the attention mask (every
+      row without one), positions counted among a sample's valid rows.
+    """
+    rec = _records()
+    input_ids = micro_batch["input_ids"]
+    rank, sp_rank, sp_size = _rank(engine), 0, 1
+    segments: list = []
+    if getattr(input_ids, "is_nested", False):
+        lengths = [int(n) for n in input_ids.offsets().diff().tolist()]
+        _check_count(ids, len(lengths))
+        if _non_tensor(micro_batch, "use_remove_padding", True):
+            nnz = sum(lengths)
+            try:
+                static = (
+                    int(engine._get_packed_pad_size(nnz)) if getattr(engine, "pad_to_length", False) else 0
+                )
+            except AttributeError:
+                static = 0
+            total, first = nnz + static, 0
+            sp_rank, sp_size = _sp(engine)
+            if sp_size > 1:
+                model = getattr(engine.module, "module", engine.module)
+                if hasattr(getattr(model, "config", None), "vision_config"):
+                    raise rec.RlMsprobeRecordError(
+                        "RL_MSPROBE_RECORD_DIR: a vision-language actor with Ulysses sequence parallelism "
+                        "(ulysses_sequence_parallel_size > 1) slices its inputs after the embedding, which the "
+                        "training records do not follow; set actor.ulysses_sequence_parallel_size=1 for the "
+                        "recorded steps, or unset RL_MSPROBE_RECORD_DIR."
+                    )
+                total = -(-total // sp_size)  # the padded stream's share per rank
+                first = sp_rank * total
+            start = 0
+            for rid, n in zip(ids, lengths):
+                lo, hi = max(start, first), min(start + n, first + total)
+                if hi > lo and rec.selected(rid):
+                    segments.append((rid, lo - first, lo - start, hi - lo))
+                start += n
+        else:
+            width = max(lengths) if lengths else 0
+            total = width * len(lengths)
+            for i, (rid, n) in enumerate(zip(ids, lengths)):
+                if rec.selected(rid):
+                    segments.append((rid, i * width, 0, n))
+    else:
+        batch, width = int(input_ids.shape[0]), int(input_ids.shape[-1])
+        _check_count(ids, batch)
+        total = batch * width
+        mask = micro_batch.get("attention_mask", None) if hasattr(micro_batch, "get") else None
+        for i, rid in enumerate(ids):
+            if rec.selected(rid):
+                valid = [True] * width if mask is None else [bool(v) for v in mask[i].reshape(-1).tolist()]
+                segments.extend(_runs(rid, i * width, valid))
+    meta = {"rank": rank, "tp_rank": 0, "tp_size": 1, "phase": "train", "engine": "verl-fsdp"}
+    if sp_size > 1:
+        meta.update(sp_rank=sp_rank, sp_size=sp_size)
+    return rec.Layout(total, segments), meta
+
+
+def _check_count(ids: list, samples: int) -> None:
+    if len(ids) != samples:
+        raise _records().RlMsprobeRecordError(
+            f"RL_MSPROBE_RECORD_DIR: the micro-batch holds {samples} samples but {len(ids)} request ids; "
+            "the records need one request id per sample (the verl-request-id patch, applied with "
+            "verl-consistency, carries them)."
+        )
+
+
+def record_start(engine, micro_batch, forward_only):
+    """A Recorder over engine.module for this micro-batch's forward (the actor's log-prob forward,
+    RL_MSPROBE_RECORD_DIR set, a selected request in it), else None. msprobe is never imported."""
+    if not records_wanted(engine, forward_only) or _prompts_copy(micro_batch):
+        return None
+    ids = request_ids(micro_batch)
+    if not ids:
+        return None
+    layout, meta = fsdp_layout(engine, micro_batch, ids)
+    if layout.empty():
+        return None
+    return _records().Recorder(_Named(engine.module), layout, "train", meta)
+
+
 # ---------------------------------------------------------------- Megatron engine
 
 
@@ -401,12 +614,18 @@ def megatron_batch_begin(engine, forward_only) -> None:
             "DUMP_POSITIONS=1: per-token statistics are recorded on the FSDP engine only (not yet on "
             "Megatron); unset DUMP_POSITIONS (rl-msprobe prepare --prefill-only) to compare the prefill."
         )
+    engine._rl_msprobe_records = records_wanted(engine, forward_only)
+    if engine._rl_msprobe_records:
+        _megatron_check(engine)
     engine._rl_msprobe_phase = (
         ("log_prob" if forward_only else "update_actor") if wants(engine, forward_only) else None
     )
 
 
 def megatron_forward_start(engine, model, batch) -> None:
+    engine._rl_msprobe_recorder = (
+        _megatron_recorder(engine, model, batch) if getattr(engine, "_rl_msprobe_records", False) else None
+    )
     phase = getattr(engine, "_rl_msprobe_phase", None)
     engine._rl_msprobe_started = phase is not None and wants_batch(batch)
     if engine._rl_msprobe_started:
@@ -414,7 +633,93 @@ def megatron_forward_start(engine, model, batch) -> None:
 
 
 def megatron_forward_end(engine, batch) -> None:
+    recorder = getattr(engine, "_rl_msprobe_recorder", None)
+    if recorder is not None:
+        engine._rl_msprobe_recorder = None
+        recorder.finish()
     phase = getattr(engine, "_rl_msprobe_phase", None)
     if phase is None or not getattr(engine, "_rl_msprobe_started", False):
         return
     _finish(engine, batch, getattr(engine, "_rl_msprobe_step", None), phase)
+
+
+def _megatron_parallel() -> dict:
+    """This rank's Megatron tensor / pipeline / context parallel ranks and sizes."""
+    from megatron.core import parallel_state as mpu
+
+    return {
+        "tp_rank": int(mpu.get_tensor_model_parallel_rank()),
+        "tp_size": int(mpu.get_tensor_model_parallel_world_size()),
+        "pp_rank": int(mpu.get_pipeline_model_parallel_rank()),
+        "pp_size": int(mpu.get_pipeline_model_parallel_world_size()),
+        "cp_size": int(mpu.get_context_parallel_world_size()),
+    }
+
+
+def _megatron_check(engine) -> None:
+    """Refuse, before the first micro-batch, the Megatron layouts the records do not follow."""
+    rec = _records()
+    config = getattr(engine, "engine_config", None)
+    parallel = _megatron_parallel()
+    tf_config = getattr(engine, "tf_config", None)
+    why = None
+    if parallel["cp_size"] > 1 or getattr(config, "dynamic_context_parallel", False):
+        why = (
+            "context parallelism (context_parallel_size > 1) splits each sequence across ranks in chunks",
+            "actor.megatron.context_parallel_size=1",
+        )
+    elif parallel["tp_size"] > 1 and getattr(tf_config, "sequence_parallel", False):
+        why = (
+            "Megatron sequence parallelism (sequence_parallel with tensor parallelism) shards the token "
+            "rows of the norms and residuals across the TP ranks",
+            "actor.megatron.sequence_parallel=False",
+        )
+    elif not getattr(config, "use_remove_padding", True):
+        why = ("the padded (bshd) layout (use_remove_padding=False)", "actor.use_remove_padding=True")
+    if why is not None:
+        raise rec.RlMsprobeRecordError(
+            f"RL_MSPROBE_RECORD_DIR on the Megatron engine: {why[0]}, which the training records do not "
+            f"follow yet. Set {why[1]} for the recorded steps, or compare the prefill instead "
+            "(rl-msprobe prepare --mode consistency --prefill-only: msprobe's dumps of the prompts), "
+            "or use the FSDP engine."
+        )
+
+
+def _megatron_recorder(engine, model, batch):
+    """A Recorder over the model chunk for this micro-batch's forward. Its layout is taken when the
+    chunk is called, from the PackedSeqParams verl hands it (THD: sample i's valid rows start at
+    cu_seqlens_q_padded[i], positions 0..len-1; the per-sample alignment to the TP size and any tail
+    padding belong to no request): the same on every pipeline stage, each recording its own layers."""
+    rec = _records()
+    ids = request_ids(batch)
+    if not ids or _prompts_copy(batch) or not any(rec.selected(rid) for rid in ids):
+        return None
+    meta = {"rank": _rank(engine), **_megatron_parallel(), "phase": "train", "engine": "verl-megatron"}
+    meta.pop("cp_size")
+    recorder = rec.Recorder(_Named(model), rec.Layout(0), "train", meta)
+
+    input_ids = batch["input_ids"]
+    if not getattr(input_ids, "is_nested", False):
+        raise rec.RlMsprobeRecordError(
+            "RL_MSPROBE_RECORD_DIR on the Megatron engine: the micro-batch's input_ids are not nested "
+            "(verl's no-padding layout), the only one the training records follow here."
+        )
+    lengths = [int(n) for n in input_ids.offsets().diff().tolist()]
+    _check_count(ids, len(lengths))
+
+    def layout(module, args, kwargs):
+        padded = getattr(kwargs.get("packed_seq_params"), "cu_seqlens_q_padded", None)
+        if padded is None:
+            raise rec.RlMsprobeRecordError(
+                "RL_MSPROBE_RECORD_DIR on the Megatron engine: the model chunk was called without "
+                "packed_seq_params (THD), the only layout the training records follow here."
+            )
+        starts = [int(v) for v in padded.tolist()]
+        segments = [
+            (rid, starts[i], 0, n) for i, (rid, n) in enumerate(zip(ids, lengths)) if rec.selected(rid)
+        ]
+        recorder.layout = rec.Layout(starts[-1], segments)
+        recorder._index = {}
+
+    recorder.handles.append(model.register_forward_pre_hook(layout, with_kwargs=True))
+    return recorder
