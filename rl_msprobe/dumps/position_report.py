@@ -150,7 +150,11 @@ JOB_FILES = ("positions.md", "positions.json")
 
 
 def write_job(
-    results: Sequence[RequestResult], out: Path, force: bool = False, triage: Path | None = None
+    results: Sequence[RequestResult],
+    out: Path,
+    force: bool = False,
+    triage: Path | None = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
     """`dumps positions --out`: positions.md (the job's verdict, a table of requests, then each
     request's verdict, map and positions), positions.json, and one map per request
@@ -165,6 +169,7 @@ def write_job(
 
     status, verdict = summary(list(results))
     lines = ["# Whole-response consistency of the job", "", f"**{verdict}**", ""]
+    lines += [f"- {note}" for note in notes] + ([""] if notes else [])
     rows = [[r.request_id, r.status, _first_text(r)] for r in results]
     lines += md_table(["request", "status", "first divergence"], rows) + [""]
     images: dict[str, bytes] = {}
@@ -181,7 +186,12 @@ def write_job(
                 images[name] = (Path(tmp) / name).read_bytes()
             body = markdown(r.result, name if why is None else None)
             lines += body[2:] + ([f"No plot: {why}."] if why else []) + [""]
-    doc = {"status": status, "verdict": verdict, "requests": [r.to_json() for r in results]}
+    doc = {
+        "status": status,
+        "verdict": verdict,
+        "notes": list(notes),
+        "requests": [r.to_json() for r in results],
+    }
     with ReportFolder(out, force) as folder:
         folder.claim([*JOB_FILES, *images])
         paths = {

@@ -428,3 +428,25 @@ def read_side(side: str, folder: Path) -> SideRecords:
             "Records are written with RL_MSPROBE_RECORD_DIR set on both sides (docs/records.md)."
         )
     return out
+
+
+PLAN = "plan.json"  # optional, beside the records (the root): {"records_estimate_bytes": N}
+
+
+def plan_estimate(folders: dict[str, Path]) -> int | None:
+    """The plan's estimate of the records' bytes, when the planner left `plan.json` in the records
+    root (`records_estimate_bytes`: both sides, the whole run); None when there is none."""
+    roots = {p.parent for p in folders.values()}
+    for root in sorted(roots):
+        path = root / PLAN
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(bounded.read_bytes(path, "plan", bounded.CONFIG))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UserError(f"{path}: not JSON ({exc}); remove it or pass --estimate-bytes.") from None
+        value = doc.get("records_estimate_bytes") if isinstance(doc, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UserError(f"{path}: `records_estimate_bytes` is {value!r}, not a positive integer.")
+        return value
+    return None
