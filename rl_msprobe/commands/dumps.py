@@ -112,7 +112,7 @@ def running_verdict(tally: dict[str, int]) -> str | None:
 
 @dumps.command()
 @click.argument("rollout", type=_dir_or_file)
-@click.argument("train", type=_dir_or_file)
+@click.argument("train", type=_dir_or_file, required=False)
 @click.option(
     "--out",
     "out",
@@ -163,8 +163,12 @@ def running_verdict(tally: dict[str, int]) -> str | None:
 @json_option
 @handles_user_errors
 def compare(as_json: bool, old_backend: str | None, **params: Any) -> None:
-    """Run msprobe's consistency compare for every pair and write report.md / report.html.
+    """The consistency verdict: the whole response from per-token records, msprobe's prompt compare beside.
 
+    Where the folders (or their parent) hold per-token records (RL_MSPROBE_RECORD_DIR,
+    docs/records.md), every position of every recorded request is judged first, as `dumps
+    positions` does (positions.md); msprobe's compare of the prompt runs beside it when both
+    folders hold msprobe dumps, its line marked "prompt only". TRAIN may be left out for records.
     With logs (ROLLOUT and TRAIN are the two dump_path folders) the pairs come from `correlate`;
     without logs, two plain dump folders (or two dump.json files) are compared one to one.
     Exit 0 consistent, 1 divergence found, a compare failed or NOT COMPARED (msprobe matched no
@@ -209,8 +213,15 @@ def _progress(total: int) -> Iterator[Callable[[PairResult], None]]:
 
 @dumps.command()
 @click.argument("rollout", type=_dir)
-@click.argument("train", type=_dir)
+@click.argument("train", type=_dir, required=False)
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Folder for the report.")
+@click.option(
+    "--estimate-bytes",
+    type=click.IntRange(1),
+    default=None,
+    help="The plan's estimate of the records' bytes (both sides): the report gives measured / estimate "
+    "(default: plan.json in the records root, when there is one).",
+)
 @click.option(
     "--request",
     "requests",
@@ -232,9 +243,11 @@ def _progress(total: int) -> Iterator[Callable[[PairResult], None]]:
 def positions(as_json: bool, **params: Any) -> None:
     """Whole-response consistency: every position of each request, prefill and decode steps.
 
-    ROLLOUT: the rollout dump_path (dispatch logs and every step's dump); TRAIN: the actor's dump_path,
-    with the per-token records of DUMP_POSITIONS=1. The verdict names the first position and, there,
-    the first divergent module. Exit 0 consistent, 1 divergent or NOT COMPARED, 2 bad input.
+    Per-token records on both sides (docs/records.md): ROLLOUT is the records root
+    (RL_MSPROBE_RECORD_DIR) or its parent, or ROLLOUT and TRAIN are its rollout/ and train/ folders.
+    Otherwise ROLLOUT: the rollout dump_path (dispatch logs and every step's dump); TRAIN: the actor's
+    dump_path, with the per-token records of DUMP_POSITIONS=1. The verdict names the first position
+    and, there, the first divergent module. Exit 0 consistent, 1 divergent or NOT COMPARED, 2 bad input.
     """
     from rl_msprobe.dumps.api import compare_positions
 

@@ -22,7 +22,7 @@ Pure functions over `summary.Row`s; no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # summary imports this module
     from rl_msprobe.dumps.summary import Row
@@ -142,3 +142,51 @@ def judge(rows: list[Row], floors: dict[str, float] | None = None) -> list[Judge
         )
         carried = error
     return sorted(out, key=lambda j: j.index)
+
+
+@dataclass(frozen=True)
+class JudgedModule:
+    """`judge`'s answer for one module at many positions at once (numpy arrays over positions;
+    `measured` False where the module had no output to judge, the other arrays then undefined)."""
+
+    module: str
+    measured: Any  # bool[positions]
+    worst: Any  # int[positions]: which of the module's outputs was the worst (its order given)
+    error: Any  # float[positions]
+    received: Any
+    floor: Any
+    divergent: Any  # bool[positions]
+
+
+def judge_arrays(
+    modules: list[tuple[str, list[Any], list[tuple[Any, float]]]], positions: int
+) -> list[JudgedModule | None]:
+    """`judge`'s rule over many positions at once, for errors already measured per position:
+    MODULES in forward order, each (name, its input errors, its outputs as (errors, noise floor)),
+    every error an array over POSITIONS with NaN where that tensor was not measured. The same
+    decisions as `judge` makes on each position's rows (a test holds them equal); None for a
+    module without outputs."""
+    import numpy as np
+
+    carried = np.zeros(positions)
+    out: list[JudgedModule | None] = []
+    for name, inputs, outputs in modules:
+        if not outputs:
+            out.append(None)
+            continue
+        errors = np.stack([np.asarray(e, dtype=np.float64) for e, _ in outputs])
+        floors = np.array([f for _, f in outputs], dtype=np.float64)
+        measured = ~np.isnan(errors).all(axis=0)
+        worst = np.argmax(np.where(np.isnan(errors), -np.inf, errors), axis=0)
+        error = np.take_along_axis(errors, worst[None, :], axis=0)[0]
+        received = carried
+        if inputs:
+            ins = np.stack([np.asarray(e, dtype=np.float64) for e in inputs])
+            has_input = ~np.isnan(ins).all(axis=0)
+            largest = np.max(np.where(np.isnan(ins), -np.inf, ins), axis=0)
+            received = np.where(has_input, largest, carried)
+        floor = floors[worst]
+        divergent = measured & (error > FLOOR_FACTOR * floor) & (error > GAIN * received)
+        out.append(JudgedModule(name, measured, worst, error, received, floor, divergent))
+        carried = np.where(measured, error, carried)
+    return out

@@ -43,16 +43,21 @@ def plot_map(result: Result, path: Path, logprob_gap: Sequence[float] | None = N
     )
     fig.colorbar(image, ax=[a[0] for a in axes], label="log10(error / noise floor)")  # one width for both
     ax.set_yticks(range(len(layers)), layers)
-    ticks = list(range(len(grid)))
+    spans = result.spans()
+    step = max(1, len(spans) // 60)  # at most ~60 labels: a long response is drawn whole, labelled sparsely
+    ticks = list(range(0, len(spans), step))
     ax.set_xticks(
         ticks,
-        [str(p.start) if p.stop - p.start == 1 else f"{p.start}-{p.stop - 1}" for p in result.positions],
+        [
+            str(spans[i][0]) if spans[i][1] - spans[i][0] == 1 else f"{spans[i][0]}-{spans[i][1] - 1}"
+            for i in ticks
+        ],
         fontsize=7,
     )
     if not logprob_gap:
         ax.set_xlabel("position")
     ax.set_ylabel("layer")
-    boundary = next((i for i, p in enumerate(result.positions) if p.start >= result.prompt), None)
+    boundary = next((i for i, (start, _, _) in enumerate(spans) if start >= result.prompt), None)
     if boundary is not None:
         ax.axvline(boundary - 0.5, color="white", linewidth=1.5)
         ax.text(boundary - 0.6, len(layers) - 0.6, "prefill", color="white", ha="right", va="top", fontsize=8)
@@ -60,16 +65,15 @@ def plot_map(result: Result, path: Path, logprob_gap: Sequence[float] | None = N
     first = result.first
     if first is not None:
         where, judgement = first
-        x = result.positions.index(where)
+        x = next(i for i, (start, _, _) in enumerate(spans) if start == where.start)
         label = str(judgement.layer) if judgement.layer is not None else None
         y = layers.index(label) if label in layers else 0
         ax.scatter([x], [y], s=120, facecolors="none", edgecolors="red", linewidths=2)
     ax.set_title(result.verdict()[:110], fontsize=8)
     if logprob_gap:
         gap_ax = axes[1][0]
-        spans = [(p.start, p.stop) for p in result.positions]
         xs = [
-            next((i for i, (a, b) in enumerate(spans) if a <= result.prompt - 1 + k < b), None)
+            next((i for i, (a, b, _) in enumerate(spans) if a <= result.prompt - 1 + k < b), None)
             for k in range(len(logprob_gap))
         ]
         points = [(x, g) for x, g in zip(xs, logprob_gap) if x is not None]
@@ -95,8 +99,7 @@ def markdown(result: Result, image: str | None = None) -> list[str]:
         told = "; ".join(f"{why}: {n}" for why, n in sorted(result.not_judged.items()))
         lines += [f"Tensors not judged (per step): {told}.", ""]
     rows = []
-    for p in result.positions:
-        first, worst = p.first, max(p.judgements, key=lambda j: j.floor_ratio, default=None)
+    for p, first, worst, judged, _ in result.summaries():
         rows.append(
             [
                 p.label(result.prompt),
@@ -104,7 +107,7 @@ def markdown(result: Result, image: str | None = None) -> list[str]:
                 "divergent" if first else "consistent",
                 f"{first.module} {first.tensor}" if first else "–",
                 f"{worst.error:.3g} ({worst.module})" if worst else "–",
-                str(len(p.judgements)),
+                str(judged),
             ]
         )
     head = ["position", "phase", "verdict", "first divergent module", "largest error", "judged"]
@@ -147,7 +150,11 @@ JOB_FILES = ("positions.md", "positions.json")
 
 
 def write_job(
-    results: Sequence[RequestResult], out: Path, force: bool = False, triage: Path | None = None
+    results: Sequence[RequestResult],
+    out: Path,
+    force: bool = False,
+    triage: Path | None = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
     """`dumps positions --out`: positions.md (the job's verdict, a table of requests, then each
     request's verdict, map and positions), positions.json, and one map per request
@@ -162,6 +169,7 @@ def write_job(
 
     status, verdict = summary(list(results))
     lines = ["# Whole-response consistency of the job", "", f"**{verdict}**", ""]
+    lines += [f"- {note}" for note in notes] + ([""] if notes else [])
     rows = [[r.request_id, r.status, _first_text(r)] for r in results]
     lines += md_table(["request", "status", "first divergence"], rows) + [""]
     images: dict[str, bytes] = {}
@@ -178,7 +186,12 @@ def write_job(
                 images[name] = (Path(tmp) / name).read_bytes()
             body = markdown(r.result, name if why is None else None)
             lines += body[2:] + ([f"No plot: {why}."] if why else []) + [""]
-    doc = {"status": status, "verdict": verdict, "requests": [r.to_json() for r in results]}
+    doc = {
+        "status": status,
+        "verdict": verdict,
+        "notes": list(notes),
+        "requests": [r.to_json() for r in results],
+    }
     with ReportFolder(out, force) as folder:
         folder.claim([*JOB_FILES, *images])
         paths = {

@@ -182,7 +182,7 @@ class Step:
         return [(self.start, self.start + self.tokens)]
 
 
-def _ids_leaf(fwd: Forward, other: Forward) -> tuple[str, str] | None:
+def ids_leaf(fwd: Forward, other: Forward) -> tuple[str, str] | None:
     """(key in FWD, label) of the first integer input that OTHER has under the same module name."""
     names = {plain_name(k): k for k in other.data}
     by_name = {n[0]: k for n, k in names.items() if n}
@@ -290,11 +290,36 @@ class Position:
 class Result:
     prompt: int  # P: prefill rows
     train_tokens: int  # prompt + response, the training forward's rows
-    positions: list[Position] = field(default_factory=list)
+    positions: Sequence[Position] = field(default_factory=list)
     ids_mismatch: str | None = None  # NOT COMPARED: why (first differing position)
     not_judged: dict[str, int] = field(default_factory=dict)  # note -> tensors
     uncovered: list[int] = field(default_factory=list)  # training positions no rollout step has
     coverage: float = 1.0  # the smaller share of either side's modules (with an output) judged somewhere
+
+    def spans(self) -> list[tuple[int, int, str]]:
+        """(start, stop, phase) of each position span, in order."""
+        return [(p.start, p.stop, p.phase) for p in self.positions]
+
+    def summaries(self) -> list[tuple[Position, Judgement | None, Judgement | None, int, float | None]]:
+        """Per span: (the span, its first divergent module, the module of the largest error / floor,
+        modules judged, the largest error)."""
+        return [
+            (
+                p,
+                p.first,
+                max(p.judgements, key=lambda j: j.floor_ratio, default=None),
+                len(p.judgements),
+                max((j.error for j in p.judgements), default=None),
+            )
+            for p in self.positions
+        ]
+
+    def judged(self) -> tuple[int, dict[str, float]]:
+        """(module outputs judged over every span, noise floor by precision)."""
+        return (
+            sum(len(p.judgements) for p in self.positions),
+            {j.precision: j.floor for p in self.positions for j in p.judgements},
+        )
 
     @property
     def first(self) -> tuple[Position, Judgement] | None:
@@ -341,11 +366,8 @@ class Result:
         if self.status == "not compared":
             where = ", ".join(map(str, self.unjudged[:10])) or "any position"
             return f"NOT COMPARED: no module output could be judged at {where} (do both sides dump the same modules?)"
-        judged = sum(len(p.judgements) for p in self.positions)
-        floors = ", ".join(
-            f"{k} {100 * v:.3g}%"
-            for k, v in sorted({j.precision: j.floor for p in self.positions for j in p.judgements}.items())
-        )
+        judged, by_precision = self.judged()
+        floors = ", ".join(f"{k} {100 * v:.3g}%" for k, v in sorted(by_precision.items()))
         # the last response token is never fed back: its position has no rollout step by design
         missing = self.uncovered[:-1]
         gap = (
@@ -391,7 +413,18 @@ class Result:
             "coverage": round(self.coverage, 4),
             "not_judged": self.not_judged,
             "unjudged": self.unjudged,
-            "positions": [p.to_json() for p in self.positions],
+            "positions": [
+                {
+                    "start": p.start,
+                    "stop": p.stop,
+                    "phase": p.phase,
+                    "divergent": first is not None,
+                    "first": first.to_json() if first else None,
+                    "judged": judged,
+                    "worst_error": worst_error,
+                }
+                for p, first, _, judged, worst_error in self.summaries()
+            ],
         }
 
 
@@ -548,7 +581,7 @@ def _tokens(fwd: Forward, key: str, label: str) -> int:
 def token_count(fwd: Forward, other: Forward | None = None) -> int:
     """How many tokens FWD's forward ran: its token-id input's size (the first integer input
     OTHER has too; OTHER defaults to FWD)."""
-    ids = _ids_leaf(fwd, other or fwd)
+    ids = ids_leaf(fwd, other or fwd)
     if ids is None:
         raise UserError(
             f"{fwd.path}: no integer input (token ids) in the dump; include the embedding module."
@@ -572,7 +605,7 @@ def read_step(ranks: Sequence[Path], train: Forward, dest: Path, python: list[st
 
 def steps_of(prefill: Forward, decodes: Sequence[Forward]) -> tuple[list[Step], tuple[str, str]]:
     """The request's steps with their positions, and where the token ids are (prefill key, label)."""
-    ids = _ids_leaf(prefill, prefill)
+    ids = ids_leaf(prefill, prefill)
     if ids is None:
         raise UserError(
             f"{prefill.path}: no integer input (token ids) in the dump; include the embedding module."
@@ -604,7 +637,7 @@ def compare_request(
         )
     load = load or load_arrays()
     steps, ids = steps_of(prefill, decodes)
-    train_ids = _ids_leaf(train, prefill)
+    train_ids = ids_leaf(train, prefill)
     if train_ids is None:
         raise UserError(
             f"{train.path}: no token-id input matching the rollout's {ids[0]}; include the embedding."
@@ -618,6 +651,8 @@ def compare_request(
             "pair the request's steps with its own training forward."
         )
     result.uncovered = list(range(covered, t_tokens))
+    judged_positions: list[Position] = []
+    result.positions = judged_positions
     tside = _Side(train, t_tokens, load)
     # the token ids at every position first: a different sequence is NOT COMPARED
     for step in steps:
@@ -677,7 +712,7 @@ def compare_request(
                     dtypes=dtypes.get((pair.index, i), ("", "")),
                 )
             )
-        result.positions.append(
+        judged_positions.append(
             Position(span[0], span[1], step.phase, tuple(judge(apply_engine_conventions(rows))))
         )
     # coverage, both ways: a side cut short (or named otherwise) leaves the other's modules unmet

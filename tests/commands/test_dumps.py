@@ -218,3 +218,45 @@ def test_compare_names_the_training_backend_train_backend(tmp_path: Path) -> Non
     for flag in ("--train-backend", "--backend"):
         res = _run("compare", str(tmp_path), str(tmp_path), "--out", str(tmp_path / "o"), flag, "tpu")
         assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, res.output
+
+
+def test_positions_and_compare_read_per_token_records(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tests.dumps import record_models as rm
+
+    lengths = {"A": (3, 3), "B": (2, 4)}
+    root = rm.write_job(
+        tmp_path / "job" / "records",
+        rm.tokens_of(lengths),
+        {},
+        rm.batched_schedule(lengths),
+        [["A", "B"]],
+        tp=2,
+        plants=(rm.Plant("rollout", "model.layers.1.mlp.down_proj", "B", 3),),
+    )
+    out = _run("positions", str(root), "--out", str(tmp_path / "p"), "--json", "--estimate-bytes", "1000")
+    assert out.exit_code == 1, out.output
+    doc = json.loads(out.output)
+    assert doc["schema"] == "rl-msprobe.dumps-positions/1" and doc["source"] == "records"
+    assert doc["status"] == "divergent" and "position 3" in doc["verdict"] and "down_proj" in doc["verdict"]
+    assert doc["bytes"]["rollout"] > 0 and doc["measured_over_estimate"] == pytest.approx(
+        sum(doc["bytes"].values()) / 1000, rel=1e-3
+    )
+    assert [r["status"] for r in doc["requests"]] == ["consistent", "divergent"]
+    assert (tmp_path / "p" / "positions.md").is_file()
+    # the two side folders, and the front door on the parent dump folder
+    sides = _run("positions", str(root / "rollout"), str(root / "train"), "--out", str(tmp_path / "q"))
+    assert (
+        sides.exit_code == 1 and "whole response" not in sides.output and "records: rollout" in sides.output
+    )
+    front = _run("compare", str(tmp_path / "job"), "--out", str(tmp_path / "c"))
+    assert front.exit_code == 1, front.output
+    assert "whole response (per-token records): A: CONSISTENT" in front.output
+    doc = json.loads(_run("compare", str(tmp_path / "job"), "--out", str(tmp_path / "c"), "--json").output)
+    assert (
+        doc["status"] == "divergent"
+        and doc["whole_response"]["source"] == "records"
+        and not doc["prompt_only"]
+    )
+    nothing = _run("positions", str(tmp_path / "p"), "--out", str(tmp_path / "r"))
+    assert nothing.exit_code == 2 and "no per-token records" in nothing.output
