@@ -113,6 +113,12 @@ def prepare(**params: Any) -> None:
 @tree_option
 @python_option
 @command_option
+@click.option(
+    "--batch-one",
+    is_flag=True,
+    help="Consistency: check the original skill's plan (batch 1, TP = devices); a script prepare derived says "
+    "its plan in its header, which check reads.",
+)
 @json_option
 @handles_user_errors
 def check(
@@ -124,6 +130,7 @@ def check(
     trees: tuple[str, ...],
     python: str | None,
     command: int | None,
+    batch_one: bool,
     as_json: bool,
 ) -> None:
     """Check SCRIPT (derived or hand-written) against every rule of its collection mode.
@@ -132,7 +139,7 @@ def check(
     """
     from rl_msprobe.planner.api import check_script
 
-    result = check_script(script, mode, backend, train_backend, hint, trees, python, command)
+    result = check_script(script, mode, backend, train_backend, hint, trees, python, command, batch_one)
     if as_json:
         emit_json(result.to_json())
     else:

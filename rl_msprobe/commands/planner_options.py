@@ -84,7 +84,8 @@ _PREPARE = (
         "--steps",
         metavar="1,2",
         help="Training: global_profiler.steps (default 1,2). Inference: msprobe step list (default 0). "
-        "Consistency: msprobe step list (default: every step; each side counts its own dumped forwards).",
+        "Consistency: the number of dumped training steps (default 1: the run ends after them); with "
+        "--batch-one: msprobe step list (default: every step; each side counts its own dumped forwards).",
     ),
     click.option("--ranks", metavar="0,1", help="msprobe rank list (default: all ranks)."),
     click.option(
@@ -110,14 +111,50 @@ _PREPARE = (
     click.option(
         "--prefill-only",
         is_flag=True,
-        help="Consistency: compare the prompt's prefill only (no per-token record of the actor's forward over "
-        "the response, DUMP_POSITIONS unset).",
+        help="Consistency: msprobe's prefill compare only, no per-token records (with --batch-one: no "
+        "per-token record of the actor's forward over the response, DUMP_POSITIONS unset).",
     ),
     click.option(
         "--max-dump-gib",
         type=click.FloatRange(0, min_open=True),
         default=None,
-        help="Consistency: refuse when the estimated dump of one training step exceeds this (default 50).",
+        help="Consistency: refuse when the estimated dump of one dumped training step exceeds this (default 50).",
+    ),
+    click.option(
+        "--batch-one",
+        is_flag=True,
+        help="Consistency: the original skill's plan (batch 1, max_num_seqs 1, rollout.n = DP, rollout TP = the "
+        "devices, msprobe dumps of every rollout step) instead of keeping the job's batch and parallelism.",
+    ),
+    click.option(
+        "--requests",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Consistency: record about N requests per dumped step (default 16, fewer when they would pass 5 GiB).",
+    ),
+    click.option(
+        "--request",
+        "request_ids",
+        multiple=True,
+        metavar="ID",
+        help="Consistency: record exactly this request id (repeatable), e.g. triage's worst.",
+    ),
+    click.option("--layers", metavar="0,27", help="Consistency: record only these decoder layers."),
+    click.option(
+        "--modules", metavar="REGEX", help="Consistency: record only the modules whose name REGEX finds."
+    ),
+    click.option(
+        "--from-checkpoint",
+        is_flag=True,
+        help="Consistency: keep the script's resume settings (trainer.resume_mode / resume_from_path) and dump "
+        "the --steps after the checkpoint.",
+    ),
+    click.option(
+        "--prefill-compare",
+        is_flag=True,
+        help="Consistency: also msprobe's prefill compare (PROMPTS_ONLY) beside the records; it dumps every "
+        "request's prefill.",
     ),
     click.option(
         "--weights",

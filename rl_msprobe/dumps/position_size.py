@@ -196,3 +196,139 @@ def whole_response(
     rollout = tp * requests * response * per_step  # one prefill and response - 1 decode steps
     records = requests * (prompt + response) * layers * RECORD_PER_TOKEN_PER_LAYER
     return WholeResponseSize(requests, tp, rollout, records)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-token records (docs/records.md): what `prepare --mode consistency` plans by default.
+#
+# Each side writes, for every recorded module call, 3 float32 (Max, Min, L2 norm) per tensor
+# input / output and per token row of a selected request. The tensors per token are counted
+# from the model's config.json with the table below: the modules of one decoder layer as the
+# rollout engine (vLLM / SGLang: fused qkv and gate_up, rotary and attention modules, the
+# fused add-norms taking and giving the residual) and the trainer (Hugging Face: separate
+# q/k/v and gate/up projections) call them, each with its tensor inputs and outputs.
+
+RECORD_FLOAT_BYTES = 12  # 3 float32 per tensor and row
+# Multiplies every record estimate: 1.0 until a live job's measured record bytes say otherwise
+# (measured bytes / estimated bytes of the same run; the one line to change when calibrating).
+RECORD_CALIBRATION = 1.0
+
+# (module, tensor inputs, tensor outputs) per decoder layer; "moe" rows replace "mlp" rows on
+# mixture-of-experts models, "qk_norm" rows are added where the attention normalises q and k.
+ENGINE_LAYER: tuple[tuple[str, str, int, int], ...] = (
+    ("layer", "all", 3, 2),  # positions, hidden, residual -> hidden, residual
+    ("input_layernorm", "all", 2, 2),  # fused add + RMSNorm: x, residual -> out, residual
+    ("self_attn", "all", 2, 1),  # positions, hidden -> out
+    ("qkv_proj", "all", 1, 1),
+    ("q_norm", "qk_norm", 1, 1),
+    ("k_norm", "qk_norm", 1, 1),
+    ("rotary_emb", "all", 3, 2),  # positions, q, k -> q, k
+    ("attn", "all", 3, 1),  # q, k, v -> out
+    ("o_proj", "all", 1, 1),
+    ("post_attention_layernorm", "all", 2, 2),
+    ("mlp", "all", 1, 1),
+    ("gate_up_proj", "dense", 1, 1),
+    ("act_fn", "dense", 1, 1),
+    ("down_proj", "dense", 1, 1),
+    ("gate", "moe", 1, 1),  # the router: hidden -> router logits
+    ("experts", "moe", 2, 1),  # fused experts: hidden, router logits -> out (one row per token)
+)
+TRAINER_LAYER: tuple[tuple[str, str, int, int], ...] = (
+    ("layer", "all", 3, 1),  # hidden, cos, sin -> hidden
+    ("input_layernorm", "all", 1, 1),
+    ("self_attn", "all", 3, 1),  # hidden, cos, sin -> out
+    ("q_proj", "all", 1, 1),
+    ("k_proj", "all", 1, 1),
+    ("v_proj", "all", 1, 1),
+    ("q_norm", "qk_norm", 1, 1),
+    ("k_norm", "qk_norm", 1, 1),
+    ("o_proj", "all", 1, 1),
+    ("post_attention_layernorm", "all", 1, 1),
+    ("mlp", "dense", 1, 1),
+    ("gate_proj", "dense", 1, 1),
+    ("up_proj", "dense", 1, 1),
+    ("act_fn", "dense", 1, 1),
+    ("down_proj", "dense", 1, 1),
+    ("mlp", "moe", 1, 2),  # the sparse block: hidden -> hidden, router logits
+    ("gate", "moe", 1, 1),
+    ("experts", "moe", 3, 1),  # hidden, top-k indices, top-k weights -> out (one row per token)
+)
+# outside every layer: embedding (token ids in, rows out), final norm, logits (and HF's rotary)
+ENGINE_GLOBAL = 2 + 4 + 2
+TRAINER_GLOBAL = 2 + 4 + 2 + 2
+
+
+@dataclass(frozen=True)
+class RecordModel:
+    """What the record count needs from a config.json (planner.model_config reads it)."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    hidden: int
+    experts: int = 0  # routed experts (0: a dense model)
+    qk_norm: bool = False  # q_norm / k_norm in the attention (Qwen3)
+    model_type: str = ""
+
+
+def tensors_per_token(model: RecordModel, side: str, layers: int | None = None) -> int:
+    """Recorded tensors per token row on SIDE ("rollout" or "train"): LAYERS decoder layers
+    (default: all) of the table's modules, plus the modules outside every layer."""
+    table, outside = (ENGINE_LAYER, ENGINE_GLOBAL) if side == "rollout" else (TRAINER_LAYER, TRAINER_GLOBAL)
+    kinds = {"all", "moe" if model.experts else "dense"} | ({"qk_norm"} if model.qk_norm else set())
+    per_layer = sum(ins + outs for _, kind, ins, outs in table if kind in kinds)
+    return per_layer * (model.layers if layers is None else layers) + outside
+
+
+@dataclass(frozen=True)
+class RecordSize:
+    """One dumped training step's per-token records: REQUESTS requests of TOKENS tokens each."""
+
+    requests: float
+    tokens: int  # prompt + response: every position of the whole response
+    rollout_tp: int  # every rollout TP rank writes its shard's rows
+    train_tp: int  # Megatron: every actor TP rank writes its shard's rows
+    rollout: int  # bytes
+    train: int
+    steps: int = 1
+
+    @property
+    def per_step(self) -> int:
+        return self.rollout + self.train
+
+    @property
+    def run(self) -> int:
+        return self.per_step * self.steps
+
+    def describe(self) -> str:
+        requests = f"{self.requests:g}" if self.requests != int(self.requests) else str(int(self.requests))
+        return (
+            f"estimated records per dumped step: {self.per_step / GIB:.3g} GiB ({requests} request(s) x "
+            f"{self.tokens} tokens, every position of the whole response; rollout {self.rollout / GIB:.3g} GiB "
+            f"on {self.rollout_tp} TP rank(s), training {self.train / GIB:.3g} GiB); for the run "
+            f"({self.steps} dumped step(s)): {self.run / GIB:.3g} GiB"
+        )
+
+
+def records(
+    model: RecordModel,
+    requests: float,
+    tokens: int,
+    rollout_tp: int = 1,
+    train_tp: int = 1,
+    steps: int = 1,
+    layers: int | None = None,
+) -> RecordSize:
+    """Bytes of the per-token records of REQUESTS requests of TOKENS tokens (module comment):
+    rows x tensors x 12 bytes per side, the rollout's on each of its TP ranks."""
+    if min(tokens, rollout_tp, train_tp, steps) < 1 or requests < 0:
+        raise UserError("tokens, TP and steps must be at least 1 to estimate the record size.")
+    rows = requests * tokens
+
+    def side(name: str, ranks: int) -> int:
+        per_row = RECORD_FLOAT_BYTES * tensors_per_token(model, name, layers)
+        return int(rows * ranks * per_row * RECORD_CALIBRATION)
+
+    return RecordSize(
+        requests, tokens, rollout_tp, train_tp, side("rollout", rollout_tp), side("train", train_tp), steps
+    )

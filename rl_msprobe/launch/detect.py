@@ -103,6 +103,9 @@ def script_mode(script: LaunchScript, overrides: Overrides | None) -> tuple[set[
     if has_dump_on and has_prompts:
         modes.add("consistency")
         reasons.append("the script sets DUMP_ON and PROMPTS_ONLY (consistency)")
+    elif env_value(script, overrides, "RL_MSPROBE_RECORD_DIR") is not None:
+        modes.add("consistency")
+        reasons.append("the script sets RL_MSPROBE_RECORD_DIR: per-token records of both sides (consistency)")
     if not modes and env_value(script, overrides, "RL_MSPROBE_WEIGHTS_DIR") is not None:
         modes.add("weights")  # alone: with another mode's signals it is that mode's --weights
         reasons.append("the script sets RL_MSPROBE_WEIGHTS_DIR and nothing else (weights)")

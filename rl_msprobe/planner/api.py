@@ -48,6 +48,34 @@ def int_list(text: str | None, option: str) -> list[int] | None:
     return values
 
 
+def _tuple(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def request_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
+    """--request ID (repeatable; `a,b` also splits): base request ids, as verl made them."""
+    out = [part.strip() for given in ids for part in given.split(",") if part.strip()]
+    bad = [i for i in out if not all(c.isalnum() or c in "-_." for c in i)]
+    if bad:
+        raise UserError(
+            f"--request {bad[0]}: a request id has letters, digits, - _ . only (as verl makes them)."
+        )
+    return tuple(dict.fromkeys(out))
+
+
+def module_regex(text: str | None) -> str | None:
+    """--modules REGEX, compiled once here so a bad one is bad input (exit 2), not a job that records nothing."""
+    if text is None:
+        return None
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as error:
+        raise UserError(f"--modules {text}: not a regular expression ({error}).") from None
+    return text
+
+
 @dataclass(frozen=True)
 class PrepareOptions:
     """Every choice of `prepare` (defaults as the command's; list options as typed: "1,2")."""
@@ -72,6 +100,13 @@ class PrepareOptions:
     no_env_check: bool = False
     prefill_only: bool = False
     max_dump_gib: float | None = None
+    batch_one: bool = False
+    requests: int | None = None
+    request_ids: tuple[str, ...] = ()  # --request ID, repeatable
+    layers: str | None = None  # "0,27"
+    modules: str | None = None  # a regex
+    from_checkpoint: bool = False
+    prefill_compare: bool = False
     with_weights: bool = False
     force: bool = False
 
@@ -99,6 +134,13 @@ class PrepareOptions:
                 python=self.python,
                 prefill_only=self.prefill_only,
                 max_dump_gib=self.max_dump_gib,
+                batch_one=self.batch_one,
+                requests=self.requests,
+                request_ids=request_ids(self.request_ids),
+                layers=_tuple(int_list(self.layers, "--layers")),
+                modules=module_regex(self.modules),
+                from_checkpoint=self.from_checkpoint,
+                prefill_compare=self.prefill_compare,
             ),
             command=self.command,
             task=self.task,
@@ -120,6 +162,13 @@ def violation_lines(violations: list[dict[str, str]]) -> list[str]:
         )
         out.append(f"      fix: {v['fix']}")
     return out
+
+
+def changes_heading(mode: str) -> str:
+    """The heading of prepare's list of changes: consistency keeps the job, so it says what differs."""
+    if mode == "consistency":
+        return "what differs from your job, and why (rule: the value it needs, and why)"
+    return "changed (rule: the value it needs, and why)"
 
 
 def msprobe_line(settings: dict[str, str]) -> str:
@@ -185,7 +234,7 @@ class PrepareOutcome:
             body = violation_lines(doc["violations"])
         else:
             head = plan.diff
-            body = list_lines("changed (rule: the value it needs, and why)", [c.line() for c in plan.changes])
+            body = list_lines(changes_heading(plan.mode), [c.line() for c in plan.changes])
             body.append(f"wrote {plan.derived_path}")
             body += [f"wrote {cfg}  ({role} msprobe config)" for role, cfg in doc["configs"].items()]
             body += [msprobe_line(plan.msprobe)] if doc["configs"] else []
@@ -270,6 +319,7 @@ def check_script(
     trees: tuple[str, ...] = (),
     python: str | None = None,
     command: int | None = None,
+    batch_one: bool = False,
 ) -> CheckOutcome:
     """Check SCRIPT (derived or hand-written) against every rule of its collection mode (detected
     unless given), with the versions of the upstream trees named or imported by `python`."""
@@ -290,6 +340,7 @@ def check_script(
         verl_root=found.roots.get("verl"),
         patch_target=found.where,
         vllm_root=found.roots.get("vllm"),
+        batch_one=batch_one,
     )
     return CheckOutcome(path, dataclasses.replace(report, notes=[*found.notes, *report.notes]))
 

@@ -53,10 +53,15 @@ def check(
     verl_root: Path | None = None,
     patch_target: dict[str, str] | None = None,
     vllm_root: Path | None = None,
+    batch_one: bool = False,
 ) -> CheckReport:
     script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     chosen = choose_mode(detection, mode, path)
-    options = Options(backend=backend, train_backend=train_backend)
+    options = Options(backend=backend, train_backend=train_backend, batch_one=batch_one)
+    if chosen == "consistency":  # the plan prepare wrote into the derived script's header
+        from rl_msprobe.planner.consistency_plan import options_from
+
+        options = options_from(text, options)
     # settings that hold paths accept any absolute path: the folders here only name defaults
     ctx = build_context(
         script, detection, versions or {}, options, "/path/to", "/path/to/dump", vllm_root=vllm_root

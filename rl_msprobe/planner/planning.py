@@ -185,6 +185,17 @@ def _check_choices(request: PlanRequest, chosen: str) -> None:
         raise UserError(f"--level {request.options.level}: use mix (the default), L0 or L1.")
     if request.options.risk_level not in msprobe_config.RISK_LEVELS:
         raise UserError(f"--risk-level {request.options.risk_level}: use FOCUS (the default), ALL or CORE.")
+    steps = request.options.steps
+    if (
+        chosen == "consistency"
+        and not request.options.batch_one
+        and steps is not None
+        and (len(steps) != 1 or steps[0] < 1)
+    ):
+        raise UserError(
+            f"--steps {','.join(map(str, steps))}: in consistency mode --steps N is the number of dumped training "
+            "steps (one number, at least 1; with --batch-one it is msprobe's step list)."
+        )
     stages = request.options.stages
     if stages:
         unknown = [s for s in stages if s not in STAGES]
@@ -217,6 +228,8 @@ def _configs(
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """role -> (path, msprobe config document) for every config the mode needs."""
     msprobe_steps = None if chosen == "training" else request.options.steps
+    if chosen == "consistency" and not request.options.batch_one:
+        msprobe_steps = None  # --steps counts dumped training steps here, not msprobe's forwards
     if msprobe_steps is None and chosen == "inference":
         msprobe_steps = [0]
     # consistency: every step. One msprobe step is one dumped forward, and the two sides count
@@ -237,7 +250,9 @@ def _configs(
     return configs
 
 
-def _header(request: PlanRequest, chosen: str, env: list[tuple[str, str, str]]) -> list[str]:
+def _header(
+    request: PlanRequest, chosen: str, env: list[tuple[str, str, str]], decided: list[str]
+) -> list[str]:
     """The comment lines at the top of the derived script."""
     path = request.path
     header = [
@@ -246,6 +261,10 @@ def _header(request: PlanRequest, chosen: str, env: list[tuple[str, str, str]]) 
         ),
         comment(f"Regenerate with: {_regenerate(request.regenerate, path, chosen)}"),
     ]
+    if chosen == "consistency":
+        from rl_msprobe.planner.consistency_plan import plan_line
+
+        header.append(plan_line(request.options, decided))
     if env:
         header.append(
             comment(
@@ -265,7 +284,7 @@ def _derive(
     # every environment variable also goes to the Ray workers through ray.init's runtime_env
     # (verl merges ray_kwargs.ray_init.runtime_env into ray.init); values must be strings
     tokens += [Token(e.ray_key, e.value, "++") for e in req.env if e.workers]
-    header = _header(request, chosen, env)
+    header = _header(request, chosen, env, req.decided)
     derived = render(
         ctx.script, ctx.overrides, tokens, env, header, removals=[key for key, _ in req.removals]
     )

@@ -19,3 +19,10 @@ def corpus_script(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, 
     path = tmp_path / name
     path.write_bytes((CORPUS / name).read_bytes())
     return name, path, EXPECTED[name]
+
+
+@pytest.fixture(autouse=True)
+def no_hub_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An empty Hugging Face cache: a model the machine happens to have cached (Qwen/Qwen2-7B-Instruct)
+    must not change what consistency plans here (tests/data/hf_hub holds the models the tests use)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("empty_hf_hub")))

@@ -17,7 +17,7 @@ import pytest
 from rl_msprobe import planner
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import parse_script
-from rl_msprobe.planner.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS
+from rl_msprobe.planner.modes.base import DEFAULTS, FOLLOWS, FULLY_ASYNC_DEFAULTS, Options
 from tests.support.tiers import newest_in_default
 
 from .conftest import CORPUS, EXPECTED
@@ -105,8 +105,16 @@ def test_derived_overrides_compose(version: str, name: str, mode: str) -> None:
     root = release_root(version)
     text = (CORPUS / name).read_text()
     path = os.path.join(tempfile.gettempdir(), name)
+    batch_one = mode == "consistency_batch_one"  # consistency's original plan (--batch-one)
     plan = planner.plan(
-        planner.PlanRequest(text, path, mode=mode, out_dir=tempfile.gettempdir(), versions={"verl": version})
+        planner.PlanRequest(
+            text,
+            path,
+            mode="consistency" if batch_one else mode,
+            out_dir=tempfile.gettempdir(),
+            versions={"verl": version},
+            options=Options(batch_one=batch_one),
+        )
     )
     if plan.refused:  # only a version rule may refuse here (Megatron training dumps need 0.9)
         assert {v.rule for v in plan.violations} == {"training.megatron_version"}, plan.violations

@@ -41,10 +41,20 @@ def test_detect_matches_expected(corpus_script: tuple[str, Path, dict]) -> None:
     assert doc["reasons"]
 
 
-@pytest.mark.parametrize("mode", ["training", "inference", "consistency"])
+MODES = ["training", "inference", "consistency", "consistency_batch_one"]
+
+
+def mode_args(mode: str) -> list[str]:
+    """consistency_batch_one: consistency's original plan, behind --batch-one (prepare and check)."""
+    if mode == "consistency_batch_one":
+        return ["--mode", "consistency", "--batch-one"]
+    return ["--mode", mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_check_matches_expected(corpus_script: tuple[str, Path, dict], mode: str) -> None:
     _, path, expected = corpus_script
-    code, doc = run("check", str(path), "--mode", mode)
+    code, doc = run("check", str(path), *mode_args(mode))
     assert sorted({v["rule"] for v in doc["violations"]}) == expected["check"][mode]
     assert code == (0 if not expected["check"][mode] else 1)
     assert doc["ok"] is (code == 0)
@@ -52,12 +62,12 @@ def test_check_matches_expected(corpus_script: tuple[str, Path, dict], mode: str
         assert violation["fix"], violation
 
 
-@pytest.mark.parametrize("mode", ["training", "inference", "consistency"])
+@pytest.mark.parametrize("mode", MODES)
 def test_prepare_then_check(corpus_script: tuple[str, Path, dict], mode: str, tmp_path: Path) -> None:
     name, path, expected = corpus_script
     before = path.read_bytes()
     out = tmp_path / "out"
-    code, doc = run("prepare", str(path), "--mode", mode, "--out", str(out))
+    code, doc = run("prepare", str(path), *mode_args(mode), "--out", str(out))
     assert path.read_bytes() == before, "the original must never change"
     if mode not in expected["prepare"]:
         assert code == 1 and doc["written"] is False and doc["violations"]
@@ -66,7 +76,12 @@ def test_prepare_then_check(corpus_script: tuple[str, Path, dict], mode: str, tm
     assert code == 0, doc["violations"]
     derived = Path(doc["script"])
     assert derived.parent == out and derived.name.startswith(
-        {"training": "run_profiler_", "inference": "run_infer_dump_", "consistency": "run_consistency_"}[mode]
+        {
+            "training": "run_profiler_",
+            "inference": "run_infer_dump_",
+            "consistency": "run_consistency_",
+            "consistency_batch_one": "run_consistency_",
+        }[mode]
     )
     assert os.access(derived, os.X_OK)
     for role, cfg in doc["configs"].items():
@@ -77,7 +92,8 @@ def test_prepare_then_check(corpus_script: tuple[str, Path, dict], mode: str, tm
     if BASH:
         proc = subprocess.run([BASH, "-n", str(derived)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-    code2, doc2 = run("check", str(derived), "--mode", mode)
+    args, mode = mode_args(mode), mode_args(mode)[1]
+    code2, doc2 = run("check", str(derived), "--mode", mode)  # the derived header says --batch-one
     assert code2 == 0 and doc2["ok"], doc2["violations"]
     # the derived script carries its mode's signals: detect finds the mode without a hint
     # (unless the original already carried another mode's signals)
@@ -87,7 +103,7 @@ def test_prepare_then_check(corpus_script: tuple[str, Path, dict], mode: str, tm
     else:
         assert found in (mode, expected["detect"]["mode"], "unknown")
     # preparing the derived script again changes nothing of substance: it already passes
-    code3, doc3 = run("prepare", str(derived), "--mode", mode, "--out", str(tmp_path / "again"))
+    code3, doc3 = run("prepare", str(derived), *args, "--out", str(tmp_path / "again"))
     assert code3 == 0, doc3["violations"]
 
 

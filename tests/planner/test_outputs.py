@@ -118,12 +118,12 @@ def test_bad_python_exit_2(script: Path, python: str) -> None:
 def test_every_config_says_its_risk_level(script: Path, risk: str | None) -> None:
     """FOCUS unless asked; every config written carries it; the summary and --json say it."""
     extra = ["--risk-level", risk] if risk else []
-    code, doc, err = _prepare(script, "--mode", "consistency", *extra)
+    code, doc, err = _prepare(script, "--mode", "consistency", "--batch-one", *extra)
     assert code in (0, 1) and doc and doc["written"], err
     expected = risk or "FOCUS"
     assert doc["msprobe"] == {"level": "mix", "task": "statistics", "risk_level": expected}
     assert len(doc["configs"]) == 2
     for path in doc["configs"].values():
         assert json.loads(Path(path).read_text())["risk_level"] == expected
-    code, out, err = run_cli("prepare", str(script), "--mode", "consistency", *extra)
+    code, out, err = run_cli("prepare", str(script), "--mode", "consistency", "--batch-one", *extra)
     assert f"risk_level {expected} (" in out, out[-2000:]

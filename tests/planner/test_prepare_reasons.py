@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from rl_msprobe.cli import main
+from rl_msprobe.planner.api import changes_heading
 
 from .conftest import CORPUS
 
@@ -63,7 +64,7 @@ def test_every_change_has_its_rule_and_the_reason_check_gives(mode: str, tmp_pat
             path.unlink() if path.is_file() else None
     code, text = _run("prepare", str(script), "--mode", mode)
     assert code == 0, text
-    listed = text.split("changed (rule: the value it needs, and why):\n", 1)[1].split("\nwrote ", 1)[0]
+    listed = text.split(f"{changes_heading(mode)}:\n", 1)[1].split("\nwrote ", 1)[0]
     lines = listed.splitlines()
     assert len(lines) == len(changes)
     for line, change in zip(lines, doc["changes"], strict=True):
@@ -73,10 +74,11 @@ def test_every_change_has_its_rule_and_the_reason_check_gives(mode: str, tmp_pat
 
 
 def test_consistency_names_the_values_a_newcomer_asks_about(tmp_path: Path) -> None:
-    """The three surprises of a first run: rollout TP 2 -> 8, rollout.n 5 -> 8, batch sizes -> 1."""
+    """The three surprises of a first run of the original skill's plan (--batch-one): rollout TP 2 -> 8,
+    rollout.n 5 -> 8, batch sizes -> 1."""
     script = tmp_path / FIXTURE
     script.write_bytes((CORPUS / FIXTURE).read_bytes())
-    code, out = _run("prepare", str(script), "--mode", "consistency", "--json")
+    code, out = _run("prepare", str(script), "--mode", "consistency", "--batch-one", "--json")
     assert code == 0, out
     changes = {c["key"]: c for c in json.loads(out)["changes"]}
     tp = changes["actor_rollout_ref.rollout.tensor_model_parallel_size"]
@@ -85,3 +87,13 @@ def test_consistency_names_the_values_a_newcomer_asks_about(tmp_path: Path) -> N
     assert (n["found"], n["required"]) == ("5", "8") and "DP" in n["why"]
     batch = [c for k, c in changes.items() if "batch_size" in k]
     assert len(batch) >= 4 and {c["required"] for c in batch} == {"1"}
+    # the default plan keeps them all: the job the user runs is the job that is dumped
+    again = tmp_path / "default"
+    again.mkdir()
+    script = again / FIXTURE
+    script.write_bytes((CORPUS / FIXTURE).read_bytes())
+    code, out = _run("prepare", str(script), "--mode", "consistency", "--json")
+    assert code == 0, out
+    kept = {c["key"] for c in json.loads(out)["changes"]}
+    assert not kept & {"actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.n"}
+    assert not [k for k in kept if "batch_size" in k or "max_num_seqs" in k]

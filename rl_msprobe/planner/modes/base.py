@@ -70,6 +70,11 @@ DEFAULTS: dict[str, Any] = {
     "async_training.require_batches": 1,
     "algorithm.rollout_correction.bypass_mode": False,
     "trainer.total_training_steps": None,
+    "trainer.test_freq": -1,
+    "trainer.save_freq": -1,
+    "trainer.resume_mode": "auto",
+    "trainer.resume_from_path": None,
+    "actor_rollout_ref.rollout.enable_prefix_caching": True,
 }
 # where the fully-async config (fully_async_ppo_trainer) differs
 FULLY_ASYNC_DEFAULTS: dict[str, Any] = {"algorithm.rollout_correction.bypass_mode": True}
@@ -165,6 +170,14 @@ class Options:
     python: str | None = None  # prepare --python: the interpreter that runs verl
     prefill_only: bool = False  # consistency: no per-token record of the response (DUMP_POSITIONS)
     max_dump_gib: float | None = None  # consistency: the most one training step may dump (estimate)
+    # consistency at the job's own scale (docs/consistency.md); batch_one: the original skill's plan
+    batch_one: bool = False
+    requests: int | None = None  # requests recorded per dumped step (None: the default, 16, fitted)
+    request_ids: tuple[str, ...] = ()  # exactly these request ids (base ids)
+    layers: tuple[int, ...] | None = None  # only these decoder layers' modules
+    modules: str | None = None  # only modules whose name this regex finds
+    from_checkpoint: bool = False  # keep the script's resume settings (trainer.resume_mode)
+    prefill_compare: bool = False  # also msprobe's prefill compare (PROMPTS_ONLY), every request
 
 
 @dataclass
@@ -241,6 +254,9 @@ class Requirements:
     notes: list[str] = field(default_factory=list)
     unverifiable: list[str] = field(default_factory=list)
     removals: list[tuple[str, str]] = field(default_factory=list)  # (key, why): keys prepare takes out
+    decided: list[str] = field(
+        default_factory=list
+    )  # flags the mode chose itself (the derived header says them)
 
     def add(self, *settings: Setting) -> None:
         for setting in settings:

@@ -118,7 +118,7 @@ def _fsdp(ctx: Context) -> bool:
     return ctx.backend == "fsdp"
 
 
-def _engine_workers_off_by_default(ctx: Context) -> bool:
+def engine_workers_off_by_default(ctx: Context) -> bool:
     """verl 0.7.x: the engine workers exist but the legacy ones run unless the script says otherwise."""
     verl = ctx.version("verl")
     return verl is not None and Version("0.7.0") <= verl < Version("0.8.0")
@@ -274,6 +274,23 @@ BATCH = (
     ),
 )
 
+# both plans: the actor's forward computes in the rollout's dtype
+DTYPE = Rule(
+    "consistency.dtype.param_dtype",
+    PARAM_DTYPE,
+    From(
+        _rollout_precision,
+        lambda ctx: f"{R}dtype is {_rollout_dtype_text(ctx)}: cannot align {PARAM_DTYPE} with it",
+        same=lambda found, rollout: precision("bf16" if found is None else found) == rollout,
+    ),
+    lambda ctx, _: (
+        "the actor's FSDP forward computes in mixed_precision.param_dtype (bf16 unless set; "
+        f"fsdp_config.dtype does not change it): it must be the rollout's dtype ({ctx.value(R + 'dtype')[0]})"
+    ),
+    when=_fsdp,
+    prefix="++",
+)
+
 # training rank r must hold what inference rank r holds: the same layers, the same shards
 PARALLEL = (
     *(
@@ -307,21 +324,7 @@ PARALLEL = (
             REF + "ulysses_sequence_parallel_size",
         )
     ),
-    Rule(
-        "consistency.dtype.param_dtype",
-        PARAM_DTYPE,
-        From(
-            _rollout_precision,
-            lambda ctx: f"{R}dtype is {_rollout_dtype_text(ctx)}: cannot align {PARAM_DTYPE} with it",
-            same=lambda found, rollout: precision("bf16" if found is None else found) == rollout,
-        ),
-        lambda ctx, _: (
-            "the actor's FSDP forward computes in mixed_precision.param_dtype (bf16 unless set; "
-            f"fsdp_config.dtype does not change it): it must be the rollout's dtype ({ctx.value(R + 'dtype')[0]})"
-        ),
-        when=_fsdp,
-        prefix="++",
-    ),
+    DTYPE,
     Rule(
         "consistency.parallel.rollout_tp",
         R + "tensor_model_parallel_size",
@@ -354,6 +357,16 @@ PARALLEL = (
 
 
 def requirements(ctx: Context) -> Requirements:
+    """The plan at the job's own scale (the default), or the original skill's (--batch-one)."""
+    if ctx.options.batch_one:
+        return _batch_one(ctx)
+    from rl_msprobe.planner.modes.consistency_job import job_requirements
+
+    return job_requirements(ctx)
+
+
+def _batch_one(ctx: Context) -> Requirements:
+    """--batch-one: one request per dumped step, rollout TP = the devices (the original skill's plan)."""
     req = Requirements()
     rollout_requirements(ctx, req)
     req.configs.append(
@@ -375,34 +388,53 @@ def requirements(ctx: Context) -> Requirements:
         ctx,
         req,
         [
-            Rule(
-                "consistency.engine_workers",
-                "trainer.use_legacy_worker_impl",
-                "disable",
-                lambda ctx, _: (
-                    f"verl {ctx.version('verl')} runs the legacy workers by default; the patched engine "
-                    "runs only with this"
-                ),
-                when=_engine_workers_off_by_default,
-            ),
+            ENGINE_WORKERS,
             *BATCH,
         ],
     )
-    if ctx.backend not in ("fsdp", "megatron"):
-        req.violations.append(
-            Violation(
-                "consistency.train_backend",
-                "model_engine",
-                ctx.backend,
-                "fsdp or megatron",
-                "the engine patch covers the FSDP and Megatron engines: say which one runs with --train-backend",
-            )
-        )
+    if not backend_covered(ctx, req):
         return req
     apply(ctx, req, PARALLEL)
     req.patch_sets.insert(0, "verl-consistency")
     if ctx.rollout == "sglang":
-        _sglang_pairing(ctx, req)
+        sglang_pairing(ctx, req)
+    ascend_dispatch_note(ctx, req)
+    tp = (world_sizes(ctx)[1] if _fsdp(ctx) else ctx.int_value(R + "tensor_model_parallel_size")) or None
+    heads_fit_tp(ctx, req, tp)
+    _dump_extent(ctx, req)
+    req.checks.append(no_lora_ref_note)
+    return req
+
+
+ENGINE_WORKERS = Rule(
+    "consistency.engine_workers",
+    "trainer.use_legacy_worker_impl",
+    "disable",
+    lambda ctx, _: (
+        f"verl {ctx.version('verl')} runs the legacy workers by default; the patched engine runs only with this"
+    ),
+    when=engine_workers_off_by_default,
+)
+
+
+def backend_covered(ctx: Context, req: Requirements) -> bool:
+    """FSDP or Megatron; otherwise a violation (the engine patch covers those two)."""
+    if ctx.backend in ("fsdp", "megatron"):
+        return True
+    req.violations.append(
+        Violation(
+            "consistency.train_backend",
+            "model_engine",
+            ctx.backend,
+            "fsdp or megatron",
+            "the engine patch covers the FSDP and Megatron engines: say which one runs with --train-backend",
+        )
+    )
+    return False
+
+
+def ascend_dispatch_note(ctx: Context, req: Requirements) -> None:
+    """vLLM-Ascend (a vLLM rollout without vllm-dump): the dispatch-log patch is recommended."""
     if ctx.rollout == "vllm" and "vllm-dump" not in req.patch_sets:
         ascend = ctx.version("vllm-ascend")
         if ascend is None or ascend >= Version("0.12.0rc1"):
@@ -410,9 +442,29 @@ def requirements(ctx: Context) -> Requirements:
                 "vLLM-Ascend: the vllm-ascend-dispatch-log patch writes dispatch_log.jsonl, which links each "
                 "inference prefill step to its request id (recommended for `rl-msprobe dumps correlate`)."
             )
-    _dump_extent(ctx, req)
-    req.checks.append(_no_lora_ref_note)
-    return req
+
+
+def heads_fit_tp(ctx: Context, req: Requirements, tp: int | None) -> None:
+    """A rollout TP that does not divide the model's attention heads: vLLM and SGLang refuse to
+    start (a violation naming the sizes that do), when config.json is readable here."""
+    from rl_msprobe.planner import model_config
+
+    value, origin = ctx.value(model_config.MODEL_KEY)
+    found = model_config.read(value, origin)
+    if tp is None or found.model is None or found.model.heads % tp == 0:
+        return
+    heads = found.model.heads
+    valid = model_config.valid_tp(heads)
+    req.violations.append(
+        Violation(
+            "consistency.parallel.tp_divides_heads",
+            R + "tensor_model_parallel_size",
+            str(tp),
+            "one of " + ", ".join(str(v) for v in valid),
+            f"the model has {heads} attention heads ({found.where}): a rollout TP of {tp} does not divide them "
+            f"and vLLM / SGLang refuse to start; use a TP of {', '.join(str(v) for v in valid)}",
+        )
+    )
 
 
 POSITIONS = EnvRule(
@@ -512,14 +564,14 @@ SGLANG = (
 )
 
 
-def _sglang_pairing(ctx: Context, req: Requirements) -> None:
+def sglang_pairing(ctx: Context, req: Requirements) -> None:
     """SGLang: the dispatch log names each dumped forward pass's requests (the rollout half of
     `dumps correlate`), and the radix cache off."""
     req.patch_sets.append("sglang-dispatch-log")
     apply(ctx, req, SGLANG)
 
 
-def _no_lora_ref_note(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
+def no_lora_ref_note(ctx: Context, req: Requirements) -> tuple[list[Violation], list[str]]:
     value, origin = ctx.value("actor_rollout_ref.model.lora_rank")
     if origin == "script" and value not in (None, 0, "0") and value is not MISSING:
         return [], [

@@ -99,7 +99,7 @@ def test_consistency_on_verl_0_7_enables_the_engine_workers(tmp_path: Path) -> N
 
 
 def test_consistency_fsdp_alignment_and_batches(tmp_path: Path) -> None:
-    p = plan("run_qwen3_8b_arrays_fsdp_sglang.sh", "consistency", tmp_path)
+    p = plan("run_qwen3_8b_arrays_fsdp_sglang.sh", "consistency", tmp_path, batch_one=True)
     # NGPUS_PER_NODE=${NGPUS_PER_NODE:-4} x NNODES=${NNODES:-1}: 4 devices, SP forced to 1
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4
     assert value(p, "actor_rollout_ref.rollout.data_parallel_size") == 1
@@ -124,7 +124,7 @@ def test_consistency_fsdp_alignment_and_batches(tmp_path: Path) -> None:
 
 
 def test_consistency_megatron_alignment(tmp_path: Path) -> None:
-    p = plan("run_deepseek_megatron_vllm.sh", "consistency", tmp_path)
+    p = plan("run_deepseek_megatron_vllm.sh", "consistency", tmp_path, batch_one=True)
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4
     assert value(p, "actor_rollout_ref.rollout.pipeline_model_parallel_size") == 2
     assert value(p, "actor_rollout_ref.rollout.expert_parallel_size") == 4
@@ -132,7 +132,7 @@ def test_consistency_megatron_alignment(tmp_path: Path) -> None:
 
 
 def test_consistency_fully_async(tmp_path: Path) -> None:
-    p = plan("run_fully_async_qwen2_5_vllm.sh", "consistency", tmp_path)
+    p = plan("run_fully_async_qwen2_5_vllm.sh", "consistency", tmp_path, batch_one=True)
     assert value(p, "data.train_batch_size") == 0
     assert value(p, "async_training.require_batches") == 1
     assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 4  # rollout.n_gpus_per_node
@@ -140,7 +140,7 @@ def test_consistency_fully_async(tmp_path: Path) -> None:
 
 
 def test_consistency_env_reaches_workers_as_strings(tmp_path: Path) -> None:
-    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path)
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, batch_one=True)
     env = dict((n, v) for n, v, _ in p.env)
     assert env["DUMP_ON"] == "1" and env["PROMPTS_ONLY"] == "1" and env["DUMP_PHASE"] == "log_prob"
     assert env["MSPROBE_ACTOR_CONFIG"] == p.configs["actor"][0]
@@ -241,7 +241,16 @@ def test_prepare_options_and_bad_input(tmp_path: Path) -> None:
     script = tmp_path / "run_x.sh"
     script.write_bytes((CORPUS / "run_qwen2_7b_grpo_fsdp_vllm.sh").read_bytes())
     code, out, _ = cli(
-        "prepare", str(script), "--mode", "consistency", "--level", "L0", "--steps", "0,1", "--json"
+        "prepare",
+        str(script),
+        "--mode",
+        "consistency",
+        "--batch-one",
+        "--level",
+        "L0",
+        "--steps",
+        "0,1",
+        "--json",
     )
     doc = json.loads(out)
     assert code == 0
@@ -331,6 +340,17 @@ def test_unknown_training_backend_needs_to_be_named(tmp_path: Path) -> None:
     p = planner.plan(
         planner.PlanRequest(
             text, path, mode="consistency", out_dir=str(tmp_path), options=Options(train_backend="megatron")
+        )
+    )
+    assert not p.refused and not p.violations
+    assert value(p, "actor_rollout_ref.rollout.tensor_model_parallel_size") is None  # the job's TP stays
+    p = planner.plan(
+        planner.PlanRequest(
+            text,
+            path,
+            mode="consistency",
+            out_dir=str(tmp_path),
+            options=Options(train_backend="megatron", batch_one=True),
         )
     )
     assert not p.refused and not p.violations
@@ -600,12 +620,13 @@ def test_prepare_with_one_python_prints_one_apply_for_every_tree(tmp_path: Path)
 
 
 def _plan_text(text: str, tmp_path: Path, **options: object) -> planner.Plan:
+    """The original skill's plan (--batch-one): its whole-response dumps and their size check."""
     request = planner.PlanRequest(
         text,
         str(tmp_path / "run.sh"),
         mode="consistency",
         out_dir=str(tmp_path),
-        options=Options(**options),  # type: ignore[arg-type]
+        options=Options(batch_one=True, **options),  # type: ignore[arg-type]
     )
     return planner.plan(request)
 
@@ -656,6 +677,13 @@ def test_consistency_refuses_a_dump_past_the_limit_and_prefill_only_skips_it(tmp
 
 
 def test_consistency_without_a_readable_model_says_there_is_no_estimate(tmp_path: Path) -> None:
-    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path)
+    p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, batch_one=True)
     (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
     assert "no size estimate" in note and "config.json is not readable here" in note
+    # the default plan says the same of its records, and why (a hub id not in the Hugging Face cache)
+    default = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path / "default")
+    (records,) = [n for n in default.notes if n.startswith("Records:")]
+    assert (
+        "no size estimate" in records
+        and "no models--Qwen--Qwen2-7B-Instruct in the Hugging Face cache" in records
+    )
