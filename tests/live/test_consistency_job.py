@@ -6,34 +6,36 @@ The user's venv is the shared job venv seen through a small venv of its own
 ``patch apply`` edits) and reaches every other package of the job venv through a ``.pth`` line,
 so the shared job venv is never edited. All through the CLI with ``--python <user venv>``:
 
-  env -> detect --hint -> prepare --mode consistency [--task tensor] -> patch apply <exactly the
-  sets prepare prints> -> the derived scripts, unchanged -> dumps check / correlate / compare
-  (per training step) -> patch revert -> the user venv's site-packages byte-identical.
+  env -> detect --hint -> prepare --mode consistency -> check -> patch apply <exactly the sets
+  prepare prints> -> the derived scripts, unchanged -> the analysis -> patch revert -> the user
+  venv's site-packages byte-identical.
 
-Three jobs share the one patch cycle; each dumps several steps, the first clean, later ones with
-a 1% fault planted in ONE module's output on the rollout side only (test-only code in the vLLM
-worker after each weight sync, ``tests/support/live_plant.py``; vLLM CPU repacks linear weights,
-so outputs are scaled, not ``.weight``), each step compared on its own (``--train-step``):
+Faults of 1% are planted in ONE module's output on the rollout side only (test-only code in the
+vLLM worker after each weight sync, ``tests/support/live_plant.py``; vLLM CPU repacks linear
+weights, so outputs are scaled, not ``.weight``), one training step each.
 
-- ``tp2``: 2 ranks (FSDP2 world 2, one vLLM server with TP=2), tiny Qwen2, fp32, statistics:
-  step 1 clean; step 2 layer 0 ``mlp.down_proj`` (row-parallel, MLP); step 3 layer 1
-  ``input_layernorm`` (norm); step 4 layer 1 ``self_attn.qkv_proj`` on TP rank 1's shard only.
-  It also carries ``--weights`` (issue 22 on TP=2; this job used to run a second time for
-  tests/weights, ~5 min of CI): weight faults of their own at two added steps
-  (``tests/support/weights_plant.py``): sync 5 layer 1's ``k_proj`` x1.001 inside the engine's
-  load on TP rank 1 only (that tensor differs, stage ``resident``, faulty rank 1); sync 6 layer
-  0's ``up_proj`` x1.001 between the actor and the worker's ``_update_weights`` on every rank
-  (stage ``received``); every other sync EQUAL with every parameter of the checkpoint accounted
-  for. ``prepare --mode weights`` on the same script must ask for ``verl-weights`` alone.
-- ``qwen3``: 2 ranks TP=2, tiny Qwen3 (q_norm/k_norm, 3 layers), bf16 on both sides, identical
-  weights: CONSISTENT, the bf16 noise floor in the header (and the largest clean error printed).
-- ``tensor``: 1 rank (TP=1), Qwen2, fp32, ``prepare --task tensor --level L0`` on FSDP2: step 1
-  clean with matched rows; step 2 layer 1 ``post_attention_layernorm``. It also carries
-  ``--weights`` (issue 22 on TP=1, no job of its own): the verl-weights set is applied with the
-  consistency sets, and ``weights compare <dump-dir>/weights`` must be EQUAL at every sync with
-  every parameter accounted for (the plants scale outputs only, so the weights stay identical).
+- ``tp2`` (default tier): the plan that keeps the job (issue 44): the user's batch of 2 prompts x
+  ``rollout.n`` 2 = 4 requests a step on ``max_num_seqs`` 8, rollout TP 2 on 2 ranks (FSDP2 world
+  2), tiny Qwen2, fp32, per-token records of every request on both sides (docs/records.md), judged
+  by ``dumps positions`` (and the front door ``dumps compare``) at every position of every request.
+  Prefill and decode steps hold several requests. Step 1 clean; step 2 layer 0 ``mlp.down_proj``
+  at every row; step 3 layer 1 ``input_layernorm`` in prompt rows only; step 4 layer 1
+  ``self_attn.qkv_proj`` on TP rank 1's shard only; step 7 layer 1 ``self_attn.o_proj`` in response
+  rows only (batched decode steps); step 8 layer 0 ``mlp.gate_up_proj`` only in forwards that hold
+  two requests or more (a batch-dependent kernel's kind of fault: the batch-1 plan, whose rollout
+  forwards hold one request each, never runs it and reports CONSISTENT). It also carries
+  ``--weights`` (weight faults of their own, ``tests/support/weights_plant.py``): sync 5 layer 1's
+  ``k_proj`` x1.001 inside the engine's load on TP rank 1 only (stage ``resident``), sync 6 layer
+  0's ``up_proj`` x1.001 between the actor and the worker (stage ``received``), sync 9 in reset
+  mode: a tensor never sent to rank 1 and one rank 0's loader drops (NOT SYNCED).
+- ``qwen3`` and ``tensor`` (full tier): the original skill's plan (``--batch-one``: batch 1, one
+  request per rollout step, rollout TP = devices) with msprobe's dumps and compare:
+  ``qwen3``: 2 ranks TP=2, tiny Qwen3 (q_norm/k_norm, 3 layers), bf16 on both sides, identical
+  weights: CONSISTENT, the bf16 noise floor in the header. ``tensor``: 1 rank, Qwen2, fp32,
+  ``--task tensor --level L0`` on FSDP2: step 1 clean with matched rows; step 2 layer 1
+  ``post_attention_layernorm``; with ``--weights``: EQUAL at every sync.
 
-Wall times (2 cores shared with 4 other sessions, 2026-12-01): run 1 jobs tp2 345 s, qwen3 265 s,
+Earlier wall times, the batch-1 plan (2 cores shared with 4 other sessions, 2026-12-01): run 1 jobs tp2 345 s, qwen3 265 s,
 tensor 256 s, compares 61 + 12 + 31 s, fixture 1809 s (~13 min of it waiting for the machine-wide
 live-job lock); run 2 (all 8 passed) jobs 268 + 280 + 189 s, compares 63 + 19 + 27 s, user venv
 10 s, fixture 1161 s (~3 min waiting); run 3 (9 passed, tensor job with ``--weights``: 3 syncs
@@ -79,7 +81,7 @@ WEIGHTS_PLANT = REPO / "tests" / "support" / "weights_plant.py"
 RESIDENT = "model.layers.1.self_attn.k_proj.weight"
 RECEIVED = "model.layers.0.mlp.up_proj.weight"
 RESIDENT_SYNC, RECEIVED_SYNC = 5, 6
-DECODE_STEP, PREFILL_STEP = 7, 8  # the tp2 job's phase-only plants (whole-response consistency)
+DECODE_STEP, BATCHED_STEP = 7, 8  # the tp2 job's response-rows-only and batch-dependent plants
 # NOT SYNCED (issue 35): at the last sync, in reset mode (RL_MSPROBE_WEIGHTS_RESET), one tensor never
 # reaches TP rank 1's worker and the loader of rank 0 drops another
 NOT_SYNCED_SYNC = 9
@@ -98,7 +100,8 @@ class Plant:
     module: str
     tp_rank: int | None = None
     scale: float = 1.01
-    phase: str | None = None  # decode: one-token forwards only; prefill: the prefill only; None: both
+    # prefill: prompt rows only; decode: response rows only; batched: forwards of 2+ requests; None: all
+    phase: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -121,6 +124,7 @@ class Config:
     prepare: tuple[str, ...] = ()
     weight_faults: tuple[dict, ...] = ()  # tests/support/weights_plant.py's plan
     env: tuple[tuple[str, str], ...] = ()  # more environment for the job
+    records: bool = True  # the plan that keeps the job (records); False: --batch-one, msprobe's compare
 
 
 CONFIGS = (
@@ -132,18 +136,19 @@ CONFIGS = (
         NOT_SYNCED_SYNC,
         (
             Plant(2, "model.layers.0.mlp.down_proj"),
-            Plant(3, "model.layers.1.input_layernorm"),
+            Plant(3, "model.layers.1.input_layernorm", phase="prefill"),
             Plant(4, "model.layers.1.self_attn.qkv_proj", tp_rank=1),
-            # whole-response consistency (issue 32): a fault in the decode steps only, then one in the
-            # prefill only, at steps of their own after the weight faults of syncs 5 and 6
+            # after the weight faults of syncs 5 and 6: response rows only (batched decode steps), then
+            # only in forwards that hold several requests
             Plant(DECODE_STEP, "model.layers.1.self_attn.o_proj", phase="decode"),
-            Plant(PREFILL_STEP, "model.layers.0.mlp.gate_up_proj", phase="prefill"),
+            Plant(BATCHED_STEP, "model.layers.0.mlp.gate_up_proj", phase="batched"),
         ),
-        ("--weights",),  # weight parity on TP=2 (issue 22): the weights module's job, folded in
+        # weight parity on TP=2 (issue 22) folded in; the plan bounds the run to the dumped steps
+        ("--weights", "--steps", str(NOT_SYNCED_SYNC)),
         WEIGHT_FAULTS,
         (("RL_MSPROBE_WEIGHTS_RESET", str(NOT_SYNCED_SYNC)),),  # reset mode at the NOT SYNCED sync
     ),
-    Config("qwen3", 2, "qwen3", "bfloat16", 1),
+    Config("qwen3", 2, "qwen3", "bfloat16", 1, prepare=("--batch-one",), records=False),
     Config(
         "tensor",
         1,
@@ -151,7 +156,9 @@ CONFIGS = (
         "float32",
         2,
         (Plant(2, "model.layers.1.post_attention_layernorm"),),
-        ("--task", "tensor", "--level", "L0", "--weights"),  # weight fingerprints ride along (issue 22, TP=1)
+        # weight fingerprints ride along (issue 22, TP=1)
+        ("--batch-one", "--task", "tensor", "--level", "L0", "--weights"),
+        records=False,
     ),
 )
 
@@ -210,6 +217,9 @@ class Run:
     positions: tuple[subprocess.CompletedProcess, dict] | None = None
     weights_plant_log: list[dict] = field(default_factory=list)
     model: Path | None = None  # the job's model folder (its checkpoint's tensor names)
+    # the records plan: `dumps compare --json` on the dump folder (the front door), `check` of the
+    # derived script, and the seconds the analysis took
+    front: tuple[subprocess.CompletedProcess, dict] | None = None
 
     def compare(self, step: int) -> tuple[subprocess.CompletedProcess, dict]:
         return self.steps[step]
@@ -250,6 +260,36 @@ def _compare_steps(run: Run, python: Path, out: Path) -> None:
             "--json",
         )
         run.steps[step] = (proc, as_json(proc))
+
+
+def _analyse(
+    c: Config, result: live_job.JobResult, dump: Path, prepared: dict, python: Path, root: Path, seconds: dict
+) -> Run:
+    """What a user runs after the job: the records plan's `dumps positions` and the front door
+    `dumps compare` on the dump folder; the batch-1 plan's check, correlate and per-step compares."""
+    t0 = time.monotonic()
+    if c.records:
+        check = cli("check", prepared["script"], "--mode", "consistency", "--python", str(python))
+        run = Run(c, result, dump, prepared, check, {})
+        proc = cli(
+            "dumps", "positions", str(dump / "records"), "--out", str(root / f"positions-{c.name}"), "--json"
+        )
+        run.positions = (proc, as_json(proc))
+        seconds[f"{c.name}_positions"] = time.monotonic() - t0
+        proc = cli("dumps", "compare", str(dump), "--out", str(root / f"front-{c.name}"), "--json")
+        run.front = (proc, as_json(proc))
+        seconds[f"{c.name}_compare"] = time.monotonic() - t0 - seconds[f"{c.name}_positions"]
+        return run
+    sides = (str(dump / "generate"), str(dump / "actor"))
+    check = cli("dumps", "check", *sides, "--mode", "consistency")
+    run = Run(c, result, dump, prepared, check, as_json(cli("dumps", "correlate", *sides, "--json")))
+    _compare_steps(run, python, root / f"compare-{c.name}")
+    seconds[f"{c.name}_compare"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    proc = cli(*("dumps", "positions", *sides), "--out", str(root / f"positions-{c.name}"), "--json")
+    run.positions = (proc, as_json(proc))
+    seconds[f"{c.name}_positions"] = time.monotonic() - t0
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -326,21 +366,11 @@ def flow(tmp_path_factory) -> Flow:
             seconds[c.name] = time.monotonic() - t0
             seconds[f"{c.name}_job"] = result.wall_s
             dump = script.parent / f"msprobe_{job.script.stem.removeprefix('run_')}" / "dump"
-            sides = (str(dump / "generate"), str(dump / "actor"))
-            check = cli("dumps", "check", *sides, "--mode", "consistency")
-            correlate = as_json(cli("dumps", "correlate", *sides, "--json"))
-            run = Run(c, result, dump, prepared[c.name], check, correlate)
+            run = _analyse(c, result, dump, prepared[c.name], python, root, seconds)
             run.model = job.model
             run.plant_log = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
             if weights_log.exists():
                 run.weights_plant_log = [json.loads(x) for x in weights_log.read_text().splitlines()]
-            t0 = time.monotonic()
-            _compare_steps(run, python, root / f"compare-{c.name}")
-            seconds[f"{c.name}_compare"] = time.monotonic() - t0
-            t0 = time.monotonic()
-            proc = cli(*("dumps", "positions", *sides), "--out", str(root / f"positions-{c.name}"), "--json")
-            run.positions = (proc, as_json(proc))
-            seconds[f"{c.name}_positions"] = time.monotonic() - t0
             if "--weights" in c.prepare:
                 t0 = time.monotonic()
                 run.weights_report = root / f"weights-{c.name}"
@@ -387,11 +417,28 @@ def _largest_clean_error(doc: dict) -> float:
     return max((r["judgement"]["error"] for p in doc["pairs"] for r in p["summary"]["ranked"]), default=0.0)
 
 
-def test_prepare_makes_each_dumped_prefill_one_request_in_full(flow: Flow) -> None:
+def test_prepare_keeps_the_job_and_bounds_the_run(flow: Flow) -> None:
+    """The records plan keeps the user's batch, n, max_num_seqs and rollout TP, turns the prefix
+    cache off and ends after the dumped steps; `check` agrees with the script it wrote. The batch-1
+    plan (--batch-one, full tier) makes each dumped prefill one request in full."""
     for run in flow.runs.values():
         derived = Path(run.prepared["script"]).read_text()
-        assert "actor_rollout_ref.rollout.max_num_seqs=1" in derived
         assert "actor_rollout_ref.rollout.enable_prefix_caching=False" in derived
+        if not run.config.records:
+            assert "actor_rollout_ref.rollout.max_num_seqs=1" in derived
+            continue
+        assert run.check.returncode == 0, run.check.stdout + run.check.stderr
+        for kept in (
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.max_num_seqs=8",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={run.config.ranks}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ):
+            assert kept in derived, kept
+        assert "max_num_seqs=1 " not in derived and "data.train_batch_size=1 " not in derived
+        assert f"trainer.total_training_steps={run.config.steps}" in derived
+        assert "what differs from your job, and why" in run.prepared["out"]
 
 
 @pytest.mark.full
@@ -404,64 +451,24 @@ def test_prepare_writes_tensor_mode_configs_at_level_l0(flow: Flow) -> None:
     assert tensor["task"] == "tensor" and tensor["level"] == "L0"
 
 
-def test_tp2_every_request_paired_and_every_tp_rank_read(flow: Flow) -> None:
-    run = flow.runs["tp2"]
-    _ran(run)
-    assert run.check.returncode == 0, run.check.stdout + run.check.stderr
-    pairs = run.correlate["pairs"]
-    prefills = _prefills(run)
-    ranks = {x["rank"] for x in prefills}
-    assert ranks == {0, 1} and {x["tp_size"] for x in prefills} == {2}
-    # every prefill of every TP rank went into a pair: n = DP = 2 requests per step, 4 steps
-    assert len(pairs) == run.config.steps * 2 and len(prefills) == len(pairs) * 2, (len(prefills), len(pairs))
-    assert all(len(p["tp_ranks"]) == 2 for p in pairs)
-    assert run.correlate["per_rank"] == {
-        "rollout rank0": len(pairs),
-        "rollout rank1": len(pairs),
-        "train rank0": run.config.steps,
-        "train rank1": run.config.steps,
-    }
-    assert not run.correlate["unmatched"], run.correlate["unmatched"]
-
-
-def test_tp2_clean_step_is_consistent_with_column_parallel_modules_merged(flow: Flow) -> None:
-    run = flow.runs["tp2"]
-    proc, doc = run.compare(0)
-    assert proc.returncode == 0, doc.get("verdict", doc)
-    assert doc["verdict"].startswith("CONSISTENT") and re.search(r" [1-9]\d* matched row", doc["verdict"]), (
-        doc["verdict"]
-    )
-    for pair in doc["pairs"]:
-        assert pair["status"] == "consistent" and len(pair["tp_ranks"]) == 2
-        merged = next(n for n in pair["inputs"] if "TP ranks merged" in n)
-        assert "QKVParallelLinear" in merged and "MergedColumnParallelLinear" in merged, merged
-        assert "replicated tensors checked across ranks: 0 differ" in merged
-        judged = {r["module"] for r in pair["summary"]["ranked"]}
-        assert pair["summary"]["matched_rows"] > 0
-        assert pair["summary"]["inputs_checked"], pair["summary"]  # token ids identical on both sides
-        assert judged  # modules were judged
-    md = Path(doc["report"]["md"]).read_text()
-    assert "qkv_proj" in md and "gate_up_proj" in md  # column-parallel modules compared, merged
-    print(f"tp2 clean fp32: largest module error {_largest_clean_error(doc):.3g}")
-
-
-def test_planted_one_percent_faults_are_found_at_exactly_that_module(flow: Flow) -> None:
-    for name in ("tp2", "tensor"):
-        if name not in flow.runs and not tiers.full():
-            continue  # the tensor job runs in the full tier only
-        run = flow.runs[name]
+@pytest.mark.full
+def test_batch_one_plan_finds_planted_faults_at_exactly_that_module(flow: Flow) -> None:
+    """The original skill's plan (--batch-one): msprobe's prefill compare per training step."""
+    for run in (r for r in flow.runs.values() if not r.config.records):
         _ran(run)
+        assert run.check.returncode == 0, run.check.stdout + run.check.stderr
         assert {p.module for p in run.config.plants} <= {m for e in run.plant_log for m in e["active"]}
         for plant in run.config.plants:
-            if plant.phase == "decode":
-                continue  # invisible to the prefill: test_tp2_a_decode_only_fault_...
             proc, doc = run.compare(plant.step - 1)  # training dump step s-1 is training step s
             assert proc.returncode == 1 and doc["verdict"].startswith("DIVERGENT"), doc.get("verdict", doc)
-            assert doc["pairs"] and all(p["status"] == "divergent" for p in doc["pairs"]), doc["verdict"]
             for pair in doc["pairs"]:
                 first = pair["summary"]["first_divergence"]
-                assert (first["module"], first["tensor"]) == (plant.module, "output.0"), (name, plant, first)
-            assert f"{plant.module} output.0" in doc["verdict"] and "pairs agree" in doc["verdict"]
+                assert (first["module"], first["tensor"]) == (plant.module, "output.0"), (
+                    run.config.name,
+                    first,
+                )
+        proc, doc = run.compare(0)
+        assert proc.returncode == 0 and doc["verdict"].startswith("CONSISTENT"), doc.get("verdict", doc)
 
 
 @pytest.mark.full
@@ -513,26 +520,20 @@ def test_qwen3_bf16_on_tp2_is_consistent_with_the_noise_floor_in_the_header(flow
     print(f"qwen3 bf16 TP=2 clean: largest module error {_largest_clean_error(doc):.3g}")
 
 
-def test_compare_without_matplotlib_writes_the_report(flow: Flow, tmp_path: Path) -> None:
+def test_positions_without_matplotlib_writes_the_report(flow: Flow, tmp_path: Path) -> None:
     run = flow.runs["tp2"]
-    sides = (str(run.dump / "generate"), str(run.dump / "actor"))
     proc = cli(
         "dumps",
-        "compare",
-        *sides,
+        "positions",
+        str(run.dump / "records"),
         "--out",
         str(tmp_path / "out"),
-        "--python",
-        str(live_job.VENV.python_or_skip()),
-        "--train-step",
-        "1",
         pre="import sys; sys.modules['matplotlib'] = None",
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "no plot: matplotlib is not installed" in proc.stdout
-    md = (tmp_path / "out" / "report.md").read_text()
-    assert "DIVERGENT" in md and "No plot: matplotlib is not installed" in md
-    assert not (tmp_path / "out" / "report.png").exists()
+    md = (tmp_path / "out" / "positions.md").read_text()
+    assert "DIVERGENT" in md and "matplotlib" in md
+    assert not list((tmp_path / "out").glob("*.png"))
 
 
 def test_revert_leaves_the_venv_byte_identical(flow: Flow) -> None:
@@ -635,7 +636,7 @@ def test_tp2_weights_verdict_first_difference_exit_code_and_report(flow: Flow) -
     assert RESIDENT in md and RECEIVED in md and "on rank 1 (of [0, 1])" in md
 
 
-# --- whole-response consistency (issue 32): `dumps positions` over the same jobs ---
+# --- the plan that keeps the job: per-token records on both sides, every position (issue 44) ---
 
 
 def _positions(run: Run) -> dict:
@@ -645,12 +646,29 @@ def _positions(run: Run) -> dict:
     return doc
 
 
-def _requests_of(run: Run, step: int) -> list[dict]:
-    """`dumps positions`' results for the requests of training step STEP (1-based), by the
-    correlate pairs (training dump step STEP-1)."""
-    ids = {p["request_id"] for p in run.correlate["pairs"] if p["train"]["step"] == step - 1}
-    found = [r for r in _positions(run)["requests"] if r["request_id"] in ids]
-    assert len(found) == len(ids) == run.config.ranks, (step, sorted(ids), [r["request_id"] for r in found])
+def _headers(run: Run, side: str) -> list[dict]:
+    """Every finished record header of SIDE (docs/records.md), oldest first."""
+    paths = (run.dump / "records" / side).glob("*/rec*.json")
+    return sorted((json.loads(p.read_text()) for p in paths), key=lambda h: h["timestamp"])
+
+
+def _steps_of(run: Run) -> dict[str, int]:
+    """Request id -> the training step whose rollout ran it: weight sync k (the plant log's time on
+    TP rank 0) precedes the rollout of step k, so a request's step is the number of syncs before its
+    first rollout record."""
+    syncs = sorted(e["time"] for e in run.plant_log if e["tp_rank"] == 0)
+    assert len(syncs) == run.config.steps, syncs
+    first: dict[str, float] = {}
+    for h in _headers(run, "rollout"):
+        for rid in h["requests"]:
+            first.setdefault(rid, h["timestamp"])
+    return {rid: sum(t > s for s in syncs) for rid, t in first.items()}
+
+
+def _requests_at(run: Run, step: int) -> list[dict]:
+    steps = _steps_of(run)
+    found = [r for r in _positions(run)["requests"] if steps.get(r["request_id"]) == step]
+    assert len(found) == 4, (step, [r["request_id"] for r in found])  # 2 prompts x n 2: every request
     return found
 
 
@@ -660,81 +678,143 @@ def _first(request: dict) -> dict:
     return first
 
 
-def test_whole_response_every_request_has_its_steps_and_record(flow: Flow) -> None:
-    for run in flow.runs.values():
-        doc = _positions(run)
-        assert len(doc["requests"]) == 2 * run.config.steps if run.config.ranks == 2 else run.config.steps
-        # the NOT SYNCED step's rollout ran on reset-pattern norms on one rank: no verdict to hold it to
-        faulted = {
-            p["request_id"] for p in run.correlate["pairs"] if p["train"]["step"] == NOT_SYNCED_SYNC - 1
-        }
-        for r in (r for r in doc["requests"] if run.config.name != "tp2" or r["request_id"] not in faulted):
-            assert r["status"] != "not compared", r["verdict"]
-            pos = r["positions"]
-            # the prompt as one span (statistics) or row by row (tensor), then every decode step
-            response = pos["train_tokens"] - pos["prompt"]
-            decodes = [p for p in pos["positions"] if p["phase"] == "decode"]
-            assert len(decodes) == response - 1 and pos["uncovered"] == [pos["train_tokens"] - 1], r[
-                "verdict"
-            ]
-        print(
-            f"whole-response {run.config.name}: {len(doc['requests'])} requests in {doc['seconds']} s; "
-            f"bytes {doc['bytes']}; {flow.seconds.get(run.config.name + '_positions', 0):.0f} s with the CLI"
-        )
+def _records_run(flow: Flow) -> Run:
+    run = flow.runs["tp2"]
+    _ran(run)
+    assert run.config.records
+    return run
 
 
-def test_whole_response_clean_steps_are_consistent_at_every_position(flow: Flow) -> None:
-    """TP=2 fp32 (default tier); TP=1 tensor and TP=2 bf16 in the full tier: the clean step 1."""
-    for run in flow.runs.values():
-        for r in _requests_of(run, 1):
-            assert r["status"] == "consistent", r["verdict"]
-            assert r["verdict"].startswith("CONSISTENT at every position"), r["verdict"]
-            worst = max(p["worst_error"] or 0 for p in r["positions"]["positions"])
-            print(f"whole-response {run.config.name} clean: largest judged error {worst:.3g}")
+def test_every_request_of_every_step_is_recorded_on_both_sides_and_every_tp_rank(flow: Flow) -> None:
+    run = _records_run(flow)
+    doc = _positions(run)
+    assert doc["source"] == "records", doc.get("source")
+    steps = _steps_of(run)
+    assert sorted(steps.values()) == sorted(s for s in range(1, run.config.steps + 1) for _ in range(4)), (
+        steps
+    )
+    assert {r["request_id"] for r in doc["requests"]} == set(steps)
+    assert not any(doc["records"]["only_on"].values()) and not any(doc["records"]["unfinished"].values()), doc
+    rollout = _headers(run, "rollout")
+    assert {(h["tp_rank"], h["tp_size"]) for h in rollout} == {(0, 2), (1, 2)}
+    # the user's batch: prefill and decode steps that hold several requests
+    assert any(h["phase"] in ("prefill", "mixed") and len(h["requests"]) >= 2 for h in rollout)
+    assert any(h["phase"] == "decode" and len(h["requests"]) >= 2 for h in rollout)
+    train = _headers(run, "train")
+    assert {h["rank"] for h in train} == {0, 1} and all(len(h["requests"]) == 2 for h in train)
 
 
-def test_tp2_a_decode_only_fault_is_at_the_first_response_position_and_invisible_to_the_prefill(
+def test_clean_step_is_consistent_at_every_position_of_every_request(flow: Flow) -> None:
+    run = _records_run(flow)
+    for r in _requests_at(run, 1):
+        assert r["status"] == "consistent", r["verdict"]
+        assert r["verdict"].startswith("CONSISTENT at every position"), r["verdict"]
+        pos = r["positions"]
+        # the prompt row by row, then every response position but the last (never fed back)
+        starts = [p["start"] for p in pos["positions"]]
+        assert starts == list(range(pos["train_tokens"] - 1)) or (
+            pos["train_tokens"] == pos["prompt"] + 1 and starts == list(range(pos["prompt"]))
+        ), (starts, pos["prompt"], pos["train_tokens"])
+        assert all(p["judged"] > 0 for p in pos["positions"])
+        worst = max(p["worst_error"] or 0 for p in pos["positions"])
+        assert worst < 1e-4, worst  # fp32 on both sides
+    print(f"records clean fp32: largest judged error {worst:.3g}")
+
+
+def _plant(run: Run, phase: str | None, tp_rank: int | None = None) -> Plant:
+    return next(p for p in run.config.plants if p.phase == phase and p.tp_rank == tp_rank)
+
+
+def test_a_fault_in_every_row_is_at_that_module_from_position_0(flow: Flow) -> None:
+    run = _records_run(flow)
+    for plant in (_plant(run, None), _plant(run, "prefill"), _plant(run, None, tp_rank=1)):
+        for r in _requests_at(run, plant.step):
+            assert r["status"] == "divergent", r["verdict"]
+            first = _first(r)
+            assert (first["start"], first["phase"]) == (0, "prefill"), (plant, r["verdict"])
+            assert (first["module"], first["tensor"]) == (plant.module, "output.0"), (plant, r["verdict"])
+
+
+def test_a_decode_only_fault_is_at_the_first_response_position(flow: Flow) -> None:
+    run = _records_run(flow)
+    plant = _plant(run, "decode")
+    found = 0
+    for r in _requests_at(run, plant.step):
+        pos = r["positions"]
+        if pos["train_tokens"] - pos["prompt"] < 2:
+            assert r["status"] == "consistent", r["verdict"]  # one response token: never fed back
+            continue
+        first = _first(r)
+        assert (first["start"], first["phase"]) == (pos["prompt"], "decode"), r["verdict"]
+        assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
+        found += 1
+    assert found
+
+
+def test_a_fault_only_in_forwards_of_several_requests_is_found_where_a_forward_held_several(
     flow: Flow,
 ) -> None:
-    run = flow.runs["tp2"]
-    plant = next(p for p in run.config.plants if p.phase == "decode")
-    for r in _requests_of(run, plant.step):
-        assert r["status"] == "divergent", r["verdict"]
+    """The batch-dependent fault: each request diverges first at the first position it shared a
+    rollout forward with another request, at the planted module. The batch-1 plan's rollout
+    (max_num_seqs=1: one request per forward) never runs the planted path: CONSISTENT there."""
+    run = _records_run(flow)
+    plant = _plant(run, "batched")
+    shared: dict[str, int] = {}  # request -> first position it held in a forward of 2+ requests
+    for h in _headers(run, "rollout"):
+        if h["tp_rank"] != 0 or len(h["requests"]) < 2:
+            continue
+        for index, position, _ in h["token_rows"]:
+            rid = h["requests"][index]
+            shared[rid] = min(shared.get(rid, position), position)
+    diverged = 0
+    for r in _requests_at(run, plant.step):
+        if r["request_id"] not in shared:
+            assert r["status"] == "consistent", r["verdict"]
+            continue
         first = _first(r)
-        assert (first["start"], first["phase"]) == (r["positions"]["prompt"], "decode"), r["verdict"]
+        assert first["start"] == shared[r["request_id"]], (shared[r["request_id"]], r["verdict"])
         assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
-        assert "response position 0" in r["verdict"]
-    # today's prefill-only compare of the same step: nothing to see
-    proc, doc = run.compare(plant.step - 1)
-    assert proc.returncode == 0 and doc["verdict"].startswith("CONSISTENT"), doc.get("verdict", doc)
+        diverged += 1
+    assert diverged, shared
 
 
-def test_tp2_a_prefill_only_fault_is_inside_the_prompt(flow: Flow) -> None:
-    run = flow.runs["tp2"]
-    plant = next(p for p in run.config.plants if p.phase == "prefill")
-    for r in _requests_of(run, plant.step):
-        first = _first(r)
-        assert first["phase"] == "prefill" and first["start"] < r["positions"]["prompt"], r["verdict"]
-        assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
-    proc, doc = run.compare(plant.step - 1)
-    assert proc.returncode == 1 and f"{plant.module} output.0" in doc["verdict"], doc.get("verdict", doc)
+def test_the_front_door_gives_the_whole_response_verdict(flow: Flow) -> None:
+    run = _records_run(flow)
+    assert run.front is not None
+    proc, doc = run.front
+    assert proc.returncode == 1 and doc.get("status") == "divergent", doc
+    assert doc["whole_response"]["verdict"] == _positions(run)["verdict"]
+    assert "Traceback" not in proc.stderr
 
 
-def test_whole_response_faults_in_both_phases_are_found_at_that_module(flow: Flow) -> None:
-    for run in flow.runs.values():
-        for plant in (p for p in run.config.plants if p.phase is None):
-            for r in _requests_of(run, plant.step):
-                first = _first(r)
-                assert first["phase"] == "prefill", r["verdict"]
-                assert (first["module"], first["tensor"]) == (plant.module, "output.0"), r["verdict"]
+def test_measured_records_beside_the_estimate(flow: Flow) -> None:
+    """The plan's estimate counts records at the longest prompt and response the script allows;
+    per recorded token row it must be within 25% of what the job wrote."""
+    run = _records_run(flow)
+    doc = _positions(run)
+    rows = {
+        side: sum(c for h in _headers(run, side) for _, _, c in h["token_rows"])
+        for side in ("rollout", "train")
+    }
+    measured = {side: doc["bytes"][side] / rows[side] for side in rows}
+    estimate = re.search(
+        r"estimated records per dumped step: ([\d.e+-]+) GiB \((\d+) request\(s\) x (\d+) tokens",
+        run.prepared["out"],
+    )
+    assert estimate, run.prepared["out"][-3000:]
+    per_row = float(estimate.group(1)) * 2**30 / (int(estimate.group(2)) * int(estimate.group(3)))
+    both = measured["rollout"] + measured["train"]
+    print(
+        f"records bytes per token row: measured rollout {measured['rollout']:.0f} (both TP ranks) + train {measured['train']:.0f} = {both:.0f}; estimate {per_row:.0f}; written {doc['bytes']}"
+    )
+    assert 0.75 < both / per_row < 1.25, (both, per_row)
 
 
-def test_whole_response_report_is_written(flow: Flow) -> None:
-    run = flow.runs["tp2"]
+def test_positions_report_is_written(flow: Flow) -> None:
+    run = _records_run(flow)
     doc = _positions(run)
     md = Path(doc["report"]["md"]).read_text()
     assert doc["verdict"].startswith("DIVERGENT") and doc["verdict"] in md
-    assert (Path(doc["report"]["md"]).parent / "positions-0.png").is_file()
 
 
 def test_tp2_a_tensor_the_sync_never_wrote_is_not_synced_by_name_shape_and_rank(flow: Flow) -> None:
