@@ -140,15 +140,23 @@ def write_proposal(
             "job's tokenizer into the chat messages of a `prompt` field before using it as data"
         )
     tree = target_args(verl_tree, python)
+    if not tree:
+        proposal.notes.append(
+            "add --python PY (the interpreter that runs verl) to the prepare command: it finds verl and the rollout "
+            "engine there and checks msprobe"
+        )
     parsed = None
     if script is not None:
         parsed = _read_script(script)
         derived = write_repro_script(script, parsed, data, out, proposal.step)
         proposal.script = str(derived)
-        proposal.commands.append(f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency{tree}")
+        # one prompt: the original skill's batch-1 plan fits it (a one-row dataset cannot fill the job's batch)
+        proposal.commands.append(
+            f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency --batch-one{tree}"
+        )
     else:
         proposal.commands.append(
-            f"rl-msprobe prepare YOUR_SCRIPT --mode consistency{tree}   # after adding "
+            f"rl-msprobe prepare YOUR_SCRIPT --mode consistency --batch-one{tree}   # after adding "
             f"data.train_files={data} data.val_files={data} trainer.total_training_steps=1 to YOUR_SCRIPT "
             "(or pass --script to `mismatch report` to have that script written)"
         )
@@ -207,7 +215,7 @@ def target_args(verl_tree: str | None, python: str | None) -> str:
     """Where `prepare` finds the trees: --python (verl and the rollout engine, msprobe checked)
     and/or --tree; a placeholder to fill in when neither is known."""
     if not python and not verl_tree:
-        return " --python <the python that runs verl>"
+        return ""  # pastes and runs as is; the note asks for --python (a <placeholder> is a bash redirection)
     args = f" --python {shlex.quote(python)}" if python else ""
     return args + (f" --tree {shlex.quote(verl_tree)}" if verl_tree else "")
 

@@ -112,7 +112,7 @@ def test_compare_dumps(tmp_path: Path) -> None:
         CompareOptions(sides["rollout"], sides["train"], tmp_path / "same", jobs=2), said.append
     )
     assert same.verdict is Verdict.CONSISTENT and same.ok and len(same.run.results) == 2
-    assert same.report["md"].is_file() and same.lines()[-2].startswith("CONSISTENT: 2 pair(s)")
+    assert same.report["md"].is_file() and same.lines()[-3].startswith("prompt only: CONSISTENT: 2 pair(s)")
     doc = same.to_json()
     assert doc["schema"] == "rl-msprobe.dumps-compare/1" and doc["consistent"] is True
     assert said == []  # no --limit, no recorded interpreter, no progress asked for

@@ -167,14 +167,16 @@ def test_the_proposed_command_names_the_interpreter_or_asks_for_it(tmp_path):
     training interpreter: the command names it (--python) when known, else a placeholder."""
     proposal = proposal_of(tmp_path, "--python", "/v/bin/python")
     assert proposal["commands"] == [
-        f"rl-msprobe prepare {proposal['script']} --mode consistency --python /v/bin/python"
+        f"rl-msprobe prepare {proposal['script']} --mode consistency --batch-one --python /v/bin/python"
     ]
-    assert proposal_of(tmp_path)["commands"][0].endswith(
-        "--mode consistency --python <the python that runs verl>"
-    )
+    unknown = proposal_of(tmp_path)
+    assert unknown["commands"][0].endswith("--mode consistency --batch-one")  # pastes and runs in bash
+    assert any("add --python PY" in n for n in unknown["notes"])
     # the interpreter `prepare --python` recorded above the folder (rl_msprobe.dumps.compare.PYTHON_RECORD)
     (tmp_path / "rl-msprobe-python.json").write_text(json.dumps({"python": "/rec/python3"}))
-    assert proposal_of(tmp_path)["commands"][0].endswith("--mode consistency --python /rec/python3")
+    assert proposal_of(tmp_path)["commands"][0].endswith(
+        "--mode consistency --batch-one --python /rec/python3"
+    )
 
 
 def test_report_files_jump_and_proposal(tmp_path):
@@ -191,7 +193,7 @@ def test_report_files_jump_and_proposal(tmp_path):
     proposal = doc["proposal"]
     assert proposal["request"]["step"] == 4
     assert proposal["commands"] == [
-        f"rl-msprobe prepare {proposal['script']} --mode consistency --tree /opt/verl"
+        f"rl-msprobe prepare {proposal['script']} --mode consistency --batch-one --tree /opt/verl"
     ]
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user" and row["data_source"] == "d"
@@ -214,7 +216,7 @@ def test_report_files_jump_and_proposal(tmp_path):
     assert "jumps at step 4" in md and "rl-msprobe prepare" in md and "| step | requests |" in md
     assert "data:image/png;base64," in (out_dir / "report.html").read_text()
     # the proposed script is what `prepare --mode consistency` takes
-    code, out, err = run_cli("prepare", proposal["script"], "--mode", "consistency", "--json")
+    code, out, err = run_cli("prepare", proposal["script"], "--mode", "consistency", "--batch-one", "--json")
     assert json.loads(out)["written"] is True, err
 
 
