@@ -13,7 +13,6 @@ slicing / packing code.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,12 +26,11 @@ import pytest
 import torch
 
 from tests.support import verl_venv
+from tests.support.added_files import load
 from tests.support.trees import patched_release
 
-FILES = Path(__file__).resolve().parents[3] / "rl_msprobe" / "patches" / "files"
-HOOKS = FILES / "verl" / "verl" / "utils" / "rl_msprobe_hooks.py"
-RECORDS = FILES / "common" / "rl_msprobe_records.py"
 SCENARIO = Path(__file__).resolve().parents[2] / "support" / "verl_records_scenario.py"
+ENGINE_SCENARIO = SCENARIO.with_name("verl_engine_scenario.py")
 SWITCHES = (
     "RL_MSPROBE_RECORD_DIR",
     "RL_MSPROBE_RECORD_IDS",
@@ -42,19 +40,12 @@ SWITCHES = (
 )
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def hooks(monkeypatch, tmp_path):
     """The helper as verl imports it, `verl.utils.rl_msprobe_records` beside it (no verl here)."""
     for name in SWITCHES:
         monkeypatch.delenv(name, raising=False)
-    records = _load(RECORDS, "rl_msprobe_records_under_test")
+    records = load("common/rl_msprobe_records.py", "rl_msprobe_records_under_test")
     verl = types.ModuleType("verl")
     utils = types.ModuleType("verl.utils")
     utils.rl_msprobe_records = records
@@ -62,7 +53,7 @@ def hooks(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "verl", verl)
     monkeypatch.setitem(sys.modules, "verl.utils", utils)
     monkeypatch.setitem(sys.modules, "verl.utils.rl_msprobe_records", records)
-    return _load(HOOKS, "rl_msprobe_hooks_under_test")
+    return load("verl/verl/utils/rl_msprobe_hooks.py", "rl_msprobe_hooks_under_test")
 
 
 def _nested(lengths):
@@ -211,7 +202,9 @@ def tree(tmp_path_factory) -> Path:
     return patched_release("verl", "0.9.1", tmp_path_factory.mktemp("verl") / "verl-0.9.1", ["verl-engine"])
 
 
-def run_scenario(python: Path, tree: Path, workdir: Path, spec: dict, **env: str) -> dict:
+def run_scenario(
+    python: Path, tree: Path, workdir: Path, spec: dict, script: Path = SCENARIO, **env: str
+) -> dict:
     base = {
         k: v
         for k, v in os.environ.items()
@@ -221,7 +214,7 @@ def run_scenario(python: Path, tree: Path, workdir: Path, spec: dict, **env: str
     base.update(PYTHONPATH=str(tree), TORCHDYNAMO_DISABLE="1", OMP_NUM_THREADS="1", **env)
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [str(python), str(SCENARIO), json.dumps({"workdir": str(workdir), **spec})],
+        [str(python), str(script), json.dumps({"workdir": str(workdir), **spec})],
         capture_output=True,
         text=True,
         env=base,
@@ -378,3 +371,41 @@ def test_ulysses_and_megatron_layouts_against_verl_own_slicing(venv_python, tree
         expected = [t for rid in header["requests"] for t in tokens[rid]]
         assert entry["tokens"] == expected, "each request's tokens at 0..len-1, whatever the alignment"
     assert packed[0] == sum(samples.values()) and packed[1] > packed[0] and packed[2] > packed[1]
+
+
+@pytest.mark.e2e
+def test_real_megatron_engine_records_its_log_prob_micro_batches(venv_python, tree, tmp_path):
+    """The real MegatronEngine.forward_backward_batch (megatron-core's no-pipelining schedule, verl's
+    THD packing and log-prob head, a stand-in model: tests/support/verl_engine_scenario.py): one
+    record per log-prob micro-batch, each request's tokens at 0..len-1; the ref engine and
+    update_actor write nothing; msprobe is not imported."""
+    folder = tmp_path / "records"
+    calls = [
+        {"role": "ref", "forward_only": True},
+        {"role": "actor", "forward_only": True},
+        {"role": "actor", "forward_only": False},
+    ]
+    result = run_scenario(
+        venv_python,
+        tree,
+        tmp_path / "work",
+        {"engine": "megatron", "calls": calls},
+        script=ENGINE_SCENARIO,
+        RL_MSPROBE_RECORD_DIR=str(folder),
+    )
+    assert all(call["error"] is None for call in result["calls"]), result["calls"]
+    assert not result["msprobe_imported"]
+    records = read_records(folder)
+    micro = result["calls"][1]["micro_batch_ids"]
+    assert [doc["requests"] for doc, _ in records] == [["req-1-0", "req-1-1"], ["req-1-2", "req-1-3"]]
+    for (doc, values), tokens in zip(records, micro):
+        assert (doc["engine"], doc["tp_rank"], doc["tp_size"], doc["pp_rank"], doc["pp_size"]) == (
+            "verl-megatron",
+            0,
+            1,
+            0,
+            1,
+        )
+        ids = rows_of(doc, values, "Module.embed.", "input.0")
+        assert [t for rid in doc["requests"] for t in ids[rid]["Max"].tolist()] == tokens
+        assert [c for _, _, c in doc["token_rows"]] == [6, 5]  # the scenario's lengths, SEQ - i % 2
