@@ -189,6 +189,64 @@ def test_wrappers_leave_the_names(hooks):
     assert names == ["model", "model.layers", "model.layers.4"]
 
 
+@pytest.fixture
+def megatron(monkeypatch):
+    """megatron.core.parallel_state as the helper asks it (no megatron here): sizes to set."""
+    sizes = {"tp": 1, "pp": 1, "cp": 1}
+    state = types.ModuleType("megatron.core.parallel_state")
+    state.get_tensor_model_parallel_rank = lambda: 0
+    state.get_tensor_model_parallel_world_size = lambda: sizes["tp"]
+    state.get_pipeline_model_parallel_rank = lambda: 0
+    state.get_pipeline_model_parallel_world_size = lambda: sizes["pp"]
+    state.get_context_parallel_world_size = lambda: sizes["cp"]
+    core = types.ModuleType("megatron.core")
+    core.parallel_state = state
+    package = types.ModuleType("megatron")
+    package.core = core
+    for name, module in (
+        ("megatron", package),
+        ("megatron.core", core),
+        ("megatron.core.parallel_state", state),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("sizes", "config", "sequence_parallel", "needle"),
+    [
+        ({"tp": 2}, {}, True, "actor.megatron.sequence_parallel=False"),
+        ({"cp": 2}, {}, False, "actor.megatron.context_parallel_size=1"),
+        ({}, {"dynamic_context_parallel": True}, False, "actor.megatron.context_parallel_size=1"),
+        ({}, {"use_remove_padding": False}, False, "actor.use_remove_padding=True"),
+    ],
+)
+def test_megatron_layouts_not_followed_are_refused_before_the_first_micro_batch(
+    hooks, megatron, monkeypatch, tmp_path, sizes, config, sequence_parallel, needle
+):
+    megatron.update(sizes)
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    engine = SimpleNamespace(
+        engine_config=SimpleNamespace(forward_only=False, **config),
+        tf_config=SimpleNamespace(sequence_parallel=sequence_parallel),
+    )
+    with pytest.raises(hooks._records().RlMsprobeRecordError, match=needle) as caught:
+        hooks.megatron_batch_begin(engine, True)
+    assert "--prefill-only" in str(caught.value)
+    hooks.megatron_batch_begin(engine, False)  # update_actor records nothing: no refusal
+    assert not engine._rl_msprobe_records
+
+
+def test_megatron_tp_and_pp_without_sequence_parallel_record(hooks, megatron, monkeypatch, tmp_path):
+    megatron.update(tp=4, pp=2)
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    engine = SimpleNamespace(
+        engine_config=SimpleNamespace(forward_only=False), tf_config=SimpleNamespace(sequence_parallel=False)
+    )
+    hooks.megatron_batch_begin(engine, True)
+    assert engine._rl_msprobe_records and engine._rl_msprobe_phase is None  # DUMP_ON unset: no msprobe
+
+
 # ---------------------------------------------------------------- part 2: the real verl 0.9.1 FSDP engine
 
 
