@@ -16,7 +16,8 @@ response tokens), a non-tensor `request_id` per sample (`req-{call}-{i}`), split
 SPEC: {"workdir": DIR, "calls": [{"role": "actor" | "ref", "forward_only": bool,
         "remove_padding": bool, "dynamic": bool, "env": {NAME: VALUE | None}}, ...],
        "reference": bool, "bench": {"repeat": N} | absent}
-Result per call: the samples (id, prompt, response token ids), the micro-batches' request ids, the
+Result: whether this verl's forward_step always autocasts to bf16 (0.7.1; the reference then
+runs under the same autocast). Per call: the samples (id, prompt, response token ids), the micro-batches' request ids, the
 error if one was raised, whether msprobe was imported. With "reference": per request, a forward
 of the same model on that request alone ([1, P+R], positions 0..P+R-1): the per-row Max, Min and
 L2 norm of `model.layers.0.mlp.down_proj`'s output and of `lm_head`'s output. With "bench": the
@@ -154,6 +155,21 @@ def tu_list(value) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
+def bf16_autocast() -> bool:
+    """Does this verl's forward_step always autocast to bf16 (0.7.1), whatever the parameters' dtype?"""
+    import inspect
+
+    from verl.workers.engine.fsdp import transformer_impl as impl
+
+    return "_autocast_dtype" not in inspect.getsource(impl.FSDPEngineWithLMHead.forward_step)
+
+
+def _autocast():
+    from contextlib import nullcontext
+
+    return torch.autocast(device_type="cpu", dtype=torch.bfloat16) if bf16_autocast() else nullcontext()
+
+
 def _reference(engine, samples: list) -> dict:
     """Each request alone through the same model: per-row stats of down_proj (layer 0) and lm_head."""
     model = engine.module
@@ -165,7 +181,7 @@ def _reference(engine, samples: list) -> dict:
         model.lm_head.register_forward_hook(lambda m, a, o: seen.__setitem__("lm_head", o)),
     ]
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), _autocast():
         for s in samples:
             ids = torch.tensor([s["prompt"] + s["response"]])
             model(input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0), use_cache=False)
@@ -347,7 +363,7 @@ def main() -> int:
     )
     import verl
 
-    result = {"verl_file": verl.__file__, "calls": [], "error": None}
+    result = {"verl_file": verl.__file__, "calls": [], "error": None, "bf16_autocast": bf16_autocast()}
     engines: dict = {}
     try:
         for index, call in enumerate(spec.get("calls", [])):

@@ -27,6 +27,7 @@ import torch
 
 from tests.support import verl_venv
 from tests.support.added_files import load
+from tests.support.tiers import newest_in_default
 from tests.support.trees import patched_release
 
 SCENARIO = Path(__file__).resolve().parents[2] / "support" / "verl_records_scenario.py"
@@ -256,8 +257,22 @@ def venv_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    return patched_release("verl", "0.9.1", tmp_path_factory.mktemp("verl") / "verl-0.9.1", ["verl-engine"])
+def patched(tmp_path_factory):
+    """version -> a scratch copy of that verl release, patched by `rl-msprobe patch apply verl-engine`."""
+    trees: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in trees:
+            dest = tmp_path_factory.mktemp("verl") / f"verl-{version}"
+            trees[version] = patched_release("verl", version, dest, ["verl-engine"])
+        return trees[version]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tree(patched) -> Path:
+    return patched("0.9.1")
 
 
 def run_scenario(
@@ -311,6 +326,7 @@ def rows_of(doc: dict, values: np.ndarray, key_prefix: str, label: str) -> dict:
     return out
 
 
+FSDP_VERSIONS = ("0.7.1", "0.8.0", "0.9.1")  # the engines' nested micro-batches, the same from 0.7.1
 SELECTED = {0, 2, 3, 5}  # samples recorded (RL_MSPROBE_RECORD_IDS); 1 and 4 are not
 CALLS = [
     ("packed", {"role": "actor", "forward_only": True, "remove_padding": True}),
@@ -323,10 +339,12 @@ CALLS = [
 
 
 @pytest.mark.e2e
-def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tmp_path):
+@pytest.mark.parametrize("version", newest_in_default(FSDP_VERSIONS))
+def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, patched, tmp_path, version):
     """Packed, padded and dynamic-batch log-prob forwards of the real engine: each selected request's
     rows equal a forward of the same model on that request alone (layer 0's down_proj output and
-    the lm_head logits, per-row Max / Min / norm, fp32 rel 1e-4), its token ids and positions are its
+    the lm_head logits, per-row Max / Min / norm, fp32 rel 1e-4; verl 0.7.1 always autocasts to
+    bf16, compared at bf16's precision), its token ids and positions are its
     prompt + response at 0..P+R-1, unselected requests have no rows; the ref engine, update_actor and
     a forward with RL_MSPROBE_RECORD_DIR unset write nothing; msprobe is never imported (DUMP_ON unset)."""
     calls = []
@@ -334,8 +352,13 @@ def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tm
         ids = ",".join(f"req-{index}-{i}" for i in sorted(SELECTED))
         folder = None if name == "off" else str(tmp_path / "records" / name)
         calls.append({**call, "env": {"RL_MSPROBE_RECORD_DIR": folder, "RL_MSPROBE_RECORD_IDS": ids}})
-    result = run_scenario(venv_python, tree, tmp_path / "work", {"calls": calls, "reference": True})
+    result = run_scenario(
+        venv_python, patched(version), tmp_path / "work", {"calls": calls, "reference": True}
+    )
     assert not result["msprobe_imported"]
+    # fp32 (verl 0.8.0+ honours the parameters' dtype); 0.7.1 always autocasts to bf16, the reference too
+    tolerance = {"rtol": 3e-2, "atol": 1e-3} if result["bf16_autocast"] else {"rtol": 1e-4, "atol": 1e-6}
+    assert result["bf16_autocast"] is (version == "0.7.1")
     written = {p.name for p in (tmp_path / "records").iterdir()}
     assert written == {"packed", "padded", "dynamic"}, "ref, update_actor and records off write nothing"
     assert not list((tmp_path / "work").rglob("rec*.json"))
@@ -374,8 +397,7 @@ def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tm
                         np.testing.assert_allclose(
                             stats[stat],
                             ref[stat],
-                            rtol=1e-4,
-                            atol=1e-6,
+                            **tolerance,
                             err_msg=f"{name} {rid} {module} {stat}",
                         )
 
