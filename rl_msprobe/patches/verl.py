@@ -1,4 +1,4 @@
-"""The verl-engine patch set: msprobe dumps in the FSDP and Megatron training engines."""
+"""The verl-engine patch set: msprobe dumps and per-token records in the FSDP and Megatron training engines."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ RECORDS_FILE = NewFile(
 VERL_ENGINE = PatchSet(
     name="verl-engine",
     project="verl",
-    description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1)",
+    description="msprobe dump per micro-batch in the FSDP and Megatron training engines (DUMP_ON=1), and "
+    "per-token records of the actor's log-prob forward (RL_MSPROBE_RECORD_DIR)",
     pieces=(Piece(HOOKS_FILE), Piece(RECORDS_FILE), Piece(VerlFSDPEngine()), Piece(VerlMegatronEngine())),
     capabilities=(FSDP_HOOK, MEGATRON_HOOK),
     min_version="0.6.0",

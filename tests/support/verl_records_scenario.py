@@ -16,7 +16,8 @@ response tokens), a non-tensor `request_id` per sample (`req-{call}-{i}`), split
 SPEC: {"workdir": DIR, "calls": [{"role": "actor" | "ref", "forward_only": bool,
         "remove_padding": bool, "dynamic": bool, "env": {NAME: VALUE | None}}, ...],
        "reference": bool, "bench": {"repeat": N} | absent}
-Result per call: the samples (id, prompt, response token ids), the micro-batches' request ids, the
+Result: whether this verl's forward_step always autocasts to bf16 (0.7.1; the reference then
+runs under the same autocast). Per call: the samples (id, prompt, response token ids), the micro-batches' request ids, the
 error if one was raised, whether msprobe was imported. With "reference": per request, a forward
 of the same model on that request alone ([1, P+R], positions 0..P+R-1): the per-row Max, Min and
 L2 norm of `model.layers.0.mlp.down_proj`'s output and of `lm_head`'s output. With "bench": the
@@ -43,17 +44,17 @@ MICRO = 3
 TOKEN_BUDGET = 16  # use_dynamic_bsz: max_token_len_per_gpu
 
 
-def _model():
+def _model(vocab: int = VOCAB, hidden: int = HIDDEN, layers: int = LAYERS):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=LAYERS,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=4096,
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)
@@ -70,14 +71,14 @@ def _fsdp2(model):
     return model
 
 
-def _engine(role: str):
+def _engine(role: str, **model):
     from verl.utils import seqlen_balancing
     from verl.workers.engine.fsdp import transformer_impl as impl
 
     impl.get_device_id = lambda: "cpu"
     seqlen_balancing.get_device_name = lambda: "cpu"  # use_dynamic_bsz's counts, on a CPU-only host
     engine = object.__new__(impl.FSDPEngineWithLMHead)
-    engine.module = _fsdp2(_model())
+    engine.module = _fsdp2(_model(**model))
     engine.engine_config = SimpleNamespace(
         forward_only=role == "ref",
         use_no_sync_for_gradient_accumulation=True,
@@ -95,11 +96,13 @@ def _engine(role: str):
     return engine
 
 
-def _samples(call: int) -> list:
+def _samples(call: int, scale: int = 1, vocab: int = VOCAB) -> list:
+    """SAMPLES requests: prompt and response lengths PROMPTS / RESPONSES (times SCALE)."""
     generator = torch.Generator().manual_seed(100 + call)
     out = []
     for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
-        ids = torch.randint(1, VOCAB, (p + r,), generator=generator)
+        p, r = p * scale, r * scale
+        ids = torch.randint(1, vocab, (p + r,), generator=generator)
         out.append({"id": f"req-{call}-{i}", "prompt": ids[:p].tolist(), "response": ids[p:].tolist()})
     return out
 
@@ -152,6 +155,21 @@ def tu_list(value) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
+def bf16_autocast() -> bool:
+    """Does this verl's forward_step always autocast to bf16 (0.7.1), whatever the parameters' dtype?"""
+    import inspect
+
+    from verl.workers.engine.fsdp import transformer_impl as impl
+
+    return "_autocast_dtype" not in inspect.getsource(impl.FSDPEngineWithLMHead.forward_step)
+
+
+def _autocast():
+    from contextlib import nullcontext
+
+    return torch.autocast(device_type="cpu", dtype=torch.bfloat16) if bf16_autocast() else nullcontext()
+
+
 def _reference(engine, samples: list) -> dict:
     """Each request alone through the same model: per-row stats of down_proj (layer 0) and lm_head."""
     model = engine.module
@@ -163,7 +181,7 @@ def _reference(engine, samples: list) -> dict:
         model.lm_head.register_forward_hook(lambda m, a, o: seen.__setitem__("lm_head", o)),
     ]
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), _autocast():
         for s in samples:
             ids = torch.tensor([s["prompt"] + s["response"]])
             model(input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0), use_cache=False)
@@ -180,22 +198,29 @@ def _reference(engine, samples: list) -> dict:
     return out
 
 
-def _bench(engine, samples: list, spec: dict, record_dir: str) -> dict:
-    """The log-prob forward_backward_batch, recorded and not, alternating (median seconds)."""
+def _bench(spec: dict, record_dir: str) -> dict:
+    """The log-prob forward_backward_batch of one batch, in turn: not recorded, every request
+    recorded, one request of SAMPLES recorded. Seconds per mode, after a warm-up round."""
+    model = {k: spec[k] for k in ("vocab", "hidden", "layers") if k in spec}
+    engine = _engine("actor", **model)
+    samples = _samples(0, spec.get("scale", 1), model.get("vocab", VOCAB))
     batch = _batch(samples, spec.get("remove_padding", True), False)
-    times: dict = {"off": [], "on": []}
-    for i in range(2 + 2 * spec["repeat"]):
-        mode = "on" if i % 2 else "off"
-        if mode == "on":
-            os.environ["RL_MSPROBE_RECORD_DIR"] = record_dir
-        else:
+    modes = {"off": None, "all": "", "one": samples[0]["id"]}
+    times: dict = {mode: [] for mode in modes}
+    for round_ in range(1 + spec["repeat"]):
+        for mode, ids in modes.items():
             os.environ.pop("RL_MSPROBE_RECORD_DIR", None)
-        start = time.perf_counter()
-        engine.forward_backward_batch(batch.clone(), loss_function=_loss, forward_only=True)
-        if i >= 2:  # the first pair warms up
-            times[mode].append(time.perf_counter() - start)
+            os.environ.pop("RL_MSPROBE_RECORD_IDS", None)
+            if ids is not None:
+                os.environ["RL_MSPROBE_RECORD_DIR"] = record_dir
+                os.environ["RL_MSPROBE_RECORD_IDS"] = ids
+            start = time.perf_counter()
+            engine.forward_backward_batch(batch.clone(), loss_function=_loss, forward_only=True)
+            if round_:
+                times[mode].append(time.perf_counter() - start)
     os.environ.pop("RL_MSPROBE_RECORD_DIR", None)
-    return times
+    os.environ.pop("RL_MSPROBE_RECORD_IDS", None)
+    return {"seconds": times, "tokens": sum(len(x["prompt"]) + len(x["response"]) for x in samples)}
 
 
 def _sp_layouts(sizes: list) -> list:
@@ -338,7 +363,7 @@ def main() -> int:
     )
     import verl
 
-    result = {"verl_file": verl.__file__, "calls": [], "error": None}
+    result = {"verl_file": verl.__file__, "calls": [], "error": None, "bf16_autocast": bf16_autocast()}
     engines: dict = {}
     try:
         for index, call in enumerate(spec.get("calls", [])):
@@ -372,10 +397,7 @@ def main() -> int:
         if "megatron_layout" in spec:
             result["megatron_layout"] = _megatron_layouts(spec["megatron_layout"])
         if "bench" in spec:
-            engine = engines.get("actor") or _engine("actor")
-            result["bench"] = _bench(
-                engine, _samples(0), spec["bench"], os.path.join(workdir, "bench-records")
-            )
+            result["bench"] = _bench(spec["bench"], os.path.join(workdir, "bench-records"))
     except Exception as exc:
         result["error"] = _error(exc)
     result["msprobe_imported"] = "msprobe" in sys.modules

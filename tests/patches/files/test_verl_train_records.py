@@ -13,7 +13,6 @@ slicing / packing code.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,12 +26,12 @@ import pytest
 import torch
 
 from tests.support import verl_venv
+from tests.support.added_files import load
+from tests.support.tiers import newest_in_default
 from tests.support.trees import patched_release
 
-FILES = Path(__file__).resolve().parents[3] / "rl_msprobe" / "patches" / "files"
-HOOKS = FILES / "verl" / "verl" / "utils" / "rl_msprobe_hooks.py"
-RECORDS = FILES / "common" / "rl_msprobe_records.py"
 SCENARIO = Path(__file__).resolve().parents[2] / "support" / "verl_records_scenario.py"
+ENGINE_SCENARIO = SCENARIO.with_name("verl_engine_scenario.py")
 SWITCHES = (
     "RL_MSPROBE_RECORD_DIR",
     "RL_MSPROBE_RECORD_IDS",
@@ -42,19 +41,12 @@ SWITCHES = (
 )
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def hooks(monkeypatch, tmp_path):
     """The helper as verl imports it, `verl.utils.rl_msprobe_records` beside it (no verl here)."""
     for name in SWITCHES:
         monkeypatch.delenv(name, raising=False)
-    records = _load(RECORDS, "rl_msprobe_records_under_test")
+    records = load("common/rl_msprobe_records.py", "rl_msprobe_records_under_test")
     verl = types.ModuleType("verl")
     utils = types.ModuleType("verl.utils")
     utils.rl_msprobe_records = records
@@ -62,7 +54,7 @@ def hooks(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "verl", verl)
     monkeypatch.setitem(sys.modules, "verl.utils", utils)
     monkeypatch.setitem(sys.modules, "verl.utils.rl_msprobe_records", records)
-    return _load(HOOKS, "rl_msprobe_hooks_under_test")
+    return load("verl/verl/utils/rl_msprobe_hooks.py", "rl_msprobe_hooks_under_test")
 
 
 def _nested(lengths):
@@ -198,6 +190,64 @@ def test_wrappers_leave_the_names(hooks):
     assert names == ["model", "model.layers", "model.layers.4"]
 
 
+@pytest.fixture
+def megatron(monkeypatch):
+    """megatron.core.parallel_state as the helper asks it (no megatron here): sizes to set."""
+    sizes = {"tp": 1, "pp": 1, "cp": 1}
+    state = types.ModuleType("megatron.core.parallel_state")
+    state.get_tensor_model_parallel_rank = lambda: 0
+    state.get_tensor_model_parallel_world_size = lambda: sizes["tp"]
+    state.get_pipeline_model_parallel_rank = lambda: 0
+    state.get_pipeline_model_parallel_world_size = lambda: sizes["pp"]
+    state.get_context_parallel_world_size = lambda: sizes["cp"]
+    core = types.ModuleType("megatron.core")
+    core.parallel_state = state
+    package = types.ModuleType("megatron")
+    package.core = core
+    for name, module in (
+        ("megatron", package),
+        ("megatron.core", core),
+        ("megatron.core.parallel_state", state),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("sizes", "config", "sequence_parallel", "needle"),
+    [
+        ({"tp": 2}, {}, True, "actor.megatron.sequence_parallel=False"),
+        ({"cp": 2}, {}, False, "actor.megatron.context_parallel_size=1"),
+        ({}, {"dynamic_context_parallel": True}, False, "actor.megatron.context_parallel_size=1"),
+        ({}, {"use_remove_padding": False}, False, "actor.use_remove_padding=True"),
+    ],
+)
+def test_megatron_layouts_not_followed_are_refused_before_the_first_micro_batch(
+    hooks, megatron, monkeypatch, tmp_path, sizes, config, sequence_parallel, needle
+):
+    megatron.update(sizes)
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    engine = SimpleNamespace(
+        engine_config=SimpleNamespace(forward_only=False, **config),
+        tf_config=SimpleNamespace(sequence_parallel=sequence_parallel),
+    )
+    with pytest.raises(hooks._records().RlMsprobeRecordError, match=needle) as caught:
+        hooks.megatron_batch_begin(engine, True)
+    assert "--prefill-only" in str(caught.value)
+    hooks.megatron_batch_begin(engine, False)  # update_actor records nothing: no refusal
+    assert not engine._rl_msprobe_records
+
+
+def test_megatron_tp_and_pp_without_sequence_parallel_record(hooks, megatron, monkeypatch, tmp_path):
+    megatron.update(tp=4, pp=2)
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    engine = SimpleNamespace(
+        engine_config=SimpleNamespace(forward_only=False), tf_config=SimpleNamespace(sequence_parallel=False)
+    )
+    hooks.megatron_batch_begin(engine, True)
+    assert engine._rl_msprobe_records and engine._rl_msprobe_phase is None  # DUMP_ON unset: no msprobe
+
+
 # ---------------------------------------------------------------- part 2: the real verl 0.9.1 FSDP engine
 
 
@@ -207,11 +257,27 @@ def venv_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    return patched_release("verl", "0.9.1", tmp_path_factory.mktemp("verl") / "verl-0.9.1", ["verl-engine"])
+def patched(tmp_path_factory):
+    """version -> a scratch copy of that verl release, patched by `rl-msprobe patch apply verl-engine`."""
+    trees: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in trees:
+            dest = tmp_path_factory.mktemp("verl") / f"verl-{version}"
+            trees[version] = patched_release("verl", version, dest, ["verl-engine"])
+        return trees[version]
+
+    return get
 
 
-def run_scenario(python: Path, tree: Path, workdir: Path, spec: dict, **env: str) -> dict:
+@pytest.fixture(scope="module")
+def tree(patched) -> Path:
+    return patched("0.9.1")
+
+
+def run_scenario(
+    python: Path, tree: Path, workdir: Path, spec: dict, script: Path = SCENARIO, **env: str
+) -> dict:
     base = {
         k: v
         for k, v in os.environ.items()
@@ -221,7 +287,7 @@ def run_scenario(python: Path, tree: Path, workdir: Path, spec: dict, **env: str
     base.update(PYTHONPATH=str(tree), TORCHDYNAMO_DISABLE="1", OMP_NUM_THREADS="1", **env)
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [str(python), str(SCENARIO), json.dumps({"workdir": str(workdir), **spec})],
+        [str(python), str(script), json.dumps({"workdir": str(workdir), **spec})],
         capture_output=True,
         text=True,
         env=base,
@@ -260,6 +326,7 @@ def rows_of(doc: dict, values: np.ndarray, key_prefix: str, label: str) -> dict:
     return out
 
 
+FSDP_VERSIONS = ("0.7.1", "0.8.0", "0.9.1")  # the engines' nested micro-batches, the same from 0.7.1
 SELECTED = {0, 2, 3, 5}  # samples recorded (RL_MSPROBE_RECORD_IDS); 1 and 4 are not
 CALLS = [
     ("packed", {"role": "actor", "forward_only": True, "remove_padding": True}),
@@ -272,10 +339,12 @@ CALLS = [
 
 
 @pytest.mark.e2e
-def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tmp_path):
+@pytest.mark.parametrize("version", newest_in_default(FSDP_VERSIONS))
+def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, patched, tmp_path, version):
     """Packed, padded and dynamic-batch log-prob forwards of the real engine: each selected request's
     rows equal a forward of the same model on that request alone (layer 0's down_proj output and
-    the lm_head logits, per-row Max / Min / norm, fp32 rel 1e-4), its token ids and positions are its
+    the lm_head logits, per-row Max / Min / norm, fp32 rel 1e-4; verl 0.7.1 always autocasts to
+    bf16, compared at bf16's precision), its token ids and positions are its
     prompt + response at 0..P+R-1, unselected requests have no rows; the ref engine, update_actor and
     a forward with RL_MSPROBE_RECORD_DIR unset write nothing; msprobe is never imported (DUMP_ON unset)."""
     calls = []
@@ -283,8 +352,13 @@ def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tm
         ids = ",".join(f"req-{index}-{i}" for i in sorted(SELECTED))
         folder = None if name == "off" else str(tmp_path / "records" / name)
         calls.append({**call, "env": {"RL_MSPROBE_RECORD_DIR": folder, "RL_MSPROBE_RECORD_IDS": ids}})
-    result = run_scenario(venv_python, tree, tmp_path / "work", {"calls": calls, "reference": True})
+    result = run_scenario(
+        venv_python, patched(version), tmp_path / "work", {"calls": calls, "reference": True}
+    )
     assert not result["msprobe_imported"]
+    # fp32 (verl 0.8.0+ honours the parameters' dtype); 0.7.1 always autocasts to bf16, the reference too
+    tolerance = {"rtol": 3e-2, "atol": 1e-3} if result["bf16_autocast"] else {"rtol": 1e-4, "atol": 1e-6}
+    assert result["bf16_autocast"] is (version == "0.7.1")
     written = {p.name for p in (tmp_path / "records").iterdir()}
     assert written == {"packed", "padded", "dynamic"}, "ref, update_actor and records off write nothing"
     assert not list((tmp_path / "work").rglob("rec*.json"))
@@ -323,8 +397,7 @@ def test_real_fsdp_engine_records_equal_each_request_alone(venv_python, tree, tm
                         np.testing.assert_allclose(
                             stats[stat],
                             ref[stat],
-                            rtol=1e-4,
-                            atol=1e-6,
+                            **tolerance,
                             err_msg=f"{name} {rid} {module} {stat}",
                         )
 
@@ -378,3 +451,41 @@ def test_ulysses_and_megatron_layouts_against_verl_own_slicing(venv_python, tree
         expected = [t for rid in header["requests"] for t in tokens[rid]]
         assert entry["tokens"] == expected, "each request's tokens at 0..len-1, whatever the alignment"
     assert packed[0] == sum(samples.values()) and packed[1] > packed[0] and packed[2] > packed[1]
+
+
+@pytest.mark.e2e
+def test_real_megatron_engine_records_its_log_prob_micro_batches(venv_python, tree, tmp_path):
+    """The real MegatronEngine.forward_backward_batch (megatron-core's no-pipelining schedule, verl's
+    THD packing and log-prob head, a stand-in model: tests/support/verl_engine_scenario.py): one
+    record per log-prob micro-batch, each request's tokens at 0..len-1; the ref engine and
+    update_actor write nothing; msprobe is not imported."""
+    folder = tmp_path / "records"
+    calls = [
+        {"role": "ref", "forward_only": True},
+        {"role": "actor", "forward_only": True},
+        {"role": "actor", "forward_only": False},
+    ]
+    result = run_scenario(
+        venv_python,
+        tree,
+        tmp_path / "work",
+        {"engine": "megatron", "calls": calls},
+        script=ENGINE_SCENARIO,
+        RL_MSPROBE_RECORD_DIR=str(folder),
+    )
+    assert all(call["error"] is None for call in result["calls"]), result["calls"]
+    assert not result["msprobe_imported"]
+    records = read_records(folder)
+    micro = result["calls"][1]["micro_batch_ids"]
+    assert [doc["requests"] for doc, _ in records] == [["req-1-0", "req-1-1"], ["req-1-2", "req-1-3"]]
+    for (doc, values), tokens in zip(records, micro):
+        assert (doc["engine"], doc["tp_rank"], doc["tp_size"], doc["pp_rank"], doc["pp_size"]) == (
+            "verl-megatron",
+            0,
+            1,
+            0,
+            1,
+        )
+        ids = rows_of(doc, values, "Module.embed.", "input.0")
+        assert [t for rid in doc["requests"] for t in ids[rid]["Max"].tolist()] == tokens
+        assert [c for _, _, c in doc["token_rows"]] == [6, 5]  # the scenario's lengths, SEQ - i % 2

@@ -1,27 +1,44 @@
-"""msprobe dump hooks for verl's training engines. Added to this tree by rl-msprobe (patch set verl-engine).
+"""msprobe dump hooks and per-token records for verl's training engines. Added to this tree by
+rl-msprobe (patch set verl-engine, with `rl_msprobe_records.py` beside it).
 
 The engine files call these functions from a few marked lines (`# rl-msprobe:...`); run
-`rl-msprobe patch revert verl-engine --tree <this tree>` to remove them and this file.
+`rl-msprobe patch revert verl-engine --tree <this tree>` to remove them and these files.
 
 Environment (read at every call, so a Ray worker sees what its runtime env gives it):
-  DUMP_ON=1                 enable; unset or anything else: the hooks do nothing and msprobe
-                            is never imported
+  RL_MSPROBE_RECORD_DIR=DIR per-token records (rl-msprobe's docs/records.md, "rl-msprobe-records/1"):
+                            the actor's log-prob forward only (forward-only, not the reference
+                            model's engine, not a value head), one record per micro-batch holding a
+                            selected request (RL_MSPROBE_RECORD_SHARE / _IDS / _LAYERS / _MODULES),
+                            in DIR/train/{pid}/rec{K}.f32 + .json. Independent of DUMP_ON: with
+                            DUMP_ON unset msprobe is never imported. Rows follow the micro-batch as
+                            the engine feeds the model (`fsdp_layout`, `_megatron_recorder`):
+                            FSDP packed (use_remove_padding) or padded, any grouping (dynamic
+                            batch), Ulysses SP slices (header `sp_rank` / `sp_size`: the reader
+                            puts the ranks' rows together); Megatron THD with TP (header
+                            `tp_rank` / `tp_size`) and PP (`pp_rank` / `pp_size`, each stage its
+                            own layers, named by global layer number). Refused with one
+                            RlMsprobeRecordError naming the setting: Megatron sequence parallel,
+                            context parallel or bshd (use_remove_padding=False); a vision model
+                            under Ulysses SP. With use_fused_kernels the logits are never
+                            materialised: the lm_head output is then not in the records.
+  DUMP_ON=1                 enable msprobe; unset or anything else: the msprobe hooks do nothing
+                            and msprobe is never imported
   DUMP_PHASE=log_prob       which engine calls dump: log_prob (forward-only, the default),
                             update_actor (forward + backward), or all
   PROMPTS_ONLY=1            dump only micro-batches that carry no response tokens: the prompts-only
                             copy the patched trainer runs through the actor just for the dump
                             (rl_msprobe_consistency.prompts_forward); the step's own forwards on the
-                            full responses run undumped
+                            full responses run undumped (and are the ones the records cover)
   MSPROBE_ACTOR_CONFIG=PATH the msprobe config.json for the training side (required when DUMP_ON=1)
   DUMP_SEED=1234            seed passed to msprobe's seed_all
   DUMP_DETERMINISTIC=1      seed_all(mode=True) as msprobe documents for precision comparison:
                             it calls torch.use_deterministic_algorithms(True), so a
                             non-deterministic CUDA/NPU kernel then raises. Set 0 to only seed.
-  DUMP_POSITIONS=1          also record per-token statistics (Max, Min, Norm of each token's row of
-                            every module input and output) of the actor's log-prob forward over
-                            prompt + response, beside msprobe's dump: the training half of
-                            `rl-msprobe dumps positions` (whole-response consistency). msprobe's
-                            statistics describe a whole tensor and cannot be cut into positions.
+  DUMP_POSITIONS=1          (with DUMP_ON=1; the former format, kept for `rl-msprobe dumps positions`
+                            until it reads the records above) also record per-token statistics
+                            (Max, Min, Norm of each token's row of every module input and output,
+                            JSON, every request of the micro-batch) of the actor's log-prob forward
+                            over prompt + response, beside msprobe's dump.
 
 Output: one msprobe step per dumped micro-batch in `{dump_path}/step{N}/rank{R}/dump.json`,
 and one line per dumped micro-batch in `{dump_path}/{pid}/update_actor_log.jsonl`:
@@ -31,9 +48,10 @@ With DUMP_POSITIONS=1, one file per recorded micro-batch, `{dump_path}/positions
    "Module.<name>.<Class>.forward.<n>": {"input_args": [leaf...], "output": [leaf...]}}}
   leaf (tensor): {"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Norm", "token_axis",
                   "per_token": {"Max": [...], "Min": [...], "Norm": [...]}}; other values: {"type": "other"}
-The reference-model engine (`engine_config.forward_only`) is never dumped.
+The reference-model engine (`engine_config.forward_only`) is never dumped nor recorded.
 
-This file depends on nothing but the standard library and (lazily) msprobe and torch.distributed; it never imports rl-msprobe.
+This file depends on nothing but the standard library and (lazily) msprobe, torch, verl's own
+utilities and rl_msprobe_records (beside it); it never imports rl-msprobe.
 """
 
 from __future__ import annotations
