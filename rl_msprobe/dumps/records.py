@@ -103,6 +103,63 @@ def _rows(value: object, path: Path, name: str, width: int, requests: int) -> li
     return out
 
 
+_Row = tuple[str, str, str, int, str, "int | None"]
+_SCHEMAS: dict[tuple[str, int, int, int], list[_Row]] = {}  # (file, size, mtime, number) -> its table
+
+
+def _schema(folder: Path, number: int, record: Path) -> list[_Row]:
+    """The tensor table `schema{NUMBER}.json` beside a record (the writer's one copy per process and
+    table), read once and kept while the file is unchanged."""
+    path = folder / f"schema{number}.json"
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise UserError(
+            f"{record}: its tensor table {path.name} cannot be read ({exc.strerror}); the record set is "
+            "incomplete: copy the whole records folder, or re-run the job."
+        ) from None
+    key = (str(path), info.st_size, info.st_mtime_ns, number)
+    table = _SCHEMAS.get(key)
+    if table is None:
+        try:
+            doc = json.loads(bounded.read_bytes(path, "record tensor table", bounded.CONFIG))
+        except RecursionError:
+            raise UserError(f"{path}: JSON nested too deeply; {_NOT_OURS}") from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UserError(f"{path}: not JSON ({exc}); {_NOT_OURS}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("schema") != number:
+            raise UserError(f"{path}: not tensor table {number} of {FORMAT}; {_NOT_OURS}")
+        table = _table(doc.get("tensors"), f"{path}: `tensors`", path, offsets=False)
+        _SCHEMAS[key] = table
+    return table
+
+
+def _table(raw: object, where: str, path: Path, *, offsets: bool) -> list[_Row]:
+    """A tensor table checked entry by entry: (key, label, dtype, width, rows, offset or None)."""
+    if not isinstance(raw, list):
+        raise UserError(f"{where} is not a list; {_NOT_OURS}")
+    out: list[_Row] = []
+    for n, t in enumerate(raw):
+        at = f"{where}[{n}]"
+        if not isinstance(t, dict):
+            raise UserError(f"{at} is not an object; {_NOT_OURS}")
+        key, label, dtype, rows = t.get("key"), t.get("label"), t.get("dtype"), t.get("rows")
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise UserError(
+                f"{at}: `key` {str(key)[:80]!r} is not Module.<name>.<class>.forward.<n>; {_NOT_OURS}"
+            )
+        if not isinstance(label, str) or not _LABEL.match(label):
+            raise UserError(f"{at}: `label` {str(label)[:40]!r} is not input.N / output.N; {_NOT_OURS}")
+        if not isinstance(dtype, str) or rows not in ("token", "sample"):
+            raise UserError(f"{at}: `dtype` or `rows` ({str(rows)[:20]!r}) is not the format's; {_NOT_OURS}")
+        width = _int(t, "width", Path(at), 1 << 40)
+        if width < 1:
+            raise UserError(f"{at}: `width` 0; {_NOT_OURS}")
+        given = _int(t, "offset", Path(at), 1 << 40) if offsets else None
+        out.append((key, label, dtype, width, str(rows), given))
+    return out
+
+
 def read_header(path: Path, side: str) -> Header:
     """One record's header, checked field by field (module doc); UserError naming the field."""
     try:
@@ -126,35 +183,19 @@ def read_header(path: Path, side: str) -> Header:
     tp_rank = _int(doc, "tp_rank", path, MAX_RANK, 0)
     if tp_size < 1 or tp_rank >= tp_size:
         raise UserError(f"{path}: `tp_rank` {tp_rank} of `tp_size` {tp_size}; {_NOT_OURS}")
-    raw = doc.get("tensors")
-    if not isinstance(raw, list):
-        raise UserError(f"{path}: `tensors` is not a list; {_NOT_OURS}")
     counts = {"token": sum(c for _, _, c in token_rows), "sample": len(sample_rows)}
+    if "schema" in doc:
+        table = _schema(path.parent, _int(doc, "schema", path, 1 << 20), path)
+    else:  # the table inline, each tensor with its offset
+        table = _table(doc.get("tensors"), f"{path}: `tensors`", path, offsets=True)
     tensors, offset = [], 0
-    for n, t in enumerate(raw):
-        where = f"{path}: `tensors[{n}]`"
-        if not isinstance(t, dict):
-            raise UserError(f"{where} is not an object; {_NOT_OURS}")
-        key, label, dtype, rows = t.get("key"), t.get("label"), t.get("dtype"), t.get("rows")
-        if not isinstance(key, str) or not _KEY.match(key):
+    for key, label, dtype, width, rows, given in table:
+        if given is not None and given != offset:
             raise UserError(
-                f"{where}: `key` {str(key)[:80]!r} is not Module.<name>.<class>.forward.<n>; {_NOT_OURS}"
+                f"{path}: `{key}` {label}: `offset` {given} where the tensors before it end at {offset}; {_NOT_OURS}"
             )
-        if not isinstance(label, str) or not _LABEL.match(label):
-            raise UserError(f"{where}: `label` {str(label)[:40]!r} is not input.N / output.N; {_NOT_OURS}")
-        if not isinstance(dtype, str) or rows not in counts:
-            raise UserError(
-                f"{where}: `dtype` or `rows` ({str(rows)[:20]!r}) is not the format's; {_NOT_OURS}"
-            )
-        width = _int(t, "width", Path(where), 1 << 40)
-        if width < 1:
-            raise UserError(f"{where}: `width` 0; {_NOT_OURS}")
-        if _int(t, "offset", Path(where), 1 << 40) != offset:
-            raise UserError(
-                f"{where}: `offset` {t.get('offset')} where the tensors before it end at {offset}; {_NOT_OURS}"
-            )
-        offset += 3 * counts[str(rows)]
-        tensors.append(Tensor(key, label, dtype, width, str(rows), int(t["offset"])))
+        tensors.append(Tensor(key, label, dtype, width, rows, offset))
+        offset += 3 * counts[rows]
     return Header(
         path,
         side,
@@ -258,6 +299,11 @@ def list_side(folder: Path) -> Listing:
             m = _RECORD.match(name)
             if m:
                 found.setdefault(int(m.group(1)), set()).add(m.group(2))
+                try:
+                    out.bytes += os.stat(pid / name).st_size
+                except OSError as exc:
+                    raise UserError(f"{pid / name}: cannot be read ({exc.strerror}).") from None
+            elif name.startswith("schema") and name.endswith(".json"):  # the records' tensor tables
                 try:
                     out.bytes += os.stat(pid / name).st_size
                 except OSError as exc:

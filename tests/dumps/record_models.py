@@ -332,6 +332,7 @@ def write_job(
     os.environ[rec.ENV_DIR] = str(root)
     try:
         rec._counters.clear()
+        rec._schemas.clear()
         rollout_models = [RolloutModel(ws, r, tp) for r in range(tp)]
         for rank, model in enumerate(rollout_models):
             # each TP rank its own process: records under its own pid folder
@@ -396,7 +397,13 @@ def write_job(
 def _move(header: Path, folder: Path, k: int) -> None:
     """The helper writes under this test process's pid: move the record to the folder of the process it
     stands for (its `pid` left as written)."""
+    import json
+    import shutil
+
     folder.mkdir(parents=True, exist_ok=True)
+    schema = f"schema{json.loads(header.read_text())['schema']}.json"  # its tensor table goes along
+    if not (folder / schema).exists():
+        shutil.copyfile(header.parent / schema, folder / schema)
     header.with_suffix(".f32").rename(folder / f"rec{k}.f32")
     header.rename(folder / f"rec{k}.json")
 

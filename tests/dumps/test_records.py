@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 from rl_msprobe.dumps import record_compare, records  # noqa: E402
 from rl_msprobe.errors import UserError  # noqa: E402
 from tests.dumps import record_models as rm  # noqa: E402
+from tests.support.records import load_header
 
 LENGTHS = {"A": (3, 3), "B": (2, 4)}
 
@@ -36,7 +37,7 @@ def first_record(root: Path, side: str = "rollout") -> Path:
 def set_value(header: Path, tensor_part: str, stat: int, value: float) -> None:
     import numpy as np
 
-    head = json.loads(header.read_text())
+    head = load_header(header)
     t = next(t for t in head["tensors"] if tensor_part in t["key"] and t["label"] == "output.0")
     rows = sum(c for _, _, c in head["token_rows"]) if t["rows"] == "token" else len(head["sample_rows"])
     data = np.fromfile(header.with_suffix(".f32"), dtype="<f4")
@@ -99,7 +100,8 @@ def test_a_cut_record_is_an_error_naming_the_file(job: Path) -> None:
 )
 def test_a_header_that_is_not_the_format_is_an_error_naming_the_field(job: Path, edit, field: str) -> None:
     header = first_record(job)
-    head = json.loads(header.read_text())
+    head = load_header(header)
+    head.pop("schema")  # the table inline, as the reader also accepts it, so the edit reaches it
     edit(head)
     header.write_text(json.dumps(head))
     with pytest.raises(UserError, match="rec0.json") as info:
@@ -134,3 +136,16 @@ def test_a_request_on_one_side_only_is_named(tmp_path: Path) -> None:
     found = compare(root)
     assert [r.request_id for r in found.results] == ["A"] and found.only["rollout"] == ("B",)
     assert "recorded on the rollout side only (not compared): B" in found.notes()
+
+
+def test_a_missing_or_foreign_tensor_table_is_an_error_naming_the_record(job: Path) -> None:
+    header = first_record(job)
+    table = header.parent / f"schema{json.loads(header.read_text())['schema']}.json"
+    text = table.read_text()
+    table.write_text(json.dumps({"format": "something else", "schema": 0, "tensors": []}))
+    with pytest.raises(UserError, match="not tensor table"):
+        compare(job)
+    table.unlink()
+    with pytest.raises(UserError, match=r"rec0\.json: its tensor table schema\d+\.json cannot be read"):
+        compare(job)
+    table.write_text(text)

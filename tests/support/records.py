@@ -12,7 +12,7 @@ def read_records(folder: Path) -> list[tuple[dict, array]]:
     """Every finished record under FOLDER (header, float32 values), in the order written."""
     found = []
     for header_path in sorted(folder.rglob("rec*.json"), key=lambda p: (p.parent.name, int(p.stem[3:]))):
-        header = json.loads(header_path.read_text())
+        header = load_header(header_path)
         values = array("f")
         values.frombytes(header_path.with_suffix(".f32").read_bytes())
         found.append((header, values))
@@ -53,3 +53,18 @@ def assert_rows_equal(
     for position, want in expected.items():
         (got,) = rows[position]
         assert all(close(g, e) for g, e in zip(got, want, strict=True)), (what, position, got, want)
+
+
+def load_header(path: Path) -> dict:
+    """A record's header as one dict: its tensor table (`schema{S}.json` beside it, written once per
+    process and table) inlined as `tensors`, each with its `offset` in the `.f32`."""
+    header = json.loads(Path(path).read_text())
+    if "schema" in header and "tensors" not in header:
+        table = json.loads((Path(path).parent / f"schema{header['schema']}.json").read_text())["tensors"]
+        counts = {"token": sum(c for _, _, c in header["token_rows"]), "sample": len(header["sample_rows"])}
+        offset, tensors = 0, []
+        for tensor in table:
+            tensors.append({**tensor, "offset": offset})
+            offset += 3 * counts[tensor["rows"]]
+        header["tensors"] = tensors
+    return header

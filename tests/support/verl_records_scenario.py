@@ -331,8 +331,7 @@ def _megatron_layouts(tp_sizes: list) -> list:
             with torch.no_grad():
                 chunk(input_ids=input_ids.unsqueeze(0), packed_seq_params=params)
             path = recorder.finish()
-            with open(path, encoding="utf-8") as handle:
-                header = json.load(handle)
+            header = _load_header(path)
             values = np.fromfile(path[: -len(".json")] + ".f32", dtype="<f4")
             embedding = next(
                 t
@@ -353,6 +352,26 @@ def _megatron_layouts(tp_sizes: list) -> list:
         for name, value in saved.items():
             setattr(mpu, name, value)
     return out
+
+
+def _load_header(path: str) -> dict:
+    """A record header with its tensor table (schema{S}.json beside it) inlined, offsets included
+    (the job venv's interpreter runs this file: tests.support.records is not importable there)."""
+    import os
+
+    with open(path, encoding="utf-8") as handle:
+        header = json.load(handle)
+    with open(
+        os.path.join(os.path.dirname(path), f"schema{header['schema']}.json"), encoding="utf-8"
+    ) as handle:
+        table = json.load(handle)["tensors"]
+    counts = {"token": sum(c for _, _, c in header["token_rows"]), "sample": len(header["sample_rows"])}
+    offset = 0
+    header["tensors"] = []
+    for tensor in table:
+        header["tensors"].append({**tensor, "offset": offset})
+        offset += 3 * counts[tensor["rows"]]
+    return header
 
 
 def main() -> int:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.records import load_header
+
 torch = pytest.importorskip("torch")
 
 HELPER = Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files/common/rl_msprobe_records.py"
@@ -37,7 +39,7 @@ class Block(torch.nn.Module):
 
 
 def read(header_path: str):
-    header = json.loads(Path(header_path).read_text())
+    header = load_header(Path(header_path))
     raw = Path(header_path[: -len(".json")] + ".f32").read_bytes()
     import array
 
@@ -84,6 +86,10 @@ def test_records_the_selected_rows_of_a_packed_batch(tmp_path, monkeypatch):
     assert list(ids_hi) == list(ids_lo) == [float(v) for v in ids[3:7]]  # the token ids
     assert not model.head._forward_hooks  # hooks removed
     assert Path(path).with_suffix(".f32").stat().st_size == 4 * sum(3 * 4 for _ in header["tensors"])
+    # the tensor table is written once per process and table, the header names it
+    assert json.loads(Path(path).read_text())["schema"] == 0 and "tensors" not in json.loads(
+        Path(path).read_text()
+    )
 
 
 def test_sample_rows_and_filters(tmp_path, monkeypatch):

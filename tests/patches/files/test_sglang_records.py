@@ -11,12 +11,12 @@ test_sglang_records_e2e.py.
 from __future__ import annotations
 
 import enum
-import json
 from types import SimpleNamespace as NS
 
 import pytest
 
 from tests.support.added_files import load_with_records
+from tests.support.records import load_header
 
 torch = pytest.importorskip("torch")
 
@@ -92,7 +92,7 @@ def decode(rids, seq_lens):
 
 def headers(tmp_path) -> list[dict]:
     files = sorted((tmp_path / "rec").rglob("rec*.json"), key=lambda p: int(p.stem[3:]))
-    return [json.loads(p.read_text()) for p in files]
+    return [load_header(p) for p in files]
 
 
 def hooked(runner) -> bool:

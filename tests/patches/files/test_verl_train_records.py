@@ -27,6 +27,7 @@ import torch
 
 from tests.support import verl_venv
 from tests.support.added_files import load
+from tests.support.records import load_header
 from tests.support.tiers import newest_in_default
 from tests.support.trees import patched_release
 
@@ -306,7 +307,7 @@ def read_records(root: Path) -> list[tuple[dict, np.ndarray]]:
     """Every finished record under ROOT/train/{pid}/, in the order written."""
     out = []
     for header in sorted(root.glob("train/*/rec*.json"), key=lambda p: int(p.stem[3:])):
-        doc = json.loads(header.read_text())
+        doc = load_header(header)
         out.append((doc, np.fromfile(header.with_suffix(".f32"), dtype="<f4")))
     return out
 

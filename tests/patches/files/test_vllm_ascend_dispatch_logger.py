@@ -24,6 +24,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from rl_msprobe.patches import get_set
+from tests.support.records import load_header
 from tests.support.trees import DISPATCH_LOG_KEYS
 
 FILE = (
@@ -376,7 +377,7 @@ def test_records_of_a_step_on_the_npu_runner_shape(monkeypatch, tmp_path):
     runner = records_runner(monkeypatch, tmp_path)
     out = NS(num_scheduled_tokens={"a-01234567": 3, "b-01234567": 1}, total_num_scheduled_tokens=4)
     runner.execute_model(out)
-    (header,) = [json.loads(p.read_text()) for p in (tmp_path / "rec").rglob("rec*.json")]
+    (header,) = [load_header(p) for p in (tmp_path / "rec").rglob("rec*.json")]
     assert (header["engine"], header["phase"], header["requests"]) == ("vllm-ascend", "mixed", ["a", "b"])
     assert header["token_rows"] == [[0, 0, 3], [1, 6, 1]] and header["sample_rows"] == [[0, 2], [1, 6]]
     kinds = {(t["key"].split(".")[1], t["label"]): t["rows"] for t in header["tensors"]}

@@ -9,7 +9,6 @@ also runs for real in test_vllm_records_e2e.py.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -17,6 +16,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from tests.support.added_files import load, load_with_records
+from tests.support.records import load_header
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -109,7 +109,7 @@ def v2_runner_class(helper):
 def read(folder: Path) -> list[tuple[dict, np.ndarray]]:
     out = []
     for path in sorted(folder.rglob("rec*.json"), key=lambda p: int(p.stem[3:])):
-        out.append((json.loads(path.read_text()), np.fromfile(path.with_suffix(".f32"), dtype="<f4")))
+        out.append((load_header(path), np.fromfile(path.with_suffix(".f32"), dtype="<f4")))
     return out
 
 

@@ -28,6 +28,7 @@ ENV_DIR = "RL_MSPROBE_RECORD_DIR"
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _counters: dict = {}
+_schemas: dict = {}  # (folder, tensor table) -> its schema number in that folder
 
 
 class RlMsprobeRecordError(RuntimeError):
@@ -324,13 +325,9 @@ class Recorder:
         os.makedirs(folder, exist_ok=True)
         k = _counters.get(folder)
         if k is None:
-            k = sum(1 for name in os.listdir(folder) if name.endswith(".json"))
+            k = sum(1 for name in os.listdir(folder) if name.startswith("rec") and name.endswith(".json"))
         _counters[folder] = k + 1
         flat = torch.cat([v.reshape(-1) for v in self.values]).to("cpu", torch.float32)
-        offset = 0
-        for tensor, value in zip(self.tensors, self.values):
-            tensor["offset"] = offset
-            offset += int(value.numel())
         base = os.path.join(folder, f"rec{k}")
         with open(base + ".f32", "wb") as handle:
             handle.write(flat.numpy().astype("<f4", copy=False).tobytes())
@@ -344,10 +341,30 @@ class Recorder:
             "requests": self.layout.requests,
             "token_rows": self.layout.token_rows,
             "sample_rows": self.layout.sample_rows,
-            "tensors": self.tensors,
+            "schema": _schema(folder, self.tensors),
         }
-        with open(base + ".json.tmp", "w", encoding="utf-8") as handle:
-            json.dump(header, handle)
-        os.replace(base + ".json.tmp", base + ".json")
+        _write_json(base + ".json", header)
         self.values, self.tensors = [], []
         return base + ".json"
+
+
+def _write_json(path: str, doc: dict) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(doc, handle)
+    os.replace(path + ".tmp", path)
+
+
+def _schema(folder: str, tensors: list) -> int:
+    """The number of FOLDER's `schema{S}.json` holding this tensor table, written the first time
+    it is seen: a forward's header names its table instead of repeating it (at 80 layers, about a
+    thousand tensors: ~160 KB a forward that a decode step's rows do not need)."""
+    text = json.dumps(tensors, separators=(",", ":"))
+    number = _schemas.get((folder, text))
+    if number is None:
+        number = sum(1 for where, _ in _schemas if where == folder)
+        _write_json(
+            os.path.join(folder, f"schema{number}.json"),
+            {"format": FORMAT, "schema": number, "tensors": tensors},
+        )
+        _schemas[(folder, text)] = number
+    return number
