@@ -87,11 +87,16 @@ def write(
         "requests": [f"r{i}" for i in range(len(segments))],
         "token_rows": [[i, first, count] for i, (_, first, count) in enumerate(segments)],
         "sample_rows": [],
-        "tensors": [
-            {"key": key, "label": lab, "dtype": dt, "width": w, "rows": "token", "offset": 3 * rows * n}
-            for n, (key, lab, w, dt) in enumerate(tensors_)
-        ],
+        "schema": 0,  # the tensor table once per process, as the helper writes it
     }
+    table = folder / "schema0.json"
+    if not table.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rows_ = [
+            {"key": key, "label": lab, "dtype": dt, "width": w, "rows": "token"}
+            for key, lab, w, dt in tensors_
+        ]
+        table.write_text(json.dumps({"format": records.FORMAT, "schema": 0, "tensors": rows_}))
     data = np.concatenate([stats(None, ids, w, rows).reshape(-1) for _, _, w, _ in tensors_])
     folder.mkdir(parents=True, exist_ok=True)
     data.astype("<f4").tofile(folder / f"rec{k}.f32")

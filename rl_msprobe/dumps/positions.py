@@ -314,6 +314,10 @@ class Result:
             for p in self.positions
         ]
 
+    def divergent_spans(self) -> int:
+        """How many position spans hold a divergent module."""
+        return sum(1 for q in self.positions if q.first)
+
     def judged(self) -> tuple[int, dict[str, float]]:
         """(module outputs judged over every span, noise floor by precision)."""
         return (
@@ -352,7 +356,7 @@ class Result:
         n = len(self.positions)
         if first is not None:
             p, j = first
-            bad = sum(1 for q in self.positions if q.first)
+            bad = self.divergent_spans()
             return (
                 f"DIVERGENT: first divergence at {p.label(self.prompt)}, {p.phase}, in {j.module} {j.tensor} "
                 f"(layer {'–' if j.layer is None else j.layer}): error {j.error:.3g}, {j.floor_ratio:.3g}x the "

@@ -150,6 +150,9 @@ class RecordResult(Result):
     def spans(self) -> list[tuple[int, int, str]]:
         return [(p, p + 1, phase) for p, phase in enumerate(self.phases)]
 
+    def divergent_spans(self) -> int:
+        return int(self._grid()[3].any(axis=0).sum()) if self.modules else 0
+
     def judged(self) -> tuple[int, dict[str, float]]:
         measured = self._grid()[0]
         floors = {
