@@ -46,6 +46,9 @@ CLASS = "GPUModelRunner"
 FORWARD_CALL = "self._model_forward"
 FORWARD_ANCHOR = "model forward in execute_model"
 BLOCKS = (cst.With, cst.If, cst.For, cst.While, cst.Try, cst.TryStar)
+BATCH_LOCAL = "input_batch"
+BATCH_ANCHOR = "input_batch local in execute_model"
+SAMPLE_ANCHOR = f"{CLASS}.sample_tokens"
 
 
 def marked_decorator(ctx: TransformContext, expression: str) -> cst.Decorator:
@@ -62,12 +65,23 @@ class RunnerTransformer(ScopedTransformer):
     in `__init__`, the step decorator outermost on `execute_model`, the start before each statement
     of `execute_model` that calls `forward_call` (anchor `forward_anchor`)."""
 
-    targets = (f"{CLASS}.__init__", f"{CLASS}.execute_model")
+    targets = (f"{CLASS}.__init__", f"{CLASS}.execute_model", f"{CLASS}.sample_tokens")
 
-    def __init__(self, ctx: TransformContext, forward_call: str, forward_anchor: str) -> None:
+    def __init__(
+        self,
+        ctx: TransformContext,
+        forward_call: str,
+        forward_anchor: str,
+        start_args: str = "self",
+        batch_anchor: str | None = None,
+        sample_anchor: str | None = None,
+    ) -> None:
         super().__init__(ctx)
         self.forward_call = forward_call
         self.forward_anchor = forward_anchor
+        self.start_args = start_args
+        self.batch_anchor = batch_anchor
+        self.sample_anchor = sample_anchor
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if not self.scope and node.name.value == CLASS:
@@ -83,20 +97,50 @@ class RunnerTransformer(ScopedTransformer):
             return with_body(updated, [*body, self.ctx.statement("rl_msprobe_dump.init_runner(self)")])
         if qualname == f"{CLASS}.execute_model":
             self.ctx.hit(f"{CLASS}.execute_model")
-            start = _ForwardStart(self.ctx, self.forward_call, self.forward_anchor)
+            if self.batch_anchor is not None and assigns_name(original, BATCH_LOCAL):
+                self.ctx.hit(self.batch_anchor)
+            start = _ForwardStart(self.ctx, self.forward_call, self.forward_anchor, self.start_args)
             updated = updated.with_changes(body=start.visit_block(updated.body))
             decorator = marked_decorator(self.ctx, "rl_msprobe_dump.dump_step")
             return updated.with_changes(decorators=[decorator, *updated.decorators])
+        if qualname == f"{CLASS}.sample_tokens" and self.sample_anchor is not None:
+            self.ctx.hit(self.sample_anchor)
+            decorator = marked_decorator(self.ctx, "rl_msprobe_dump.sample_step")
+            return updated.with_changes(decorators=[decorator, *updated.decorators])
         return updated
+
+
+def assigns_name(function: cst.FunctionDef, name: str) -> bool:
+    """Does FUNCTION's own body (any block, not nested functions) assign the local NAME (`NAME = ...`)?"""
+
+    class _Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Name) and node.target.value == name:
+                self.found = True
+
+    finder = _Finder()
+    function.visit(finder)
+    return finder.found
 
 
 class _ForwardStart:
     """Insert the start line before every simple statement (in any block) that calls the forward."""
 
-    def __init__(self, ctx: TransformContext, call: str = FORWARD_CALL, anchor: str = FORWARD_ANCHOR) -> None:
+    def __init__(
+        self, ctx: TransformContext, call: str = FORWARD_CALL, anchor: str = FORWARD_ANCHOR, args: str = "self"
+    ) -> None:
         self.ctx = ctx
         self.call = call
         self.anchor = anchor
+        self.args = args
 
     def visit_block(self, block: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
@@ -106,7 +150,7 @@ class _ForwardStart:
             if isinstance(stmt, cst.SimpleStatementLine) and contains_call(stmt, self.call):
                 self.ctx.hit(self.anchor)
                 statements.extend(
-                    insert_before(stmt, [self.ctx.statement("rl_msprobe_dump.start_forward(self)")])
+                    insert_before(stmt, [self.ctx.statement(f"rl_msprobe_dump.start_forward({self.args})")])
                 )
             elif isinstance(stmt, BLOCKS):  # not into nested functions, classes or `match` cases
                 statements.append(self._compound(stmt))
@@ -137,6 +181,10 @@ class RunnerCodemod(Codemod):
     helper_import = HELPER_IMPORT
     forward_call: ClassVar[str]
     forward_anchor: ClassVar[str]
+    # the V2 runner keeps its step's batch in a local (`input_batch`) that the start line passes on,
+    # and computes the logits in `sample_tokens` (decorated too); the V1 runner does neither
+    passes_batch: ClassVar[bool] = False
+    decorates_sampling: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -146,9 +194,20 @@ class RunnerCodemod(Codemod):
             f"{CLASS}.execute_model": f"a method execute_model in class {CLASS}",
             cls.forward_anchor: f"a statement in {CLASS}.execute_model calling {cls.forward_call}(...)",
         }
+        if cls.passes_batch:
+            cls.anchors[BATCH_ANCHOR] = f"a local `{BATCH_LOCAL} = ...` in {CLASS}.execute_model (the step's batch)"
+        if cls.decorates_sampling:
+            cls.anchors[SAMPLE_ANCHOR] = f"a method sample_tokens in class {CLASS} (the step's logits)"
 
     def transformer(self, ctx: TransformContext) -> cst.CSTTransformer:
-        return RunnerTransformer(ctx, self.forward_call, self.forward_anchor)
+        return RunnerTransformer(
+            ctx,
+            self.forward_call,
+            self.forward_anchor,
+            start_args=f"self, {BATCH_LOCAL}" if self.passes_batch else "self",
+            batch_anchor=BATCH_ANCHOR if self.passes_batch else None,
+            sample_anchor=SAMPLE_ANCHOR if self.decorates_sampling else None,
+        )
 
 
 class VllmModelRunner(RunnerCodemod):

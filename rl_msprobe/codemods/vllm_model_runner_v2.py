@@ -3,7 +3,7 @@
 vLLM's V2 runner (`vllm/v1/worker/gpu/model_runner.py`) runs beside the V1 runner up to 0.33.0 (chosen
 by `VLLM_USE_V2_MODEL_RUNNER`, or by vLLM's own `use_v2_model_runner` when unset) and is the only
 runner from 0.34.0 (the V1 file is gone). Where both are in the tree both are patched: either dumps.
-The same four kinds of marked lines as the V1 codemod (`vllm_model_runner.py`), calling the same
+The four kinds of marked lines of the V1 codemod plus one (`vllm_model_runner.py`), calling the same
 helper (`vllm/v1/worker/rl_msprobe_dump.py`):
 
 - after the imports: `from vllm.v1.worker import rl_msprobe_dump`;
@@ -11,11 +11,15 @@ helper (`vllm/v1/worker/rl_msprobe_dump.py`):
 - outermost decorator on `execute_model`: `@rl_msprobe_dump.dump_step` (stop + step in a `finally`,
   on every way out; the V2 runner's own dummy runs, `dummy_run=True`, are never dumped);
 - before the statement that runs the eager forward, `model_output = self.model(**model_inputs)`:
-  `rl_msprobe_dump.start_forward(self)`. The CUDA-graph replays beside it never run under
-  `enforce_eager=True`, which the helper requires.
+  `rl_msprobe_dump.start_forward(self, input_batch)` — the step's `InputBatch` (a local of
+  `execute_model`, anchored: its requests in row order, scheduled and computed tokens) lays out the
+  per-token records' rows. The CUDA-graph replays beside it never run under `enforce_eager=True`,
+  which the helper requires;
+- outermost decorator on `sample_tokens`: `@rl_msprobe_dump.sample_step`. The V2 runner computes
+  the logits there, after `execute_model` returns: the per-token record of the step stays open
+  until `sample_tokens` ends (on every way out), so it holds the logits too.
 
-The V2 runner computes the logits in `sample_tokens`, after `execute_model` returns, so a V2 step
-covers the model forward without the logits (V1: forward and logits). vLLM's CPU runner on x86
+msprobe's dump covers the model forward of a V2 step without the logits (V1: forward and logits). vLLM's CPU runner on x86
 (`vllm/v1/worker/cpu/model_runner.py`, 0.34) subclasses this class without overriding
 `execute_model`. Shape checked on vLLM 0.24.0, 0.30.0, 0.32.0, 0.33.0 and 0.34.0: the eager forward
 is `self.model(**model_inputs)` in the innermost `else` of the "Run model" block throughout.
@@ -40,6 +44,8 @@ class VllmModelRunnerV2(RunnerCodemod):
     path = "vllm/v1/worker/gpu/model_runner.py"
     forward_call = FORWARD_CALL
     forward_anchor = FORWARD_ANCHOR
+    passes_batch = True
+    decorates_sampling = True
 
     def is_marked(self, source: str) -> bool:
         return bool(self.marked_lines(source))

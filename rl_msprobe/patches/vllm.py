@@ -17,6 +17,10 @@ NEWEST = project("vllm").newest_tested
 ENV_CONFIG = "MSPROBE_ROLLOUT_CONFIG"
 
 DUMP_FILE = NewFile("vllm", "vllm/v1/worker/rl_msprobe_dump.py", name="vllm-dump-file")
+# the shared per-token recorder (docs/records.md), one source for every tree that records
+RECORDS_FILE = NewFile(
+    "vllm", "vllm/v1/worker/rl_msprobe_records.py", name="vllm-records-file", source="common/rl_msprobe_records.py"
+)
 V1_RUNNER = VllmModelRunner()
 V2_RUNNER = VllmModelRunnerV2()
 RUNNERS = (V1_RUNNER, V2_RUNNER)  # every model runner the dump path is wired into, where the tree has it
@@ -30,6 +34,7 @@ VLLM_DUMP = PatchSet(
     ),
     pieces=(
         Piece(DUMP_FILE),
+        Piece(RECORDS_FILE),
         # where_present: the tree's code decides (V1 only, both, V2 only from vLLM 0.34.0)
         where_present(V1_RUNNER, "no V1 model runner in this vLLM (removed in 0.34.0): the V2 runner dumps"),
         where_present(V2_RUNNER, "no V2 model runner in this vLLM: the V1 runner dumps"),
@@ -50,6 +55,8 @@ VLLM_DUMP = PatchSet(
         "runner and refuses VLLM_USE_V2_MODEL_RUNNER=0.",
         f"the dump is enabled by {ENV_CONFIG}=<msprobe config.json with dump_path>; unset, the patched "
         "runner behaves as before and never imports msprobe.",
+        "per-token records (docs/records.md) of the selected requests are written when RL_MSPROBE_RECORD_DIR is "
+        f"set, with or without {ENV_CONFIG}; both unset, the runner imports nothing of rl-msprobe's.",
         "eager execution is required (actor_rollout_ref.rollout.enforce_eager=True); the runner refuses "
         "to start otherwise.",
         "a V1 step covers the model forward and the logits; a V2 step the model forward (the V2 runner "

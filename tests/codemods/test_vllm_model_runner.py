@@ -80,7 +80,7 @@ def test_set_patches_both_runners_and_says_how_to_enable():
     assert "MSPROBE_ROLLOUT_CONFIG" in text and "enforce_eager=True" in text
     assert "VLLM_USE_V2_MODEL_RUNNER=0" not in patch_set.description  # no runner setting is needed
     labels = {p.label: p for p in patch_set.all_pieces()}
-    assert set(labels) == {"vllm-dump-file", "vllm-model-runner", "vllm-v2-model-runner"}
+    assert set(labels) == {"vllm-dump-file", "vllm-records-file", "vllm-model-runner", "vllm-v2-model-runner"}
     # the tree's code decides which runner is patched: neither runner piece is required alone ...
     assert not labels["vllm-model-runner"].essential and not labels["vllm-v2-model-runner"].essential
     # ... but the dump needs one of them
@@ -88,7 +88,10 @@ def test_set_patches_both_runners_and_says_how_to_enable():
     assert set(capability.pieces) == {"vllm-model-runner", "vllm-v2-model-runner"}
     helper = labels["vllm-dump-file"].item.content().decode()
     assert "Added to this tree by rl-msprobe" in helper[:300]
-    assert "rl_msprobe" not in helper.replace("rl_msprobe_dump", ""), "the helper never imports rl-msprobe"
+    bare = helper.replace("rl_msprobe_dump", "").replace("rl_msprobe_records", "")
+    assert "rl_msprobe" not in bare, "the helper never imports rl-msprobe (only its sibling files in the tree)"
+    records = labels["vllm-records-file"].item
+    assert records.path == "vllm/v1/worker/rl_msprobe_records.py" and records.source == "common/rl_msprobe_records.py"
 
 
 def test_patch_list_names_the_set():
@@ -98,6 +101,7 @@ def test_patch_list_names_the_set():
     assert "V1 and V2" in entry["description"]
     assert {p["path"] for p in entry["pieces"]} == {
         "vllm/v1/worker/rl_msprobe_dump.py",
+        "vllm/v1/worker/rl_msprobe_records.py",
         "vllm/v1/worker/gpu_model_runner.py",
         "vllm/v1/worker/gpu/model_runner.py",
     }
@@ -179,7 +183,12 @@ def test_the_runner_the_tree_has_is_patched(tmp_path, v1, v2, patched, skipped):
     assert code == 0
     (entry,) = json.loads(out)["sets"]
     files = {f["codemod"]: f["status"] for f in entry["files"]}
-    assert files == {"vllm-dump-file": "applied", patched: "applied", skipped: "not-applicable"}
+    assert files == {
+        "vllm-dump-file": "applied",
+        "vllm-records-file": "applied",
+        patched: "applied",
+        skipped: "not-applicable",
+    }
     (capability,) = entry["capabilities"]
     assert capability["found"] and len(capability["sites"]) == 1
 

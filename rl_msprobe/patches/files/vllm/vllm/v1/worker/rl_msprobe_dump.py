@@ -49,9 +49,11 @@ import sys
 import time
 
 ENV_CONFIG = "MSPROBE_ROLLOUT_CONFIG"
+ENV_RECORD_DIR = "RL_MSPROBE_RECORD_DIR"  # rl_msprobe_records.ENV_DIR, read here without importing it
 SOURCE = "vllm"
 LOG_NAME = "dispatch_log.jsonl"
 _ATTR = "_rl_msprobe_dump"
+_RECORDS_ATTR = "_rl_msprobe_records"
 
 
 class RlMsprobeDumpError(RuntimeError):
@@ -60,6 +62,11 @@ class RlMsprobeDumpError(RuntimeError):
 
 def config_path() -> str | None:
     return os.environ.get(ENV_CONFIG) or None
+
+
+def record_dir() -> str | None:
+    """The per-token records' root (RL_MSPROBE_RECORD_DIR), else None: then nothing is imported."""
+    return os.environ.get(ENV_RECORD_DIR, "").strip() or None
 
 
 def _read_dump_path(path: str) -> str:
@@ -78,13 +85,13 @@ def _read_dump_path(path: str) -> str:
     return dump_path
 
 
-def _check_eager(runner) -> None:
+def _check_eager(runner, variable: str = ENV_CONFIG) -> None:
     model_config = getattr(runner, "model_config", None)
     if not getattr(model_config, "enforce_eager", False):
         raise RlMsprobeDumpError(
-            f"{ENV_CONFIG} is set but this vLLM engine does not run eagerly (enforce_eager=False): msprobe "
-            "cannot see the layers of a compiled / CUDA-graph forward. Start vLLM with enforce_eager=True "
-            f"(verl: actor_rollout_ref.rollout.enforce_eager=True), or unset {ENV_CONFIG}."
+            f"{variable} is set but this vLLM engine does not run eagerly (enforce_eager=False): the "
+            "layers of a compiled / CUDA-graph forward cannot be seen. Start vLLM with enforce_eager=True "
+            f"(verl: actor_rollout_ref.rollout.enforce_eager=True), or unset {variable}."
         )
 
 
@@ -278,16 +285,166 @@ class _Dump:
             handle.write(json.dumps(line) + "\n")
 
 
+class _Records:
+    """The per-token records of one runner (`rl_msprobe_records.py`, beside this file): one record per
+    model step that serves a selected request, cut out of the batched forward by the step's own batch
+    metadata. A step with no selected request installs no hook."""
+
+    def __init__(self) -> None:
+        from vllm.v1.worker import rl_msprobe_records
+
+        self.lib = rl_msprobe_records
+        self.scheduler_output = None
+        self.recorder = None
+        self.engine = "vllm-v1"
+
+    def begin(self, scheduler_output) -> None:
+        self.scheduler_output = scheduler_output
+
+    def start(self, runner, input_batch=None) -> None:
+        scheduler_output, self.scheduler_output = self.scheduler_output, None
+        if self.recorder is not None or scheduler_output is None:
+            return
+        if input_batch is not None:
+            self.engine = "vllm-v2"
+            layout, phase = v2_layout(self.lib, input_batch)
+        else:
+            self.engine = "vllm-v1"
+            layout, phase = v1_layout(self.lib, runner.input_batch, scheduler_output)
+        if layout is None or layout.empty():
+            return  # no selected request in this step: no hook, no cost
+        tp_rank, tp_size = _tp()
+        meta = {"rank": _global_rank(), "tp_rank": tp_rank, "tp_size": tp_size, "phase": phase,
+                "engine": self.engine}  # fmt: skip
+        recorder = self.lib.Recorder(runner.model, layout, "rollout", meta)
+        recorder.handles.append(
+            runner.model.register_forward_pre_hook(_rows_seen(layout), with_kwargs=True)
+        )
+        self.recorder = recorder
+
+    def keep_for_sampling(self, runner, result) -> bool:
+        """After the V2 runner's execute_model: keep the record open for sample_tokens (the logits)?
+        Only when that runner left a step to sample (`execute_model_state`)."""
+        return (
+            self.recorder is not None
+            and self.engine == "vllm-v2"
+            and result is None
+            and getattr(runner, "execute_model_state", None) is not None
+            and _samples_wrapped(runner)
+        )
+
+    def finish(self, failed: bool = False) -> None:
+        recorder, self.recorder = self.recorder, None
+        if recorder is None:
+            return
+        if failed:
+            recorder.remove()  # the step failed: its rows are not a record
+            return
+        recorder.finish()
+
+
+def _rows_seen(layout):
+    """A forward pre-hook on runner.model: the token rows the model really sees (DP / CUDA-graph
+    padding adds rows after the scheduled ones), so per-token tensors are told by their row count."""
+
+    def pre_hook(module, args, kwargs):
+        for value in (kwargs.get("input_ids"), kwargs.get("positions"), *args[:2]):
+            shape = getattr(value, "shape", None)
+            if shape:
+                layout.total = int(shape[-1])
+                return None
+        return None
+
+    return pre_hook
+
+
+def v1_layout(lib, input_batch, scheduler_output):
+    """(Layout, phase) of a V1 step: the persistent batch's requests (`input_batch.req_ids`) in row
+    order, `num_scheduled_tokens[rid]` rows each, contiguous; positions from
+    `num_computed_tokens_cpu[index]` (`_prepare_inputs`: computed + arange); the logits' rows one per
+    request at its last scheduled row (`logits_indices = query_start_loc[1:] - 1`). With speculative
+    decoding the logits rows are per draft token and are not recorded as sample rows."""
+    counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    req_ids = list(getattr(input_batch, "req_ids", None) or ())
+    computed = input_batch.num_computed_tokens_cpu
+    prompts = getattr(input_batch, "num_prompt_tokens", None)
+    segments, samples = [], []
+    row = prefill = decode = 0
+    for index, rid in enumerate(req_ids):
+        count = int(counts.get(rid, 0)) if rid is not None else 0
+        if not count:
+            continue
+        first = int(computed[index])
+        if prompts is not None and first < int(prompts[index]):
+            prefill += 1
+        else:
+            decode += 1
+        if lib.selected(rid):
+            segments.append((rid, row, first, count))
+            samples.append((rid, row + count - 1, first + count - 1))
+        row += count
+    spec = bool(getattr(scheduler_output, "scheduled_spec_decode_tokens", None))
+    layout = lib.Layout(row, segments, () if spec else samples, None if spec else prefill + decode)
+    return layout, _phase(prefill, decode)
+
+
+def v2_layout(lib, input_batch):
+    """(Layout, phase) of a V2 step from its `InputBatch`: `req_ids` in row order,
+    `num_scheduled_tokens` rows each (`query_start_loc_np`), positions from `num_computed_tokens_np`,
+    the logits' rows at `cu_num_logits` (one per request without drafts)."""
+    req_ids = list(input_batch.req_ids)
+    counts = input_batch.num_scheduled_tokens
+    computed = input_batch.num_computed_tokens_np
+    starts = getattr(input_batch, "query_start_loc_np", None)
+    prefilling = getattr(input_batch, "is_prefilling_np", None)
+    segments, samples = [], []
+    row = prefill = decode = 0
+    for index, rid in enumerate(req_ids):
+        count = int(counts[index])
+        row = int(starts[index]) if starts is not None else row
+        first = int(computed[index])
+        if prefilling is not None and bool(prefilling[index]):
+            prefill += 1
+        else:
+            decode += 1
+        if lib.selected(rid):
+            segments.append((rid, row, first, count))
+            samples.append((rid, row + count - 1, first + count - 1))
+        row += count
+    drafts = int(getattr(input_batch, "num_draft_tokens", 0) or 0)
+    total = int(getattr(input_batch, "num_tokens_after_padding", 0) or getattr(input_batch, "num_tokens", row))
+    layout = lib.Layout(total, segments, () if drafts else samples, None if drafts else len(req_ids))
+    return layout, _phase(prefill, decode)
+
+
+def _phase(prefill: int, decode: int) -> str:
+    return "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+
+
+def _global_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
 # ---------------------------------------------------------------- called from the marked lines
 
 
 def init_runner(runner) -> None:
-    """Last line of GPUModelRunner.__init__ (V1 and V2): check eager execution and the config, early."""
+    """Last line of GPUModelRunner.__init__ (V1 and V2): check eager execution and the config, early
+    (msprobe's dump and the per-token records each ask for it; either may be on, or both)."""
     config = config_path()
-    if config is None:
+    recording = record_dir() is not None
+    if config is None and not recording:
         return
-    _check_eager(runner)
-    setattr(runner, _ATTR, _Dump(config))
+    _check_eager(runner, ENV_CONFIG if config is not None else ENV_RECORD_DIR)
+    if config is not None:
+        setattr(runner, _ATTR, _Dump(config))
+    if recording:
+        setattr(runner, _RECORDS_ATTR, _Records())
 
 
 def _state(runner) -> _Dump | None:
@@ -298,31 +455,93 @@ def _state(runner) -> _Dump | None:
     return dump
 
 
+def _records_state(runner) -> _Records | None:
+    records = getattr(runner, _RECORDS_ATTR, None)
+    if records is None and record_dir() is not None:
+        init_runner(runner)
+        records = getattr(runner, _RECORDS_ATTR, None)
+    return records
+
+
+def _finish_all(dump: _Dump | None, records: _Records | None, failed: bool) -> None:
+    """Finish the records, then msprobe's step: each runs even when the other raises."""
+    try:
+        if records is not None:
+            records.finish(failed=failed)
+    finally:
+        if dump is not None:
+            dump.finish(failed=failed)
+
+
 def dump_step(execute_model):
     """Decorator for GPUModelRunner.execute_model (V1 and V2): one msprobe step per model step,
-    stopped and stepped on every way out (each return and any exception). The V2 runner's dummy runs
+    stopped and stepped on every way out (each return and any exception), and the step's per-token
+    record written (its hooks removed) on every way out too. The V2 runner's dummy runs
     (`dummy_run=True`: warm-up, profiling, DP padding) are not model steps and never dumped."""
 
     @functools.wraps(execute_model)
     def execute_model_with_dump(self, *args, **kwargs):
         dump = _state(self)
-        if dump is None or kwargs.get("dummy_run"):
+        records = _records_state(self)
+        if (dump is None and records is None) or kwargs.get("dummy_run"):
             return execute_model(self, *args, **kwargs)
         scheduler_output = args[0] if args else kwargs.get("scheduler_output")
-        dump.begin(self, scheduler_output)
+        if records is not None:
+            records.finish()  # a V2 step whose sample_tokens never came: its forward's record, written now
+            records.begin(scheduler_output)
+        if dump is not None:
+            dump.begin(self, scheduler_output)
         try:
             result = execute_model(self, *args, **kwargs)
         except BaseException:
-            dump.finish(failed=True)
+            _finish_all(dump, records, failed=True)
             raise
-        dump.finish()
+        if records is not None and records.keep_for_sampling(self, result):
+            records = None  # the V2 runner computes this step's logits in sample_tokens: it finishes there
+        _finish_all(dump, records, failed=False)
         return result
 
     return execute_model_with_dump
 
 
-def start_forward(runner) -> None:
-    """Just before the model forward in execute_model: start the debugger on runner.model."""
+def sample_step(sample_tokens):
+    """Decorator for the V2 runner's GPUModelRunner.sample_tokens: the logits of the step that
+    execute_model ran are computed here (`runner.model.compute_logits`), under the same record's
+    hooks; the record is written (its hooks removed) on every way out of sample_tokens."""
+
+    @functools.wraps(sample_tokens)
+    def sample_tokens_with_records(self, *args, **kwargs):
+        records = getattr(self, _RECORDS_ATTR, None)
+        if records is None or records.recorder is None:
+            return sample_tokens(self, *args, **kwargs)
+        try:
+            result = sample_tokens(self, *args, **kwargs)
+        except BaseException:
+            records.finish(failed=True)
+            raise
+        records.finish()
+        return result
+
+    sample_tokens_with_records._rl_msprobe_dump_sample_step = True  # type: ignore[attr-defined]
+    return sample_tokens_with_records
+
+
+def _samples_wrapped(runner) -> bool:
+    """Is sample_tokens decorated by sample_step in the runner's classes? (Else a V2 record is written
+    when execute_model returns, without the logits; a record left open is written at the next step.)"""
+    return any(
+        getattr(cls.__dict__.get("sample_tokens"), "_rl_msprobe_dump_sample_step", False) for cls in type(runner).__mro__
+    )
+
+
+def start_forward(runner, input_batch=None) -> None:
+    """Just before the model forward in execute_model: start the debugger on runner.model, and the
+    per-token record of the step's selected requests. INPUT_BATCH: the V2 runner's batch of this step
+    (its requests in row order, their scheduled and computed tokens); the V1 runner's is
+    `runner.input_batch` with the scheduler output's token counts."""
+    records = getattr(runner, _RECORDS_ATTR, None)
+    if records is not None:
+        records.start(runner, input_batch)
     dump = getattr(runner, _ATTR, None)
     if dump is not None:
         dump.start(runner)
