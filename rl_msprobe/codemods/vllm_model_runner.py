@@ -135,7 +135,11 @@ class _ForwardStart:
     """Insert the start line before every simple statement (in any block) that calls the forward."""
 
     def __init__(
-        self, ctx: TransformContext, call: str = FORWARD_CALL, anchor: str = FORWARD_ANCHOR, args: str = "self"
+        self,
+        ctx: TransformContext,
+        call: str = FORWARD_CALL,
+        anchor: str = FORWARD_ANCHOR,
+        args: str = "self",
     ) -> None:
         self.ctx = ctx
         self.call = call
@@ -195,7 +199,9 @@ class RunnerCodemod(Codemod):
             cls.forward_anchor: f"a statement in {CLASS}.execute_model calling {cls.forward_call}(...)",
         }
         if cls.passes_batch:
-            cls.anchors[BATCH_ANCHOR] = f"a local `{BATCH_LOCAL} = ...` in {CLASS}.execute_model (the step's batch)"
+            cls.anchors[BATCH_ANCHOR] = (
+                f"a local `{BATCH_LOCAL} = ...` in {CLASS}.execute_model (the step's batch)"
+            )
         if cls.decorates_sampling:
             cls.anchors[SAMPLE_ANCHOR] = f"a method sample_tokens in class {CLASS} (the step's logits)"
 

@@ -19,7 +19,10 @@ ENV_CONFIG = "MSPROBE_ROLLOUT_CONFIG"
 DUMP_FILE = NewFile("vllm", "vllm/v1/worker/rl_msprobe_dump.py", name="vllm-dump-file")
 # the shared per-token recorder (docs/records.md), one source for every tree that records
 RECORDS_FILE = NewFile(
-    "vllm", "vllm/v1/worker/rl_msprobe_records.py", name="vllm-records-file", source="common/rl_msprobe_records.py"
+    "vllm",
+    "vllm/v1/worker/rl_msprobe_records.py",
+    name="vllm-records-file",
+    source="common/rl_msprobe_records.py",
 )
 V1_RUNNER = VllmModelRunner()
 V2_RUNNER = VllmModelRunnerV2()

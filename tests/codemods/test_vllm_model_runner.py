@@ -89,9 +89,14 @@ def test_set_patches_both_runners_and_says_how_to_enable():
     helper = labels["vllm-dump-file"].item.content().decode()
     assert "Added to this tree by rl-msprobe" in helper[:300]
     bare = helper.replace("rl_msprobe_dump", "").replace("rl_msprobe_records", "")
-    assert "rl_msprobe" not in bare, "the helper never imports rl-msprobe (only its sibling files in the tree)"
+    assert "rl_msprobe" not in bare, (
+        "the helper never imports rl-msprobe (only its sibling files in the tree)"
+    )
     records = labels["vllm-records-file"].item
-    assert records.path == "vllm/v1/worker/rl_msprobe_records.py" and records.source == "common/rl_msprobe_records.py"
+    assert (
+        records.path == "vllm/v1/worker/rl_msprobe_records.py"
+        and records.source == "common/rl_msprobe_records.py"
+    )
 
 
 def test_patch_list_names_the_set():

@@ -317,9 +317,7 @@ class _Records:
         meta = {"rank": _global_rank(), "tp_rank": tp_rank, "tp_size": tp_size, "phase": phase,
                 "engine": self.engine}  # fmt: skip
         recorder = self.lib.Recorder(runner.model, layout, "rollout", meta)
-        recorder.handles.append(
-            runner.model.register_forward_pre_hook(_rows_seen(layout), with_kwargs=True)
-        )
+        recorder.handles.append(runner.model.register_forward_pre_hook(_rows_seen(layout), with_kwargs=True))
         self.recorder = recorder
 
     def keep_for_sampling(self, runner, result) -> bool:
@@ -362,7 +360,8 @@ def v1_layout(lib, input_batch, scheduler_output):
     """(Layout, phase) of a V1 step: the persistent batch's requests (`input_batch.req_ids`) in row
     order, `num_scheduled_tokens[rid]` rows each, contiguous; positions from
     `num_computed_tokens_cpu[index]` (`_prepare_inputs`: computed + arange); the logits' rows one per
-    request at its last scheduled row (`logits_indices = query_start_loc[1:] - 1`). With speculative
+    request, in the same order, each at the request's last scheduled position
+    (`logits_indices = query_start_loc[1:] - 1`). With speculative
     decoding the logits rows are per draft token and are not recorded as sample rows."""
     counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     req_ids = list(getattr(input_batch, "req_ids", None) or ())
@@ -381,7 +380,7 @@ def v1_layout(lib, input_batch, scheduler_output):
             decode += 1
         if lib.selected(rid):
             segments.append((rid, row, first, count))
-            samples.append((rid, row + count - 1, first + count - 1))
+            samples.append((rid, prefill + decode - 1, first + count - 1))  # the logits' row of this request
         row += count
     spec = bool(getattr(scheduler_output, "scheduled_spec_decode_tokens", None))
     layout = lib.Layout(row, segments, () if spec else samples, None if spec else prefill + decode)
@@ -409,10 +408,12 @@ def v2_layout(lib, input_batch):
             decode += 1
         if lib.selected(rid):
             segments.append((rid, row, first, count))
-            samples.append((rid, row + count - 1, first + count - 1))
+            samples.append((rid, index, first + count - 1))  # the logits' row of this request (no drafts)
         row += count
     drafts = int(getattr(input_batch, "num_draft_tokens", 0) or 0)
-    total = int(getattr(input_batch, "num_tokens_after_padding", 0) or getattr(input_batch, "num_tokens", row))
+    total = int(
+        getattr(input_batch, "num_tokens_after_padding", 0) or getattr(input_batch, "num_tokens", row)
+    )
     layout = lib.Layout(total, segments, () if drafts else samples, None if drafts else len(req_ids))
     return layout, _phase(prefill, decode)
 
@@ -530,7 +531,8 @@ def _samples_wrapped(runner) -> bool:
     """Is sample_tokens decorated by sample_step in the runner's classes? (Else a V2 record is written
     when execute_model returns, without the logits; a record left open is written at the next step.)"""
     return any(
-        getattr(cls.__dict__.get("sample_tokens"), "_rl_msprobe_dump_sample_step", False) for cls in type(runner).__mro__
+        getattr(cls.__dict__.get("sample_tokens"), "_rl_msprobe_dump_sample_step", False)
+        for cls in type(runner).__mro__
     )
 
 
