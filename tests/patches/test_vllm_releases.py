@@ -49,8 +49,9 @@ def test_full_cycle(tmp_path, version):
     assert detect_version(tree, "vllm") == version
     status = full_cycle(tree, ["vllm-dump"])
     files = {f["codemod"]: f for f in status["sets"][0]["files"]}
-    assert files["vllm-v2-model-runner"]["detail"] == "4 marked lines in place"
+    assert files["vllm-v2-model-runner"]["detail"] == "5 marked lines in place"
     assert files["vllm-dump-file"]["status"] == "applied"
+    assert files["vllm-records-file"]["status"] == "applied"
     (capability,) = status["sets"][0]["capabilities"]
     if (tree / V1).exists():
         assert files["vllm-model-runner"]["detail"] == "4 marked lines in place"
@@ -80,11 +81,16 @@ def test_lines_land_where_intended(version):
     text = VllmModelRunnerV2().apply((root / V2).read_text(), version)
     lines = text.splitlines()
     marked = [i for i, line in enumerate(lines) if line.endswith("# rl-msprobe:vllm-v2-model-runner")]
-    assert len(marked) == 4
+    assert len(marked) == 5
     deco = next(i for i in marked if "@rl_msprobe_dump.dump_step" in lines[i])
     assert lines[deco + 1].strip() == "@torch.inference_mode()" and "def execute_model(" in lines[deco + 2]
-    # the start sits right before the eager forward, in the branch an enforce_eager engine takes
-    (start,) = [i for i in marked if "start_forward(self)" in lines[i]]
+    # the logits of a V2 step are computed in sample_tokens: the records' hooks stay until it ends
+    sample = next(i for i in marked if "@rl_msprobe_dump.sample_step" in lines[i])
+    assert "def sample_tokens(" in "\n".join(lines[sample + 1 : sample + 4])
+    # the start sits right before the eager forward, in the branch an enforce_eager engine takes,
+    # and passes on the step's batch (a local of execute_model assigned before it)
+    (start,) = [i for i in marked if "start_forward(self, input_batch)" in lines[i]]
+    assert any(line.strip().startswith("input_batch = self.prepare_inputs(") for line in lines[deco:start])
     assert lines[start + 1].strip() == "model_output = self.model(**model_inputs)"
     assert "Eager" in lines[start - 1] or lines[start - 1].strip() == "else:"
     init = next(i for i in marked if "init_runner(self)" in lines[i])
@@ -97,7 +103,11 @@ def test_default_release_for_diff_is_the_newest():
     assert code == 1, err
     doc = json.loads(out)
     assert doc["version"] == NEWEST
-    assert {f["path"] for f in doc["summary"]["files"]} == {"vllm/v1/worker/rl_msprobe_dump.py", V2}
+    assert {f["path"] for f in doc["summary"]["files"]} == {
+        "vllm/v1/worker/rl_msprobe_dump.py",
+        "vllm/v1/worker/rl_msprobe_records.py",
+        V2,
+    }
     assert doc["summary"]["removed"] == 0
     assert [s["codemod"] for s in doc["skipped"]] == ["vllm-model-runner"]
 
