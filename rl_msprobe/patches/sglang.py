@@ -45,6 +45,12 @@ DUMP_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_dump.py", na
 DISPATCH_FILE = NewFile(
     "sglang", "sglang/srt/model_executor/rl_msprobe_dispatch.py", name="sglang-dispatch-log-file"
 )
+RECORDS_FILE = NewFile(
+    "sglang",
+    "sglang/srt/model_executor/rl_msprobe_records.py",
+    name="sglang-records-file",
+    source="common/rl_msprobe_records.py",
+)
 PD_FILE = NewFile("sglang", "sglang/srt/model_executor/rl_msprobe_pd.py", name="sglang-pd-dump-path-file")
 ROOM_FILE = NewFile(
     "sglang", "sglang/srt/managers/rl_msprobe_bootstrap_room.py", name="sglang-bootstrap-room-file"
@@ -102,7 +108,7 @@ SGLANG_DISPATCH_LOG = PatchSet(
     name="sglang-dispatch-log",
     project="sglang",
     description="dispatch_log.jsonl: the request ids of each dumped forward pass (pairs rollout and actor dumps)",
-    pieces=(Piece(DISPATCH_FILE), Piece(SGLangDispatchLog())),
+    pieces=(Piece(DISPATCH_FILE), Piece(RECORDS_FILE), Piece(SGLangDispatchLog())),
     capabilities=(
         Capability(
             "dispatch log",
@@ -116,6 +122,8 @@ SGLANG_DISPATCH_LOG = PatchSet(
         "sglang-dump patch's): {dump_path}/{pid}/dispatch_log.jsonl, read by `rl-msprobe dumps correlate`.",
         "Needs ForwardBatch.rids (SGLang 0.5.10 and later): on an older tree the first dumped forward pass "
         "stops the rollout with an error saying so.",
+        "The same line writes per-token records (docs/records.md) of the selected requests when "
+        "RL_MSPROBE_RECORD_DIR is set, with or without an msprobe dump (eager: --disable-cuda-graph).",
     ),
 )
 

@@ -9,28 +9,17 @@ also runs for real in test_vllm_records_e2e.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
 
+from tests.support.added_files import load, load_with_records
+
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
-
-FILES = Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files"
-HELPER = FILES / "vllm/vllm/v1/worker/rl_msprobe_dump.py"
-RECORDS = FILES / "common/rl_msprobe_records.py"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -38,17 +27,12 @@ def helper(monkeypatch, tmp_path):
     """The helper, with `vllm.v1.worker.rl_msprobe_records` the shared recorder (as in the tree)."""
     monkeypatch.delenv("MSPROBE_ROLLOUT_CONFIG", raising=False)
     monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path / "rec"))
-    records = _load("rl_msprobe_records_under_test", RECORDS)
-    worker = types.ModuleType("vllm.v1.worker")
-    worker.rl_msprobe_records = records
-    for name, module in (
-        ("vllm", types.ModuleType("vllm")),
-        ("vllm.v1", types.ModuleType("vllm.v1")),
-        ("vllm.v1.worker", worker),
-        ("vllm.v1.worker.rl_msprobe_records", records),
-    ):
-        monkeypatch.setitem(sys.modules, name, module)
-    return _load("rl_msprobe_dump_records_under_test", HELPER)
+    return load_with_records(
+        "vllm/vllm/v1/worker/rl_msprobe_dump.py",
+        "rl_msprobe_dump_records_under_test",
+        "vllm.v1.worker",
+        monkeypatch,
+    )
 
 
 class Model(torch.nn.Module):
@@ -227,7 +211,7 @@ def test_unset_switches_import_nothing(monkeypatch, tmp_path):
     monkeypatch.delenv("MSPROBE_ROLLOUT_CONFIG", raising=False)
     for name in [m for m in sys.modules if m.startswith("vllm")]:
         monkeypatch.delitem(sys.modules, name)
-    helper = _load("rl_msprobe_dump_unset_under_test", HELPER)
+    helper = load("vllm/vllm/v1/worker/rl_msprobe_dump.py", "rl_msprobe_dump_unset_under_test")
     runner = v2_runner_class(helper)()
     batch = _v2_batch(["x"], [2], [0], [1, 2], [True])
     runner.execute_model(NS(batch=batch, total_num_scheduled_tokens=2))

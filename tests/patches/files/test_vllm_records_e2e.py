@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from array import array
 from pathlib import Path
 
 import pytest
 
 from tests.support import vllm_cpu
+from tests.support.records import assert_rows_equal, close, read_records, rows_by_position
 from tests.support.trees import run_cli
 from tests.support.user_venv import user_venv
 
@@ -66,42 +66,6 @@ for out in result.get("outputs", []):
     reference[out["request_id"]] = {"down": stats(seen["down"][0]), "logits": stats(logits)}
 result["reference"] = reference
 """
-
-
-def read_records(folder: Path) -> list[tuple[dict, array]]:
-    """Every finished record under FOLDER (header, float32 values), in the order written."""
-    found = []
-    for header_path in sorted(folder.rglob("rec*.json"), key=lambda p: (p.parent.name, int(p.stem[3:]))):
-        header = json.loads(header_path.read_text())
-        values = array("f")
-        values.frombytes(header_path.with_suffix(".f32").read_bytes())
-        found.append((header, values))
-    return found
-
-
-def rows_by_position(records, key_prefix: str, label: str) -> dict[str, dict[int, list[tuple[float, ...]]]]:
-    """{base id: {position: [(max, min, norm), ...]}} of the tensors KEY_PREFIX* / LABEL, every row
-    the records hold (token rows and sample rows), so that a duplicate shows as a second entry."""
-    out: dict[str, dict[int, list[tuple[float, ...]]]] = {}
-    for header, values in records:
-        for tensor in header["tensors"]:
-            if not tensor["key"].startswith(key_prefix) or tensor["label"] != label:
-                continue
-            if tensor["rows"] == "token":
-                places = [
-                    (req, first + k) for req, first, count in header["token_rows"] for k in range(count)
-                ]
-            else:
-                places = [(req, position) for req, position in header["sample_rows"]]
-            n, base = len(places), tensor["offset"]
-            for i, (req, position) in enumerate(places):
-                row = (values[base + i], values[base + n + i], values[base + 2 * n + i])
-                out.setdefault(header["requests"][req], {}).setdefault(position, []).append(row)
-    return out
-
-
-def close(a: float, b: float, rel: float = 1e-4, floor: float = 1e-5) -> bool:
-    return abs(a - b) <= rel * max(abs(a), abs(b)) + floor
 
 
 @pytest.fixture(scope="module")
@@ -183,26 +147,10 @@ def test_rows_equal_the_request_run_alone(recorded):
             continue
         reference = result["reference"][out["request_id"]]
         prompt = len(out["prompt_token_ids"])
-        assert sorted(down[rid]) == list(range(len(reference["down"])))
-        for position, expected in enumerate(reference["down"]):
-            (got,) = down[rid][position]
-            assert all(close(g, e) for g, e in zip(got, expected, strict=True)), (
-                rid,
-                position,
-                got,
-                expected,
-            )
+        assert_rows_equal(down[rid], dict(enumerate(reference["down"])), f"request {rid} down_proj")
         # logits: one row per step at the request's last scheduled row (the prompt's last, then each decode)
-        assert sorted(logits[rid]) == list(range(prompt - 1, prompt - 1 + MAX_TOKENS))
-        for position in logits[rid]:
-            (got,) = logits[rid][position]
-            expected = reference["logits"][position]
-            assert all(close(g, e) for g, e in zip(got, expected, strict=True)), (
-                rid,
-                position,
-                got,
-                expected,
-            )
+        last = range(prompt - 1, prompt - 1 + MAX_TOKENS)
+        assert_rows_equal(logits[rid], {p: reference["logits"][p] for p in last}, f"request {rid} logits")
 
 
 def test_msprobe_dump_in_the_same_steps_changes_no_record(engine, recorded, tmp_path):

@@ -23,6 +23,19 @@ Output, per scheduler process (msprobe's dumps stay where msprobe writes them):
   first chunk of a chunked one), `cached` when part of it is already in the KV cache (a radix
   cache hit, a later chunk, or a decode token); `tokens` is what this pass computes for it.
 
+Per-token records (rl-msprobe's docs/records.md, `rl_msprobe_records.py` beside this file): with
+RL_MSPROBE_RECORD_DIR set — with or without an msprobe dump — the same line starts a record of the
+selected requests' rows of this forward pass (forward hooks on `runner.model`'s modules), laid out
+from the ForwardBatch: `rids` in row order; an extend pass (prefill, a later chunk, a mixed batch)
+`extend_seq_lens[i]` rows from position `extend_prefix_lens[i]`; a decode pass one row at
+`seq_lens[i] - 1`. The hooks are removed when the model's `logits_processor` returns (SGLang calls
+`model.forward` directly, so no hook on the model itself runs), also when it raises; a pass that
+raised before it is discarded at the next pass. Not recorded: speculative passes (target_verify,
+draft_extend), split prefill, idle passes (DP attention), CUDA-graph replays (SGLang captures decode
+graphs unless disabled: run with --disable-cuda-graph, as the msprobe dump does), and the logits
+themselves (LogitsProcessor returns a LogitsProcessorOutput, not a tensor: its input, the final
+hidden states of every token row, is recorded). Unset, nothing is imported.
+
 It depends on nothing but the standard library and SGLang's objects (duck-typed).
 """
 
@@ -127,8 +140,134 @@ def dispatch(forward_batch) -> tuple[str, str, list[dict], int]:
     return phase, name, requests, total
 
 
+# ---------------------------------------------------------------- per-token records
+
+ENV_RECORD_DIR = "RL_MSPROBE_RECORD_DIR"  # rl_msprobe_records.ENV_DIR, read here without importing it
+_RECORDS_ATTR = "_rl_msprobe_records"
+RECORDED_MODES = (
+    "extend",
+    "mixed",
+    "decode",
+)  # not: target_verify / draft_extend (speculative), split_prefill, idle
+
+
+def record_dir() -> str | None:
+    return os.environ.get(ENV_RECORD_DIR, "").strip() or None
+
+
+def layout(lib, forward_batch):
+    """(Layout, phase) of one forward pass from its ForwardBatch, or (None, None) for a pass that is
+    not recorded. Rows are the requests' in `rids` order, contiguous: an extend (prefill, chunked
+    prefill, mixed) computes `extend_seq_lens[i]` tokens of request i from position
+    `extend_prefix_lens[i]` (what the radix cache or earlier chunks hold); a decode one token at
+    position `seq_lens[i] - 1`. Total rows: the forward's `input_ids` (padding included)."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    name = str(getattr(mode, "name", mode)).lower()
+    rids = getattr(forward_batch, "rids", None)
+    if name not in RECORDED_MODES or not rids:
+        return None, None
+    segments = []
+    if name == "decode":
+        seq_lens = _ints(getattr(forward_batch, "seq_lens_cpu", None)) or _ints(forward_batch.seq_lens)
+        counts, firsts = [1] * len(rids), [n - 1 for n in seq_lens]
+        phase = "decode"
+    else:
+        counts = _ints(getattr(forward_batch, "extend_seq_lens_cpu", None)) or _ints(
+            forward_batch.extend_seq_lens
+        )
+        firsts = _ints(getattr(forward_batch, "extend_prefix_lens_cpu", None)) or _ints(
+            forward_batch.extend_prefix_lens
+        )
+        phase = "mixed" if name == "mixed" else "prefill"
+    row = 0
+    for rid, count, first in zip(rids, counts, firsts):
+        if lib.selected(rid):
+            segments.append((rid, row, first, count))
+        row += count
+    ids = getattr(forward_batch, "input_ids", None)
+    total = int(ids.shape[0]) if getattr(ids, "shape", None) else row
+    return lib.Layout(total, segments), phase
+
+
+def _tp(runner) -> tuple[int | None, int | None]:
+    """(TP rank, TP size): the runner's own (SGLang < 0.5.11 keeps them on ModelRunner), else SGLang's
+    parallel state (0.5.23 moved them to `get_parallel()`)."""
+    rank, size = getattr(runner, "tp_rank", None), getattr(runner, "tp_size", None)
+    if isinstance(rank, int) and isinstance(size, int):
+        return rank, size
+    try:
+        from sglang.srt.distributed import parallel_state
+
+        return (
+            int(parallel_state.get_tensor_model_parallel_rank()),
+            int(parallel_state.get_tensor_model_parallel_world_size()),
+        )
+    except Exception:
+        return None, None
+
+
+class _Records:
+    """The open record of one forward pass. SGLang calls `model.forward(...)` directly (no hook on the
+    model itself runs), so the record is finished by a hook on the model's last module, its
+    `logits_processor` (`always_call`: also when it raises), or else at the next forward pass."""
+
+    def __init__(self, recorder, ends_with_logits: bool) -> None:
+        self.recorder = recorder
+        self.ends_with_logits = ends_with_logits
+        self.done = False
+
+    def finish(self, failed: bool = False) -> None:
+        if self.done:
+            return
+        self.done = True
+        if failed:
+            self.recorder.remove()
+        else:
+            self.recorder.finish()
+
+
+def start_records(runner, forward_batch) -> None:
+    """Start the per-token record of this forward pass (RL_MSPROBE_RECORD_DIR set): forward hooks on
+    `runner.model`'s modules for the selected requests' rows. A pass with no selected request hooks
+    nothing."""
+    stale = getattr(runner, _RECORDS_ATTR, None)
+    if stale is not None:
+        setattr(runner, _RECORDS_ATTR, None)
+        # the previous pass never reached its logits: it raised (discard), or this rank has no logits
+        # processor (a pipeline stage before the last: its record is whole)
+        stale.finish(failed=stale.ends_with_logits)
+    from sglang.srt.model_executor import rl_msprobe_records as lib
+
+    built, phase = layout(lib, forward_batch)
+    if built is None or built.empty():
+        return
+    try:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        rank = 0
+    tp_rank, tp_size = _tp(runner)
+    meta = {"rank": rank, "tp_rank": tp_rank, "tp_size": tp_size, "phase": phase, "engine": "sglang"}
+    model = runner.model
+    recorder = lib.Recorder(model, built, "rollout", meta)
+    last = getattr(model, "logits_processor", None)
+    records = _Records(recorder, last is not None)
+    if last is not None:
+
+        def end(module, args, output):
+            setattr(runner, _RECORDS_ATTR, None)
+            records.finish(failed=output is None)
+
+        recorder.handles.append(last.register_forward_hook(end, always_call=True))
+    setattr(runner, _RECORDS_ATTR, records)
+
+
 def log_forward(runner, forward_batch) -> None:
-    """First line of ModelRunner.forward: one log line when this pass is dumped."""
+    """First line of ModelRunner.forward: the per-token record of this pass (RL_MSPROBE_RECORD_DIR),
+    and one dispatch log line when this pass is dumped by msprobe."""
+    if record_dir() is not None:
+        start_records(runner, forward_batch)
     debugger = _debugger(runner)
     if debugger is None:
         return
