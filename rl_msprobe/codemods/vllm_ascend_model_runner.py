@@ -7,7 +7,13 @@ which requests each `step{N}` served. This codemod adds, in `NPUModelRunner`
 - after each `self.debugger = <PrecisionDebugger | AclGraphDumper>(...)` in `__init__`:
   `dispatch_logger.attach(self)` (dump path moved to a `{pid}` sub-folder, logger created);
 - before each point where a step's dump is finished, in `execute_model` and `sample_tokens`:
-  `dispatch_logger.log_step(self, scheduler_output)`.
+  `dispatch_logger.log_step(self, scheduler_output)`;
+- per-token records (RL_MSPROBE_RECORD_DIR, with or without the dump): before the model forward
+  in `execute_model` (`hidden_states = self._model_forward(...)`, 0.18 on;
+  `self._generate_process_reqs_hidden_states(...)` before), `dispatch_logger.start_records(self,
+  scheduler_output)`, and the outermost decorator `@dispatch_logger.record_step` on
+  `execute_model`, which writes the record (hooks removed) on every way out. vLLM-Ascend computes
+  the logits in `execute_model` (V1 runner), so the record holds them.
 
 Drift handled (vLLM-Ascend 0.12.0rc1 … 0.30.0rc2, DOMAIN §5):
 - 0.12.0rc1: debugger under `if self.dump_enable:`; four `self.debugger.stop()` in
@@ -32,8 +38,10 @@ from rl_msprobe.codemods.base import (
     ScopedTransformer,
     TransformContext,
     call_name,
+    contains_call,
     insert_before,
 )
+from rl_msprobe.codemods.vllm_model_runner import marked_decorator
 
 CLASS = "NPUModelRunner"
 IMPORT = "from vllm_ascend.worker import dispatch_logger"
@@ -41,6 +49,10 @@ ATTACH = "dispatch_logger.attach(self)"
 LOG = "dispatch_logger.log_step(self, scheduler_output)"
 FINISH_CALLS = ("self.debugger.stop", "self._finalize_dump_data")
 STEP_METHODS = ("execute_model", "sample_tokens")
+# per-token records (docs/records.md): started before the model forward, written on every way out
+RECORD_START = "dispatch_logger.start_records(self, scheduler_output)"
+RECORD_STEP = "dispatch_logger.record_step"
+FORWARD_CALLS = ("self._model_forward", "self._generate_process_reqs_hidden_states")  # 0.18+ / 0.12-0.17
 
 
 def _only_call(stmt: cst.BaseStatement) -> cst.Call | None:
@@ -120,6 +132,9 @@ class _Transformer(ScopedTransformer):
     ) -> cst.BaseStatement:
         if qualname.count(".") == 1 and qualname.startswith(CLASS + "."):
             self.method = None
+        if qualname == f"{CLASS}.execute_model":
+            decorator = marked_decorator(self.ctx, RECORD_STEP)
+            return updated.with_changes(decorators=[decorator, *updated.decorators])
         return updated
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.BaseSuite:
@@ -134,6 +149,13 @@ class _Transformer(ScopedTransformer):
                 self.ctx.hit(f"{self.method}: dump finish point")
                 self.ctx.hit(f"{self.method}: scheduler_output")
                 statements.extend(insert_before(stmt, [self.ctx.statement(LOG)]))
+            elif (
+                self.method == "execute_model"
+                and isinstance(stmt, cst.SimpleStatementLine)
+                and any(contains_call(stmt, call) for call in FORWARD_CALLS)
+            ):
+                self.ctx.hit("execute_model: model forward")
+                statements.extend(insert_before(stmt, [self.ctx.statement(RECORD_START)]))
             else:
                 statements.append(stmt)
         return updated.with_changes(body=statements)
@@ -150,6 +172,8 @@ class VllmAscendModelRunner(Codemod):
         "sample_tokens: dump finish point": f"`self.debugger.stop()` or `self._finalize_dump_data()` in {CLASS}.sample_tokens",
         "execute_model: scheduler_output": f"the name scheduler_output bound in {CLASS}.execute_model",
         "sample_tokens: scheduler_output": f"scheduler_output unpacked from the execute state in {CLASS}.sample_tokens",
+        "execute_model: model forward": f"a statement in {CLASS}.execute_model calling "
+        + " or ".join(f"{call}(...)" for call in FORWARD_CALLS),
     }
 
     helper_import = IMPORT

@@ -12,17 +12,25 @@ NEWEST_TESTED = project("vllm-ascend").newest_tested  # newer releases: the anch
 DISPATCH_LOGGER_FILE = NewFile(
     "vllm_ascend", "vllm_ascend/worker/dispatch_logger.py", name="vllm-ascend-dispatch-logger-file"
 )
+# the shared per-token recorder (docs/records.md), one source for every tree that records
+RECORDS_FILE = NewFile(
+    "vllm_ascend",
+    "vllm_ascend/worker/rl_msprobe_records.py",
+    name="vllm-ascend-records-file",
+    source="common/rl_msprobe_records.py",
+)
 
 VLLM_ASCEND_DISPATCH_LOG = PatchSet(
     name="vllm-ascend-dispatch-log",
     project="vllm-ascend",
     description="dispatch_log.jsonl (which requests each dumped step served) and dumps under {pid}",
-    pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(VllmAscendModelRunner())),
+    pieces=(Piece(DISPATCH_LOGGER_FILE), Piece(RECORDS_FILE), Piece(VllmAscendModelRunner())),
     capabilities=(
         Capability(
             "dispatch log sites",
-            "NPUModelRunner.__init__ (attach) and every dump finish point of execute_model and sample_tokens "
-            "in vllm_ascend/worker/model_runner_v1.py",
+            "NPUModelRunner.__init__ (attach), every dump finish point of execute_model and sample_tokens, and "
+            "the records' start (before the model forward) and step (execute_model) in "
+            "vllm_ascend/worker/model_runner_v1.py",
             ("vllm-ascend-model-runner",),
         ),
     ),
@@ -31,6 +39,8 @@ VLLM_ASCEND_DISPATCH_LOG = PatchSet(
     notes=(
         "The dump itself is vLLM-Ascend's own (additional_config.dump_config_path, eager execution); "
         "this set only adds the dispatch log and the {pid} sub-folder.",
+        "Per-token records (docs/records.md) of the selected requests when RL_MSPROBE_RECORD_DIR is set, with or "
+        "without that dump (eager execution); proven by shape on the release trees, not run on an NPU here.",
         "Only the V1 runner (vllm_ascend/worker/model_runner_v1.py) dumps: vLLM-Ascend's V2 runner "
         "(worker/v2/model_runner.py, chosen when vLLM's use_v2_model_runner is on) has no msprobe support up to "
         f"{NEWEST_TESTED}, so keep VLLM_USE_V2_MODEL_RUNNER=0 in the rollout's environment. That V2 runner "

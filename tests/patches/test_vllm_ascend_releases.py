@@ -30,7 +30,11 @@ FULL_CYCLE = [
     ("0.23.0.post1", 4, 2),  # _finalize_dump_data(); PrecisionDebugger or AclGraphDumper (sdist only)
     (NEWEST_PRE_RELEASE, 4, 2),
 ]
-FILES = {"vllm_ascend/worker/model_runner_v1.py", "vllm_ascend/worker/dispatch_logger.py"}
+FILES = {
+    "vllm_ascend/worker/model_runner_v1.py",
+    "vllm_ascend/worker/dispatch_logger.py",
+    "vllm_ascend/worker/rl_msprobe_records.py",
+}
 
 
 @release
@@ -47,6 +51,25 @@ def test_full_cycle(version, logs, attaches, tmp_path):
     patched = VllmAscendModelRunner().apply(source, version)
     assert patched.count("dispatch_logger.log_step(self, scheduler_output)") == logs
     assert patched.count("dispatch_logger.attach(self)") == attaches
+    # per-token records (no NPU here: proven by shape): one start right before the model forward of
+    # execute_model (`_model_forward`, or `_generate_process_reqs_hidden_states` up to 0.14), one
+    # decorator on execute_model that writes the record on every way out
+    lines = patched.splitlines()
+    (start,) = [
+        i for i, line in enumerate(lines) if "dispatch_logger.start_records(self, scheduler_output)" in line
+    ]
+    assert (
+        lines[start + 1]
+        .strip()
+        .startswith(
+            (
+                "hidden_states = self._model_forward(",
+                "hidden_states = self._generate_process_reqs_hidden_states(",
+            )
+        )
+    )
+    (deco,) = [i for i, line in enumerate(lines) if "@dispatch_logger.record_step" in line]
+    assert "def execute_model(" in "\n".join(lines[deco + 1 : deco + 3]) and deco < start
 
 
 @release

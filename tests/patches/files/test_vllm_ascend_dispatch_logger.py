@@ -315,7 +315,83 @@ def test_the_file_is_what_the_set_adds_and_depends_on_the_standard_library_only(
     text = FILE.read_text()
     assert "Added to this tree by rl-msprobe" in text.split("\n", 1)[0]
     imports = {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "json", "os", "sys", "time"}
+    assert imports <= {"__future__", "functools", "json", "os", "sys", "time"}
+
+
+# ---------------------------------------------------------------- per-token records
+# No NPU here: NPUModelRunner's shape (a GPUModelRunner whose execute_model calls the model forward
+# and the logits, `input_batch` the persistent batch) stands in, with a real torch model; where the
+# marked lines land on every release is tests/patches/test_vllm_ascend_releases.py.
+
+
+def records_runner(monkeypatch, tmp_path):
+    """A stand-in NPUModelRunner after the set (record_step outermost on execute_model, start_records
+    before the forward) on a real torch model; the helper loaded with its tree's shared recorder."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    from tests.support.added_files import load_with_records
+
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path / "rec"))
+    helper = load_with_records(
+        "vllm_ascend/vllm_ascend/worker/dispatch_logger.py",
+        "dispatch_logger_records",
+        "vllm_ascend.worker",
+        monkeypatch,
+    )
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed_tokens = torch.nn.Embedding(64, 8)
+            self.logits_processor = torch.nn.Linear(8, 16)
+
+        def forward(self, input_ids, positions):
+            return self.embed_tokens(input_ids)
+
+        def compute_logits(self, hidden):
+            return self.logits_processor(hidden)
+
+    class NPUModelRunner:
+        def __init__(self):
+            self.model = Model()
+            self.input_batch = NS(req_ids=["a-01234567", "b-01234567"], num_computed_tokens_cpu=np.array([0, 6]),
+                                  num_prompt_tokens=np.array([3, 6]))  # fmt: skip
+
+        @helper.record_step
+        def execute_model(self, scheduler_output, fail=False):
+            helper.start_records(self, scheduler_output)
+            # the eager forward pads the batch (ACL graph sizes, DP): the model sees 6 rows
+            hidden = self.model(
+                input_ids=torch.tensor([7, 8, 9, 20, 0, 0]), positions=torch.tensor([0, 1, 2, 6, 0, 0])
+            )
+            if fail:
+                raise RuntimeError("the step failed")
+            return self.model.compute_logits(hidden[torch.tensor([2, 3])])
+
+    return NPUModelRunner()
+
+
+def test_records_of_a_step_on_the_npu_runner_shape(monkeypatch, tmp_path):
+    runner = records_runner(monkeypatch, tmp_path)
+    out = NS(num_scheduled_tokens={"a-01234567": 3, "b-01234567": 1}, total_num_scheduled_tokens=4)
+    runner.execute_model(out)
+    (header,) = [json.loads(p.read_text()) for p in (tmp_path / "rec").rglob("rec*.json")]
+    assert (header["engine"], header["phase"], header["requests"]) == ("vllm-ascend", "mixed", ["a", "b"])
+    assert header["token_rows"] == [[0, 0, 3], [1, 6, 1]] and header["sample_rows"] == [[0, 2], [1, 6]]
+    kinds = {(t["key"].split(".")[1], t["label"]): t["rows"] for t in header["tensors"]}
+    assert kinds == {("embed_tokens", "input.0"): "token", ("embed_tokens", "output.0"): "token",
+                     ("logits_processor", "input.0"): "sample", ("logits_processor", "output.0"): "sample"}  # fmt: skip
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in runner.model.modules())
+
+
+def test_a_failed_step_writes_no_record_and_leaves_no_hook(monkeypatch, tmp_path):
+    runner = records_runner(monkeypatch, tmp_path)
+    out = NS(num_scheduled_tokens={"a-01234567": 3, "b-01234567": 1}, total_num_scheduled_tokens=4)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        runner.execute_model(out, fail=True)
+    assert not (tmp_path / "rec").exists()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in runner.model.modules())
 
 
 # ---------------------------------------------------------------- with the real msprobe

@@ -99,7 +99,9 @@ def v2_runner_class(helper):
         def sample_tokens(self, grammar_output):
             input_batch, hidden = self.execute_model_state
             self.execute_model_state = None
-            return self.model.compute_logits(hidden[input_batch.logits_indices])
+            logits = self.model.compute_logits(hidden[input_batch.logits_indices])
+            self.model.compute_logits(hidden)  # prompt logprobs: every token row, after the step's logits
+            return logits
 
     return Runner
 
@@ -200,6 +202,9 @@ def test_v2_step_holds_the_logits_computed_in_sample_tokens(helper, tmp_path, mo
     assert block[0].tolist() == [5, 40, 41, 42, 43]
     kind, block = stats(header, values, "logits_processor", "output.0")
     assert kind == "sample" and np.allclose(block[0], logits[[0, 2]].amax(dim=1).detach().numpy())
+    assert not [t["key"] for t in header["tensors"] if t["key"].endswith(".forward.1")], (
+        "prompt logprobs' call"
+    )
     # a dummy run (warm-up, DP padding) records nothing and the next step records again
     runner.execute_model(NS(batch=batch, total_num_scheduled_tokens=6), dummy_run=True)
     runner.sample_tokens(None)

@@ -148,6 +148,77 @@ class Layout:
         return not self.token_index and not self.sample_index
 
 
+def batch_layout(req_ids, counts, firsts, total=None, starts=None, samples: bool = True) -> Layout:
+    """The Layout of a forward whose token rows are its requests' in batch order (every engine's):
+    request i has `counts[i]` contiguous rows (from row `starts[i]` when given, else right after
+    request i-1's), the first at position `firsts[i]`. TOTAL: the rows the model sees (padding after
+    the requests' rows), default their sum. SAMPLES: a tensor with one row per request (the logits
+    of the last scheduled row), in batch order, also holds the selected requests' rows."""
+    segments, sample_rows = [], []
+    row = 0
+    for index, (rid, count, first) in enumerate(zip(req_ids, counts, firsts)):
+        row = int(starts[index]) if starts is not None else row
+        count, first = int(count), int(first)
+        if count > 0 and selected(rid):
+            segments.append((rid, row, first, count))
+            sample_rows.append((rid, index, first + count - 1))
+        row += count
+    return Layout(
+        row if total is None else total,
+        segments,
+        sample_rows if samples else (),
+        len(req_ids) if samples else None,
+    )
+
+
+def vllm_v1_layout(input_batch, scheduler_output):
+    """(Layout, phase) of a V1 step: the persistent batch's requests (`input_batch.req_ids`) in row
+    order, `num_scheduled_tokens[rid]` rows each, contiguous; positions from
+    `num_computed_tokens_cpu[index]` (`_prepare_inputs`: computed + arange); the logits' rows one per
+    request, in the same order, each at the request's last scheduled position
+    (`logits_indices = query_start_loc[1:] - 1`). With speculative decoding the logits rows are per
+    draft token and are not recorded as sample rows. vLLM-Ascend's NPUModelRunner (a GPUModelRunner) has the same batch."""
+    counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    req_ids = [
+        rid for rid in getattr(input_batch, "req_ids", None) or () if rid is not None and counts.get(rid)
+    ]
+    index = getattr(input_batch, "req_id_to_index", None) or {
+        rid: i for i, rid in enumerate(input_batch.req_ids)
+    }
+    firsts = [int(input_batch.num_computed_tokens_cpu[index[rid]]) for rid in req_ids]
+    prompts = getattr(input_batch, "num_prompt_tokens", None)
+    prefill = sum(
+        1 for rid, first in zip(req_ids, firsts) if prompts is not None and first < int(prompts[index[rid]])
+    )
+    spec = bool(getattr(scheduler_output, "scheduled_spec_decode_tokens", None))
+    layout = batch_layout(req_ids, [int(counts[rid]) for rid in req_ids], firsts, samples=not spec)
+    return layout, phase(prefill, len(req_ids) - prefill)
+
+
+def watch_rows(recorder, model) -> None:
+    """A forward pre-hook on MODEL (removed with the recorder's hooks) that sets the layout's total to
+    the token rows the model really sees (its `input_ids`, else `positions`: vLLM pads a batch for
+    data parallel or graph sizes after the requests' rows), so per-token tensors are told by their
+    row count. Engines that call `model.forward(...)` directly never run it (then TOTAL stays)."""
+    layout = recorder.layout
+
+    def pre_hook(module, args, kwargs):
+        for value in (kwargs.get("input_ids"), kwargs.get("positions"), *args[:2]):
+            shape = getattr(value, "shape", None)
+            if shape:
+                layout.total = int(shape[-1])
+                return None
+        return None
+
+    recorder.handles.append(model.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+
+def phase(prefill: int, decode: int) -> str:
+    """The header's phase of a forward computing prompt tokens for PREFILL requests and a decode
+    token for DECODE requests."""
+    return "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+
+
 class Recorder:
     """Forward hooks on MODEL's submodules for one forward; `finish()` writes the record.
 

@@ -31,10 +31,24 @@ scheduler_output)` work on any runner with a `debugger` attribute, and `Dispatch
 `scheduled_requests`, `phase_of`, `debugger_step`, `is_dumping` on duck-typed vLLM objects
 (new / cached requests of every vLLM V1 scheduler generation). It depends on nothing but the
 standard library and, lazily, torch.
+
+Per-token records (rl-msprobe's docs/records.md; `rl_msprobe_records.py` beside this file), with
+or without the dump: with RL_MSPROBE_RECORD_DIR set, `start_records(self, scheduler_output)` (a
+marked line just before the model forward of `execute_model`) hooks `runner.model`'s modules for the
+selected requests' rows, laid out from the persistent batch as vLLM's V1 runner has it
+(NPUModelRunner is a GPUModelRunner: `input_batch.req_ids` in row order,
+`num_scheduled_tokens[rid]` rows each, first position `num_computed_tokens_cpu[index]`; the logits,
+computed in `execute_model`, one row per request). `@record_step` on `execute_model` writes the
+record on every way out (a step that raises writes nothing) and removes the hooks. Not recorded:
+the logits under `lmhead_tp_enable()` (its logits rows are padded to the DP batch) and with
+speculative decoding (rows per draft token); ACL-graph (non-eager) steps, whose modules do not run
+their hooks. Proven by shape on the release trees only (no NPU here): tests/patches/files/
+test_vllm_ascend_dispatch_logger.py runs this path on a stand-in runner and a real torch model.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -43,6 +57,8 @@ import time
 SOURCE = "vllm-ascend"
 LOG_NAME = "dispatch_log.jsonl"
 ATTR = "_rl_msprobe_dispatch_logger"
+ENV_RECORD_DIR = "RL_MSPROBE_RECORD_DIR"  # rl_msprobe_records.ENV_DIR, read here without importing it
+RECORDS_ATTR = "_rl_msprobe_records"
 DECODE_STATES = ("DecodeOnly", "SpecDecoding")
 
 
@@ -256,3 +272,62 @@ def log_step(runner, scheduler_output) -> dict | None:
     except Exception as exc:  # the rollout goes on; the missing line is reported
         print(f"rl-msprobe: {logger.path}: dispatch log line not written ({exc!r})", file=sys.stderr)
         return None
+
+
+# ---------------------------------------------------------------- per-token records
+
+
+def record_dir() -> str | None:
+    """The per-token records' root (RL_MSPROBE_RECORD_DIR), else None: then nothing is imported."""
+    return os.environ.get(ENV_RECORD_DIR, "").strip() or None
+
+
+def _tp() -> tuple[int | None, int | None]:
+    try:
+        from vllm.distributed import parallel_state
+
+        group = parallel_state.get_tp_group()
+        return int(group.rank_in_group), int(group.world_size)
+    except Exception:
+        return None, None
+
+
+def start_records(runner, scheduler_output) -> None:
+    """Just before the model forward in execute_model: the step's record of its selected requests
+    (no selected request: no hook)."""
+    if record_dir() is None or getattr(runner, RECORDS_ATTR, None) is not None or scheduler_output is None:
+        return
+    from vllm_ascend.worker import rl_msprobe_records as lib
+
+    layout, phase = lib.vllm_v1_layout(runner.input_batch, scheduler_output)
+    if layout.empty():
+        return
+    tp_rank, tp_size = _tp()
+    meta = {"rank": debugger_rank(None), "tp_rank": tp_rank, "tp_size": tp_size, "phase": phase,
+            "engine": "vllm-ascend"}  # fmt: skip
+    recorder = lib.Recorder(runner.model, layout, "rollout", meta)
+    lib.watch_rows(recorder, runner.model)
+    setattr(runner, RECORDS_ATTR, recorder)
+
+
+def record_step(execute_model):
+    """Decorator for NPUModelRunner.execute_model: the step's record written, and its hooks removed,
+    on every way out (a step that raises writes nothing)."""
+
+    @functools.wraps(execute_model)
+    def execute_model_with_records(self, *args, **kwargs):
+        if record_dir() is None:
+            return execute_model(self, *args, **kwargs)
+        try:
+            result = execute_model(self, *args, **kwargs)
+        except BaseException:
+            recorder = self.__dict__.pop(RECORDS_ATTR, None)
+            if recorder is not None:
+                recorder.remove()
+            raise
+        recorder = self.__dict__.pop(RECORDS_ATTR, None)
+        if recorder is not None:
+            recorder.finish()
+        return result
+
+    return execute_model_with_records

@@ -166,7 +166,6 @@ def layout(lib, forward_batch):
     rids = getattr(forward_batch, "rids", None)
     if name not in RECORDED_MODES or not rids:
         return None, None
-    segments = []
     if name == "decode":
         seq_lens = _ints(getattr(forward_batch, "seq_lens_cpu", None)) or _ints(forward_batch.seq_lens)
         counts, firsts = [1] * len(rids), [n - 1 for n in seq_lens]
@@ -179,14 +178,10 @@ def layout(lib, forward_batch):
             forward_batch.extend_prefix_lens
         )
         phase = "mixed" if name == "mixed" else "prefill"
-    row = 0
-    for rid, count, first in zip(rids, counts, firsts):
-        if lib.selected(rid):
-            segments.append((rid, row, first, count))
-        row += count
     ids = getattr(forward_batch, "input_ids", None)
-    total = int(ids.shape[0]) if getattr(ids, "shape", None) else row
-    return lib.Layout(total, segments), phase
+    total = int(ids.shape[0]) if getattr(ids, "shape", None) else None
+    # no sample rows: SGLang's logits processor returns a LogitsProcessorOutput, not a tensor
+    return lib.batch_layout(rids, counts, firsts, total=total, samples=False), phase
 
 
 def _tp(runner) -> tuple[int | None, int | None]:

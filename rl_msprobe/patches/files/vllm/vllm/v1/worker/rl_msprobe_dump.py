@@ -36,8 +36,26 @@ Output, per process (`{pid}` keeps the engine processes of one job apart):
   chunked-prefill continuation, a request resumed after preemption); request ids are vLLM's
   (vLLM >= 0.14 appends `-<8 hex>` to the caller's id).
 
+Per-token records (rl-msprobe's docs/records.md; `rl_msprobe_records.py` beside this file):
+  RL_MSPROBE_RECORD_DIR=/abs/dir   the switch, independent of MSPROBE_ROLLOUT_CONFIG (either, both or
+                               neither); unset, nothing of it is imported. RL_MSPROBE_RECORD_SHARE /
+                               _IDS / _LAYERS / _MODULES choose the requests and modules.
+  - `start_forward` lays out the step from the runner's own batch, after it prepared its inputs:
+    V1 `runner.input_batch.req_ids` in row order, `scheduler_output.num_scheduled_tokens[rid]`
+    rows each, contiguous, first position `num_computed_tokens_cpu[i]`; V2 the step's `InputBatch`
+    (passed by the marked line: `req_ids` as the runner sorted them, `query_start_loc_np`,
+    `num_scheduled_tokens`, `num_computed_tokens_np`). A step with no selected request hooks nothing.
+  - Forward hooks on `runner.model`'s modules take each input / output row's Max, Min and norm of the
+    selected rows; the logits (`logits_processor`: V1 in execute_model, V2 in sample_tokens) one
+    `sample` row per request at its last scheduled position. The record is written when the step's
+    logits processor returns, else when `execute_model` (V1) / `sample_tokens` (V2, `sample_step`)
+    returns; a step that raises writes nothing; no hook outlives the step.
+  - Not recorded: padding rows (DP / graph sizes: the model's own `input_ids` tell the rows apart),
+    the logits of speculative steps (rows per draft token), the drafter's forwards.
+  Output: {RL_MSPROBE_RECORD_DIR}/rollout/{pid}/rec{K}.f32 + rec{K}.json (engine "vllm-v1" / "vllm-v2").
+
 This file depends on nothing but the standard library, vLLM's objects (duck-typed) and,
-lazily, torch and msprobe.
+lazily, torch, msprobe and the recorder beside it.
 """
 
 from __future__ import annotations
@@ -310,14 +328,17 @@ class _Records:
             layout, phase = v2_layout(self.lib, input_batch)
         else:
             self.engine = "vllm-v1"
-            layout, phase = v1_layout(self.lib, runner.input_batch, scheduler_output)
+            layout, phase = self.lib.vllm_v1_layout(runner.input_batch, scheduler_output)
         if layout is None or layout.empty():
             return  # no selected request in this step: no hook, no cost
         tp_rank, tp_size = _tp()
         meta = {"rank": _global_rank(), "tp_rank": tp_rank, "tp_size": tp_size, "phase": phase,
                 "engine": self.engine}  # fmt: skip
         recorder = self.lib.Recorder(runner.model, layout, "rollout", meta)
-        recorder.handles.append(runner.model.register_forward_pre_hook(_rows_seen(layout), with_kwargs=True))
+        self.lib.watch_rows(recorder, runner.model)
+        logits = getattr(runner.model, "logits_processor", None)
+        if logits is not None:  # the step's logits are its last rows: later calls (prompt logprobs) are not
+            recorder.handles.append(logits.register_forward_hook(lambda module, args, output: self.finish()))
         self.recorder = recorder
 
     def keep_for_sampling(self, runner, result) -> bool:
@@ -341,85 +362,24 @@ class _Records:
         recorder.finish()
 
 
-def _rows_seen(layout):
-    """A forward pre-hook on runner.model: the token rows the model really sees (DP / CUDA-graph
-    padding adds rows after the scheduled ones), so per-token tensors are told by their row count."""
-
-    def pre_hook(module, args, kwargs):
-        for value in (kwargs.get("input_ids"), kwargs.get("positions"), *args[:2]):
-            shape = getattr(value, "shape", None)
-            if shape:
-                layout.total = int(shape[-1])
-                return None
-        return None
-
-    return pre_hook
-
-
-def v1_layout(lib, input_batch, scheduler_output):
-    """(Layout, phase) of a V1 step: the persistent batch's requests (`input_batch.req_ids`) in row
-    order, `num_scheduled_tokens[rid]` rows each, contiguous; positions from
-    `num_computed_tokens_cpu[index]` (`_prepare_inputs`: computed + arange); the logits' rows one per
-    request, in the same order, each at the request's last scheduled position
-    (`logits_indices = query_start_loc[1:] - 1`). With speculative
-    decoding the logits rows are per draft token and are not recorded as sample rows."""
-    counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-    req_ids = list(getattr(input_batch, "req_ids", None) or ())
-    computed = input_batch.num_computed_tokens_cpu
-    prompts = getattr(input_batch, "num_prompt_tokens", None)
-    segments, samples = [], []
-    row = prefill = decode = 0
-    for index, rid in enumerate(req_ids):
-        count = int(counts.get(rid, 0)) if rid is not None else 0
-        if not count:
-            continue
-        first = int(computed[index])
-        if prompts is not None and first < int(prompts[index]):
-            prefill += 1
-        else:
-            decode += 1
-        if lib.selected(rid):
-            segments.append((rid, row, first, count))
-            samples.append((rid, prefill + decode - 1, first + count - 1))  # the logits' row of this request
-        row += count
-    spec = bool(getattr(scheduler_output, "scheduled_spec_decode_tokens", None))
-    layout = lib.Layout(row, segments, () if spec else samples, None if spec else prefill + decode)
-    return layout, _phase(prefill, decode)
-
-
 def v2_layout(lib, input_batch):
-    """(Layout, phase) of a V2 step from its `InputBatch`: `req_ids` in row order,
-    `num_scheduled_tokens` rows each (`query_start_loc_np`), positions from `num_computed_tokens_np`,
-    the logits' rows at `cu_num_logits` (one per request without drafts)."""
+    """(Layout, phase) of a V2 step from its `InputBatch`: `req_ids` in row order (the V2 runner sorts
+    them), `num_scheduled_tokens` rows each from `query_start_loc_np`, positions from
+    `num_computed_tokens_np`, the logits' rows one per request without drafts (`cu_num_logits`)."""
     req_ids = list(input_batch.req_ids)
-    counts = input_batch.num_scheduled_tokens
-    computed = input_batch.num_computed_tokens_np
-    starts = getattr(input_batch, "query_start_loc_np", None)
     prefilling = getattr(input_batch, "is_prefilling_np", None)
-    segments, samples = [], []
-    row = prefill = decode = 0
-    for index, rid in enumerate(req_ids):
-        count = int(counts[index])
-        row = int(starts[index]) if starts is not None else row
-        first = int(computed[index])
-        if prefilling is not None and bool(prefilling[index]):
-            prefill += 1
-        else:
-            decode += 1
-        if lib.selected(rid):
-            segments.append((rid, row, first, count))
-            samples.append((rid, index, first + count - 1))  # the logits' row of this request (no drafts)
-        row += count
+    prefill = int(sum(bool(v) for v in prefilling[: len(req_ids)])) if prefilling is not None else 0
     drafts = int(getattr(input_batch, "num_draft_tokens", 0) or 0)
-    total = int(
-        getattr(input_batch, "num_tokens_after_padding", 0) or getattr(input_batch, "num_tokens", row)
+    total = getattr(input_batch, "num_tokens_after_padding", None)
+    layout = lib.batch_layout(
+        req_ids,
+        input_batch.num_scheduled_tokens[: len(req_ids)],
+        input_batch.num_computed_tokens_np[: len(req_ids)],
+        total=int(total) if total else None,
+        starts=getattr(input_batch, "query_start_loc_np", None),
+        samples=not drafts,
     )
-    layout = lib.Layout(total, segments, () if drafts else samples, None if drafts else len(req_ids))
-    return layout, _phase(prefill, decode)
-
-
-def _phase(prefill: int, decode: int) -> str:
-    return "mixed" if prefill and decode else ("prefill" if prefill else "decode")
+    return layout, lib.phase(prefill, len(req_ids) - prefill)
 
 
 def _global_rank() -> int:
