@@ -168,6 +168,13 @@ def test_dispatch_log_with_either_debugger_and_separate_reverts(version, tmp_pat
     (forward,) = [n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
     first = source.splitlines()[forward.body[0].lineno - 1]  # its first statement: the log line
     assert "rl_msprobe_dispatch.log_forward(self, forward_batch)" in first, first
+    # the per-token records start on the same line (RL_MSPROBE_RECORD_DIR): the shared recorder beside it
+    records = tree / "sglang/srt/model_executor/rl_msprobe_records.py"
+    assert records.read_bytes() == next(
+        piece.item.content()
+        for piece in get_set("sglang-dispatch-log").all_pieces()
+        if piece.label == "sglang-records-file"
+    )
     for index, name in enumerate(sets):  # the first applied is reverted first: the other stays applied
         code, _, err = run_cli("patch", "revert", name, "--tree", str(tree))
         assert code == 0, err

@@ -49,7 +49,7 @@ Per-token records (rl-msprobe's docs/records.md; `rl_msprobe_records.py` beside 
     selected rows; the logits (`logits_processor`: V1 in execute_model, V2 in sample_tokens) one
     `sample` row per request at its last scheduled position. The record is written when the step's
     logits processor returns, else when `execute_model` (V1) / `sample_tokens` (V2, `sample_step`)
-    returns; a step that raises writes nothing; no hook outlives the step.
+    returns; a step that raises before its logits writes nothing; no hook outlives the step.
   - Not recorded: padding rows (DP / graph sizes: the model's own `input_ids` tell the rows apart),
     the logits of speculative steps (rows per draft token), the drafter's forwards.
   Output: {RL_MSPROBE_RECORD_DIR}/rollout/{pid}/rec{K}.f32 + rec{K}.json (engine "vllm-v1" / "vllm-v2").
