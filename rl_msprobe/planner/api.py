@@ -74,6 +74,11 @@ class PrepareOptions:
     max_dump_gib: float | None = None
     with_weights: bool = False
     force: bool = False
+    zoom: str | None = None  # consistency: a `dumps positions --json` report
+    zoom_request: str | None = None
+    zoom_layer: int | None = None
+    zoom_module: str | None = None
+    zoom_position: int | None = None
 
     def request(self, text: str, path: str) -> PlanRequest:
         """What the planner is asked for: the script read from PATH and every choice made here."""
@@ -99,10 +104,19 @@ class PrepareOptions:
                 python=self.python,
                 prefill_only=self.prefill_only,
                 max_dump_gib=self.max_dump_gib,
+                zoom=self.zoom_target(),
             ),
             command=self.command,
             task=self.task,
             with_weights=self.with_weights,
+        )
+
+    def zoom_target(self) -> object:
+        """--zoom REPORT / --zoom-* as a modes.zoom.ZoomTarget (None without them)."""
+        from rl_msprobe.planner.modes.zoom import zoom_target
+
+        return zoom_target(
+            self.zoom, self.zoom_request, self.zoom_layer, self.zoom_module, self.zoom_position
         )
 
 

@@ -148,6 +148,9 @@ class ConfigSpec:
     dump_path: str | None
     setting_key: str | None  # the override or env var that points at it
     env_name: str | None = None
+    task_fields: tuple[
+        tuple[str, Any], ...
+    ] = ()  # set in the config's task section (the zoom: request_id, list)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class Options:
     python: str | None = None  # prepare --python: the interpreter that runs verl
     prefill_only: bool = False  # consistency: no per-token record of the response (DUMP_POSITIONS)
     max_dump_gib: float | None = None  # consistency: the most one training step may dump (estimate)
+    zoom: Any = None  # consistency: a modes.zoom.ZoomTarget (prepare --zoom ...)
 
 
 @dataclass

@@ -411,6 +411,7 @@ def requirements(ctx: Context) -> Requirements:
                 "inference prefill step to its request id (recommended for `rl-msprobe dumps correlate`)."
             )
     _dump_extent(ctx, req)
+    _zoom(ctx, req)
     req.checks.append(_no_lora_ref_note)
     return req
 
@@ -431,6 +432,14 @@ ROLLOUT_PHASES = EnvRule(
     required=False,
 )
 DEFAULT_MAX_DUMP_GIB = 50.0
+
+
+def _zoom(ctx: Context, req: Requirements) -> None:
+    """--zoom: msprobe mix dumps of one layer, one request, the prompt (modes/zoom.py)."""
+    if ctx.options.zoom is not None:
+        from rl_msprobe.planner.modes.zoom import apply_zoom
+
+        apply_zoom(ctx, req, ctx.options.zoom)
 
 
 def _model_layers(ctx: Context) -> tuple[int | None, str]:
