@@ -48,6 +48,31 @@ backend_option = click.option(
     help="The rollout engine, when the script does not say.",
 )
 
+_ZOOM = (  # consistency: msprobe mix dumps of one layer, one request, the prompt (planner/modes/zoom.py)
+    click.option(
+        "--zoom",
+        metavar="REPORT",
+        type=click.Path(dir_okay=False),
+        help="Consistency: zoom on the first divergence of a `dumps positions --json` report: msprobe mix "
+        "(API-level) dumps of that layer's block and that request's prompt, so msprobe's compare names the operator.",
+    ),
+    click.option(
+        "--zoom-request", metavar="ID", help="The zoom's request id (instead of, or over, the report's)."
+    ),
+    click.option("--zoom-layer", type=click.IntRange(min=0), metavar="N", help="The zoom's decoder layer."),
+    click.option(
+        "--zoom-module",
+        metavar="NAME",
+        help="The divergent module (model.layers.3.mlp.down_proj): its block is dumped.",
+    ),
+    click.option(
+        "--zoom-position",
+        type=click.IntRange(min=0),
+        metavar="P",
+        help="The divergent position; a response (decode) position is refused, with the reason.",
+    ),
+)
+
 _PREPARE = (
     click.argument("script", type=click.Path(dir_okay=False)),
     mode_option,
@@ -167,6 +192,7 @@ _PREPARE = (
         is_flag=True,
         help="Overwrite files in the way that rl-msprobe did not write (or that were edited).",
     ),
+    *_ZOOM,
 )
 
 

@@ -109,6 +109,11 @@ class PrepareOptions:
     prefill_compare: bool = False
     with_weights: bool = False
     force: bool = False
+    zoom: str | None = None  # consistency: a `dumps positions --json` report
+    zoom_request: str | None = None
+    zoom_layer: int | None = None
+    zoom_module: str | None = None
+    zoom_position: int | None = None
 
     def request(self, text: str, path: str) -> PlanRequest:
         """What the planner is asked for: the script read from PATH and every choice made here."""
@@ -141,10 +146,19 @@ class PrepareOptions:
                 modules=module_regex(self.modules),
                 from_checkpoint=self.from_checkpoint,
                 prefill_compare=self.prefill_compare,
+                zoom=self.zoom_target(),
             ),
             command=self.command,
             task=self.task,
             with_weights=self.with_weights,
+        )
+
+    def zoom_target(self) -> object:
+        """--zoom REPORT / --zoom-* as a modes.zoom.ZoomTarget (None without them)."""
+        from rl_msprobe.planner.modes.zoom import zoom_target
+
+        return zoom_target(
+            self.zoom, self.zoom_request, self.zoom_layer, self.zoom_module, self.zoom_position
         )
 
 

@@ -246,6 +246,8 @@ def _configs(
             task=request.task,
             risk_level=request.options.risk_level,
         )
+        if spec.task_fields and isinstance(doc.get(request.task), dict):
+            doc[request.task].update(dict(spec.task_fields))
         configs[spec.role] = (os.path.join(config_dir, spec.filename), doc)
     return configs
 

@@ -153,6 +153,9 @@ class ConfigSpec:
     dump_path: str | None
     setting_key: str | None  # the override or env var that points at it
     env_name: str | None = None
+    task_fields: tuple[
+        tuple[str, Any], ...
+    ] = ()  # set in the config's task section (the zoom: request_id, list)
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class Options:
     modules: str | None = None  # only modules whose name this regex finds
     from_checkpoint: bool = False  # keep the script's resume settings (trainer.resume_mode)
     prefill_compare: bool = False  # also msprobe's prefill compare (PROMPTS_ONLY), every request
+    zoom: Any = None  # consistency: a modes.zoom.ZoomTarget (prepare --zoom ...)
 
 
 @dataclass

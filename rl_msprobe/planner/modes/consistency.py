@@ -402,6 +402,7 @@ def _batch_one(ctx: Context) -> Requirements:
     tp = (world_sizes(ctx)[1] if _fsdp(ctx) else ctx.int_value(R + "tensor_model_parallel_size")) or None
     heads_fit_tp(ctx, req, tp)
     _dump_extent(ctx, req)
+    _zoom(ctx, req)
     req.checks.append(no_lora_ref_note)
     return req
 
@@ -483,6 +484,14 @@ ROLLOUT_PHASES = EnvRule(
     required=False,
 )
 DEFAULT_MAX_DUMP_GIB = 50.0
+
+
+def _zoom(ctx: Context, req: Requirements) -> None:
+    """--zoom: msprobe mix dumps of one layer, one request, the prompt (modes/zoom.py)."""
+    if ctx.options.zoom is not None:
+        from rl_msprobe.planner.modes.zoom import apply_zoom
+
+        apply_zoom(ctx, req, ctx.options.zoom)
 
 
 def _model_layers(ctx: Context) -> tuple[int | None, str]:

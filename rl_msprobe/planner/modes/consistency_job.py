@@ -267,7 +267,7 @@ def job_requirements(ctx: Context) -> Requirements:
     """The default consistency plan (module doc)."""
     req = Requirements()
     options = ctx.options
-    msprobe = options.prefill_compare or options.prefill_only
+    msprobe = options.prefill_compare or options.prefill_only or options.zoom is not None
     if msprobe:
         _prefill_compare(ctx, req)
     else:
@@ -295,6 +295,10 @@ def job_requirements(ctx: Context) -> Requirements:
             "Megatron: the training records come from the Megatron engine where its micro-batches allow; "
             "where they do not yet, --prefill-compare gives msprobe's prefill compare."
         )
+    if options.zoom is not None:  # msprobe mix dumps of one layer, one request, the prompt (modes/zoom.py)
+        from rl_msprobe.planner.modes.zoom import apply_zoom
+
+        apply_zoom(ctx, req, options.zoom)
     if not msprobe:
         req.notes.append(
             "msprobe's prefill compare (PROMPTS_ONLY, msprobe configs) is not in this plan: its helpers dump every "

@@ -29,7 +29,9 @@ Environment (read at every call, so a Ray worker sees what its runtime env gives
                             copy the patched trainer runs through the actor just for the dump
                             (rl_msprobe_consistency.prompts_forward); the step's own forwards on the
                             full responses run undumped (and are the ones the records cover)
-  MSPROBE_ACTOR_CONFIG=PATH the msprobe config.json for the training side (required when DUMP_ON=1)
+  MSPROBE_ACTOR_CONFIG=PATH the msprobe config.json for the training side (required when DUMP_ON=1);
+                            its `request_id` (a base id): only micro-batches holding that request are
+                            dumped, cut to its rows by msprobe's `slice` (`request_slice`)
   DUMP_SEED=1234            seed passed to msprobe's seed_all
   DUMP_DETERMINISTIC=1      seed_all(mode=True) as msprobe documents for precision comparison:
                             it calls torch.use_deterministic_algorithms(True), so a
@@ -283,6 +285,8 @@ def micro_batch_start(engine, micro_batch, forward_only):
     if not wants_batch(micro_batch):
         return (None, micro_batch, None, None, recorder, records)
     phase = "log_prob" if forward_only else "update_actor"
+    if not _slice_to_request(engine, micro_batch):
+        return (None, micro_batch, None, None, recorder, records)
     return (engine, micro_batch, _start(engine.module), phase, recorder, records)
 
 
@@ -297,6 +301,68 @@ def micro_batch_end(token) -> None:
         recorder.finish()
     if records is not None:
         records.finish()
+
+
+# ---------------------------------------------------------------- msprobe's per-request slice
+
+
+def _wanted_request():
+    """The training config's `request_id` (its task section), else None."""
+    dbg = debugger()
+    return getattr(dbg.service.config, "request_id", None) or None
+
+
+def _slice_to_request(engine, micro_batch) -> bool:
+    """With a `request_id` in the config: set msprobe's slice to that request's rows of MICRO_BATCH and
+    say whether to dump it (False: the request is not in it). Without one: True, nothing changed."""
+    wanted = _wanted_request()
+    if wanted is None:
+        return True
+    found = request_slice(engine, micro_batch, str(wanted))
+    debugger().service.config.slice_info = found or []
+    return found is not None
+
+
+def request_slice(engine, micro_batch, wanted: str):
+    """msprobe's `slice` for request WANTED's rows of MICRO_BATCH, or None when it is not there.
+
+    Packed (`use_remove_padding`, nested `input_ids`): the model sees [1, total_nnz (+ static pad)];
+    the request's rows are dim 1 [offsets[i], offsets[i+1]). Padded ([B, S] with an attention mask):
+    dim 0 the sample, dim 1 its attended positions. Ulysses sequence parallelism splits the rows
+    over ranks, and is refused."""
+    ids = [_base_id(rid) for rid in request_ids(micro_batch)]
+    if wanted not in ids:
+        return None
+    if getattr(engine, "use_ulysses_sp", False):
+        raise RlMsprobeConfigError(
+            f"MSPROBE_ACTOR_CONFIG sets request_id {wanted}, but Ulysses sequence parallelism splits a sequence's "
+            "rows over ranks: msprobe's slice cannot cut one request out. Set ulysses_sequence_parallel_size=1 "
+            "for the dumped run, or remove request_id."
+        )
+    index = ids.index(wanted)
+    input_ids = micro_batch["input_ids"]
+    if getattr(input_ids, "is_nested", False):
+        offsets = [int(x) for x in input_ids.offsets().tolist()]
+        total = offsets[-1]
+        pad = getattr(engine, "_get_packed_pad_size", None)
+        total += int(pad(total) or 0) if callable(pad) else 0
+        return [{"dim": 1, "size": total, "begin": offsets[index], "end": offsets[index + 1]}]
+    rows, width = int(input_ids.shape[0]), int(input_ids.shape[-1])
+    mask = micro_batch["attention_mask"] if "attention_mask" in micro_batch.keys() else None  # noqa: SIM118
+    cols = mask[index].nonzero().flatten().tolist() if mask is not None else [0, width - 1]
+    return [
+        {"dim": 0, "size": rows, "begin": index, "end": index + 1},
+        {"dim": 1, "size": width, "begin": int(cols[0]), "end": int(cols[-1]) + 1},
+    ]
+
+
+def _base_id(request_id) -> str:
+    """verl's id: vLLM's `-<8 hex>` suffix dropped (rl_msprobe_records.base_id's rule)."""
+    text = str(request_id)
+    tail = text[-9:]
+    if len(text) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:]):
+        return text[:-9]
+    return text
 
 
 # ---------------------------------------------------------------- per-token statistics

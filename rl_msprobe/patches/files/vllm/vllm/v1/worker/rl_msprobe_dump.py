@@ -12,6 +12,9 @@ Environment:
                                never imported and nothing is written.
   MSPROBE_ROLLOUT_PHASES=prefill  dump the prefill steps only (decode steps run undumped and do not
                                advance msprobe's step); unset: every model step.
+  The config's `request_id` (msprobe 26.2's per-request slice; a base id, without vLLM's `-<8 hex>`):
+                               the V1 runner passes `scheduled_tokens` in its row order, so msprobe keeps
+                               only that request's rows and skips steps without it (`request_slice`).
   Whichever runner vLLM chooses (VLLM_USE_V2_MODEL_RUNNER, or vLLM's own choice) dumps.
 Eager execution is required (`enforce_eager=True`; verl: actor_rollout_ref.rollout.enforce_eager=True):
 the runner refuses to start otherwise.
@@ -207,6 +210,8 @@ class _Dump:
         self.pending: tuple[str, list[dict], int] | None = None
         self.started = False
         self.step = 0
+        self.request_id = _read_request_id(config)
+        self.sliced_out = False
 
     def _debugger(self):
         if self.debugger is None:
@@ -245,7 +250,12 @@ class _Dump:
         if getattr(debugger.service, "should_stop_service", False):
             self.pending = None  # every configured step is done: no more work per step
             return
-        debugger.start(model=runner.model)
+        tokens = request_slice(runner, self.request_id, self.pending) if self.request_id else None
+        self.sliced_out = tokens is not None and self.request_id not in tokens
+        if tokens is None:
+            debugger.start(model=runner.model)
+        else:  # msprobe >= 26.2
+            debugger.start(model=runner.model, scheduled_tokens=tokens)
         self.started = True
         self.step = int(getattr(debugger.service, "current_iter", 0))
 
@@ -267,7 +277,7 @@ class _Dump:
         pending, self.pending = self.pending, None
         debugger = self.debugger
         try:
-            if self._dumping() and pending is not None:
+            if self._dumping() and pending is not None and not self.sliced_out:
                 self._log(*pending)
         except Exception as exc:
             if not failed:
@@ -389,6 +399,85 @@ def _global_rank() -> int:
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     except Exception:
         return 0
+
+
+# ---------------------------------------------------------------- msprobe's per-request slice
+
+
+def _read_request_id(path: str) -> str | None:
+    """The rollout config's `request_id` (in its task section), else None."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+        section = config.get(config.get("task") or "statistics") or {}
+        rid = section.get("request_id") if isinstance(section, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(rid) if rid else None
+
+
+def _base_id(request_id) -> str:
+    """verl's id: vLLM's `-<8 hex>` suffix dropped (rl_msprobe_records.base_id's rule)."""
+    text = str(request_id)
+    tail = text[-9:]
+    if len(text) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:]):
+        return text[:-9]
+    return text
+
+
+def request_slice(runner, wanted: str, pending) -> dict:
+    """msprobe's `scheduled_tokens` for this step: {base id: scheduled tokens} in the V1 runner's row
+    order (`runner.input_batch.req_ids`; the forward's rows are the requests' tokens in that order).
+    With MSPROBE_ROLLOUT_PHASES=prefill a step where WANTED decodes keys it apart (not dumped). A
+    prefill of WANTED split over steps (chunked prefill) is refused: msprobe would dump each chunk
+    as a step of its own, and none of them is the prompt the training side computes."""
+    order = list(getattr(getattr(runner, "input_batch", None), "req_ids", None) or ())
+    if not order:
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG}: the config sets request_id, but this runner has no V1 input_batch.req_ids (the V2 "
+            "model runner): msprobe's per-request slice needs the rows' request order. Remove request_id from "
+            "the rollout config, or run the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0)."
+        )
+    phase, requests, total = pending
+    counts = {item["request_id"]: item["tokens"] for item in requests}
+    tokens: dict = {}
+    for rid in order:
+        if counts.get(rid):
+            tokens[_base_id(rid)] = int(counts[rid])
+    if sum(tokens.values()) != total:
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG}: the runner's rows ({sum(tokens.values())} scheduled tokens of input_batch.req_ids) "
+            f"are not the step's {total}: msprobe's request slice would cut the wrong rows."
+        )
+    if wanted in tokens and phase == "prefill":
+        _refuse_chunked(runner, wanted, tokens[wanted], requests)
+    if (
+        wanted in tokens
+        and phase == "decode"
+        and os.environ.get("MSPROBE_ROLLOUT_PHASES", "").strip() == "prefill"
+    ):
+        tokens[f"{wanted}#decode"] = tokens.pop(wanted)
+    return tokens
+
+
+def _refuse_chunked(runner, wanted: str, count: int, requests) -> None:
+    rid = next((item["request_id"] for item in requests if _base_id(item["request_id"]) == wanted), None)
+    state = (
+        getattr(runner, "requests", {}).get(rid)
+        if hasattr(getattr(runner, "requests", None), "get")
+        else None
+    )
+    prompt = _prompt_len(state) if state is not None else None
+    computed = getattr(state, "num_computed_tokens", None)
+    if prompt is None or not isinstance(computed, int) or computed >= prompt:
+        return  # a decode row in a mixed step (or nothing known): not a prefill chunk
+    if computed > 0 or computed + count < prompt:
+        raise RlMsprobeDumpError(
+            f"{ENV_CONFIG}: request {wanted}'s prompt ({prompt} tokens) is prefilled in chunks ({count} tokens "
+            f"from position {computed}): msprobe's slice dumps one chunk per step, never the whole prompt the "
+            "training side computes. Raise max_num_batched_tokens above the prompt length (verl: "
+            "actor_rollout_ref.rollout.max_num_batched_tokens) or disable chunked prefill, and run again."
+        )
 
 
 # ---------------------------------------------------------------- called from the marked lines
