@@ -67,6 +67,18 @@ def _training_dumps(job: Path) -> None:
                 write_dump(job / "dump" / "training" / f"step_{step}" / stage / "step0" / f"rank{rank}")
 
 
+def _consistency_records(root: Path) -> None:
+    """Per-token records as both sides write them (the shared writer on a tiny torch model, a batch
+    of three requests on TP 2): request B's layer 1 `down_proj` off by 1% at its prompt row 2."""
+    pytest.importorskip("torch", reason="torch is in the `test` extra")
+    from tests.dumps import record_models as rm
+
+    lengths = {"A": (6, 4), "B": (4, 6), "C": (2, 3)}
+    tokens = rm.tokens_of(lengths)
+    plant = rm.Plant("rollout", "model.layers.1.mlp.down_proj", "B", 2)
+    rm.write_job(root, tokens, {}, rm.batched_schedule(lengths, chunk=2), [["A", "B", "C"]], tp=2, plants=(plant,))
+
+
 def live_job(name: str, job: Path) -> None:
     """Put what the live job NAME writes where it writes it."""
     if name == "run_profiler_qwen.sh":
@@ -74,7 +86,7 @@ def live_job(name: str, job: Path) -> None:
     elif name == "run_infer_dump_qwen.sh":
         shutil.copytree(standin_dumps() / "generate", job / "dump" / "generate")
     elif name == "run_consistency_qwen.sh":
-        shutil.copytree(standin_dumps(), job / "dump", dirs_exist_ok=True)
+        _consistency_records(job / "dump" / "records")
     elif name == "run_triage_qwen.sh":
         from tests.triage.test_report import write_log
 
