@@ -76,7 +76,9 @@ def _consistency_records(root: Path) -> None:
     lengths = {"A": (6, 4), "B": (4, 6), "C": (2, 3)}
     tokens = rm.tokens_of(lengths)
     plant = rm.Plant("rollout", "model.layers.1.mlp.down_proj", "B", 2)
-    rm.write_job(root, tokens, {}, rm.batched_schedule(lengths, chunk=2), [["A", "B", "C"]], tp=2, plants=(plant,))
+    rm.write_job(
+        root, tokens, {}, rm.batched_schedule(lengths, chunk=2), [["A", "B", "C"]], tp=2, plants=(plant,)
+    )
 
 
 def live_job(name: str, job: Path) -> None:
@@ -85,8 +87,11 @@ def live_job(name: str, job: Path) -> None:
         _training_dumps(job)
     elif name == "run_infer_dump_qwen.sh":
         shutil.copytree(standin_dumps() / "generate", job / "dump" / "generate")
-    elif name == "run_consistency_qwen.sh":
+    elif (
+        name == "run_consistency_qwen.sh"
+    ):  # the records, and msprobe's dumps of --prefill-compare / --batch-one
         _consistency_records(job / "dump" / "records")
+        shutil.copytree(standin_dumps(), job / "dump", dirs_exist_ok=True)
     elif name == "run_triage_qwen.sh":
         from tests.triage.test_report import write_log
 
