@@ -5,15 +5,17 @@ weight sync (``update_weights_from_tensor``), tiny Qwen2, fp32, 1 rank. The job 
 tests/support/sglang_job.py; the venv: tests/support/sglang_job_venv.py.
 
 All through the CLI with ``--python <user venv>`` (copies of verl and sglang, so the shared venv is
-never edited): env -> detect --hint -> prepare --mode consistency -> patch apply <exactly the sets
-prepare prints: verl-consistency, sglang-dispatch-log, and with --weights verl-weights, sglang-weights>
--> the derived script, unchanged -> dumps
-check / correlate / compare per training step -> patch revert -> site-packages byte-identical.
+never edited): env -> detect --hint -> prepare --mode consistency (the plan that keeps the job:
+per-token records on both sides, the user's batch of 2 prompts x n 2) -> patch apply <exactly the
+sets prepare prints: verl-consistency, sglang-dispatch-log, and with --weights verl-weights,
+sglang-weights> -> the derived script, unchanged -> dumps positions on the records -> patch revert
+-> site-packages byte-identical.
 
-ONE job, 2 training steps, several checks on its dumps: step 1 clean (CONSISTENT on identical
-weights), step 2 with a 1% fault planted in one module's output on the rollout side only (in
-SGLang's scheduler after the weight sync; tests/support/sglang_plant_hook.py), which the compare
-must name.
+ONE job, 2 training steps, the live vLLM job's assertions (tests/live/test_consistency_job.py) on
+SGLang: every request recorded on both sides, step 1 CONSISTENT at every position of every
+request, step 2 with a 1% fault planted in one module's output on the rollout side only (in
+SGLang's scheduler after the weight sync; tests/support/sglang_plant_hook.py), named at that module
+from position 0.
 
 HYBRID sleep / wake runs too (``free_cache_engine=True``): SGLang's scheduler releases weights and
 KV cache after each rollout and resumes them around each sync (noted by the plant hook).
@@ -69,10 +71,8 @@ class Flow:
     prepared: str  # prepare's output
     sets: list[str]
     script: Path  # the derived script
-    dump: Path  # generate/ and actor/
-    check: subprocess.CompletedProcess
-    correlate: dict
-    compares: dict[int, tuple[subprocess.CompletedProcess, dict]] = field(default_factory=dict)
+    dump: Path  # records/ and weights/
+    positions: tuple[subprocess.CompletedProcess, dict]  # `dumps positions --json` on the records
     plant_log: list[dict] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # site-packages files that differ after revert
     seconds: dict[str, float] = field(default_factory=dict)
@@ -117,18 +117,10 @@ def flow(tmp_path_factory) -> Flow:
             RL_MSPROBE_PLANT_LOG=str(plant_log),
         )
         seconds["job"] = result.wall_s
-        sides = (str(dump / "generate"), str(dump / "actor"))
-        check = cli("dumps", "check", *sides, "--mode", "consistency")
-        correlate = as_json(cli("dumps", "correlate", *sides, "--json"))
-        run = Flow(result, prepared, sets, script, dump, check, correlate, seconds=seconds)
         t0 = time.monotonic()
-        for step in sorted({p["train"]["step"] for p in correlate.get("pairs", [])}):
-            proc = cli(
-                "dumps", "compare", *sides, "--out", str(root / f"compare{step}"),
-                "--python", str(python), "--train-step", str(step), "--json",
-            )  # fmt: skip
-            run.compares[step] = (proc, as_json(proc))
-        seconds["compare"] = time.monotonic() - t0
+        proc = cli("dumps", "positions", str(dump / "records"), "--out", str(root / "positions"), "--json")
+        run = Flow(result, prepared, sets, script, dump, (proc, as_json(proc)), seconds=seconds)
+        seconds["positions"] = time.monotonic() - t0
     finally:
         reverted = cli("patch", "revert", *sets, "--python", str(python))
     ok(reverted)
@@ -137,8 +129,7 @@ def flow(tmp_path_factory) -> Flow:
     run.plant_log = [json.loads(x) for x in plant_log.read_text().splitlines()] if plant_log.exists() else []
     shutil.rmtree(root / "user-venv", ignore_errors=True)
     seconds["total"] = time.monotonic() - started
-    for step, (_, doc) in sorted(run.compares.items()):
-        print(f"live sglang consistency step {step}: {doc.get('verdict', doc)}")
+    print(f"live sglang consistency: {run.positions[1].get('verdict', run.positions[1])}")
     print(f"live sglang consistency flow (s): {json.dumps({k: round(v) for k, v in seconds.items()})}")
     return run
 
@@ -148,25 +139,36 @@ def _ran(run: Flow) -> None:
     assert sorted(run.result.metrics)[-1] == STEPS, run.result.metrics
 
 
-def _dispatch(run: Flow) -> list[dict]:
-    return [
-        json.loads(line)
-        for log in sorted((run.dump / "generate").rglob("dispatch_log.jsonl"))
-        for line in log.read_text().splitlines()
-    ]
+def _positions(run: Flow) -> dict:
+    proc, doc = run.positions
+    assert "error" not in doc and proc.returncode in (0, 1), doc
+    assert doc["source"] == "records", doc.get("source")
+    return doc
+
+
+def _steps_of(run: Flow) -> dict[str, int]:
+    """Request id -> its training step: the number of weight syncs (the plant log) before its first
+    rollout record (sync k precedes the rollout of step k)."""
+    syncs = sorted(e["time"] for e in run.plant_log if "sync" in e)
+    first: dict[str, float] = {}
+    for path in (run.dump / "records" / "rollout").glob("*/rec*.json"):
+        header = json.loads(path.read_text())
+        for rid in header["requests"]:
+            first[rid] = min(first.get(rid, header["timestamp"]), header["timestamp"])
+    return {rid: sum(t > s for s in syncs) for rid, t in first.items()}
 
 
 def test_prepare_asks_what_an_sglang_rollout_needs(flow: Flow) -> None:
-    """SGLang 0.5.12 dumps natively (no sglang-dump); the dispatch log and the radix cache off are
-        what pairing needs on SGLang; verl's own consistency set on the actor; --weights adds the weight
+    """The records plan on SGLang: the dispatch-log set records the rollout side, the radix cache off,
+    the user's batch kept; verl's consistency set on the actor; --weights adds the weight
     fingerprints on both trees."""
     assert flow.sets == ["verl-consistency", "sglang-dispatch-log", "verl-weights", "sglang-weights"], (
         flow.prepared
     )
     derived = flow.script.read_text()
-    assert "engine_kwargs.sglang.msprobe_dump_config=" in derived
     assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=True" in derived
-    assert "actor_rollout_ref.rollout.max_num_seqs=1" in derived
+    assert "RL_MSPROBE_RECORD_DIR=" in derived
+    assert "max_num_seqs=1 " not in derived and "data.train_batch_size=2" in derived
 
 
 def test_the_job_ran_every_step_with_a_real_weight_sync(flow: Flow) -> None:
@@ -203,48 +205,43 @@ def test_weights_are_equal_at_every_sync_with_every_tensor_accounted_for(flow: F
         assert step["resident_how"] == {"parameter": step["model_tensors"] - step["counts"]["tied"]}, step
 
 
-def test_dump_layout_native_sglang_and_the_dispatch_log(flow: Flow) -> None:
+def test_every_request_is_recorded_on_both_sides(flow: Flow) -> None:
     _ran(flow)
-    assert flow.check.returncode == 0, flow.check.stdout + flow.check.stderr
-    generate = flow.dump / "generate"
-    steps = sorted(generate.glob("step*/rank0/dump.json"))
-    assert steps, sorted(p.relative_to(generate) for p in generate.rglob("*"))[:40]
-    lines = _dispatch(flow)
-    assert lines and {x["source"] for x in lines} == {"sglang"}
-    for line in lines:  # each logged step is the dump of that very forward pass: its token count
-        dump = json.loads(
-            (generate / f"step{line['step']}" / f"rank{line['rank']}" / "dump.json").read_text()
+    doc = _positions(flow)
+    steps = _steps_of(flow)
+    assert sorted(steps.values()) == [s for s in range(1, STEPS + 1) for _ in range(4)], steps
+    assert {r["request_id"] for r in doc["requests"]} == set(steps)
+    assert not any(doc["records"]["only_on"].values()), doc["records"]
+    headers = [json.loads(p.read_text()) for p in (flow.dump / "records" / "rollout").glob("*/rec*.json")]
+    assert {h["engine"] for h in headers} == {"sglang"}
+    assert any(len(h["requests"]) >= 2 for h in headers)  # forward passes of several requests
+
+
+def test_identical_weights_are_consistent_at_every_position(flow: Flow) -> None:
+    steps = _steps_of(flow)
+    clean = [r for r in _positions(flow)["requests"] if steps[r["request_id"]] == 1]
+    assert len(clean) == 4
+    for r in clean:
+        assert r["status"] == "consistent" and r["verdict"].startswith("CONSISTENT at every position"), r[
+            "verdict"
+        ]
+        pos = r["positions"]
+        assert [p["start"] for p in pos["positions"]] == list(
+            range(max(pos["prompt"], pos["train_tokens"] - 1))
         )
-        (embed,) = [v for k, v in dump["data"].items() if ".embed_tokens." in k and k.endswith(".forward.0")]
-        assert embed["input_args"][0]["shape"] == [line["total_num_scheduled_tokens"]], line
-    prefills = [x for x in lines if x["phase"] == "prefill"]
-    assert len(prefills) == STEPS and all(len(x["requests"]) == 1 for x in prefills), prefills
-    assert all(x["requests"][0]["type"] == "new" and x["requests"][0]["tokens"] > 1 for x in prefills)
-    assert {x["forward_mode"] for x in lines if x["phase"] == "decode"} == {"decode"}
-
-
-def test_every_rollout_prefill_pairs_with_its_training_micro_batch(flow: Flow) -> None:
-    pairs = flow.correlate["pairs"]
-    assert len(pairs) == STEPS, flow.correlate
-    assert not flow.correlate["unmatched"], flow.correlate["unmatched"]
-    assert len({p["request_id"] for p in pairs}) == STEPS
-
-
-def test_identical_weights_are_consistent(flow: Flow) -> None:
-    proc, doc = flow.compares[0]
-    assert proc.returncode == 0 and doc["verdict"].startswith("CONSISTENT"), doc.get("verdict", doc)
-    for pair in doc["pairs"]:
-        assert pair["status"] == "consistent" and pair["summary"]["matched_rows"] > 0
-        assert pair["summary"]["inputs_checked"], pair["summary"]  # the same token ids on both sides
 
 
 def test_planted_one_percent_fault_is_found_at_that_module(flow: Flow) -> None:
     assert any(PLANT["module"] in e.get("active", {}) for e in flow.plant_log), flow.plant_log
-    proc, doc = flow.compares[PLANT["sync"] - 1]  # training dump step s-1 is training step s
-    assert proc.returncode == 1 and doc["verdict"].startswith("DIVERGENT"), doc.get("verdict", doc)
-    for pair in doc["pairs"]:
-        first = pair["summary"]["first_divergence"]
-        assert (first["module"], first["tensor"]) == (PLANT["module"], "output.0"), first
+    steps = _steps_of(flow)
+    planted = [r for r in _positions(flow)["requests"] if steps[r["request_id"]] == PLANT["sync"]]
+    assert len(planted) == 4
+    for r in planted:
+        first = r["positions"]["first"]
+        assert r["status"] == "divergent" and first is not None, r["verdict"]
+        assert (first["start"], first["module"], first["tensor"]) == (0, PLANT["module"], "output.0"), r[
+            "verdict"
+        ]
 
 
 def test_revert_leaves_verl_and_sglang_byte_identical(flow: Flow) -> None:
