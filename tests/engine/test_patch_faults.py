@@ -22,7 +22,8 @@ SET = "verl-engine"
 HELPER = "verl/utils/rl_msprobe_hooks.py"
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"
-PATHS = [HELPER, FSDP, MEGATRON]
+RECORDS = "verl/utils/rl_msprobe_records.py"  # the per-token recorder the set adds beside the helper
+PATHS = [HELPER, RECORDS, FSDP, MEGATRON]
 
 
 @pytest.fixture

@@ -19,7 +19,11 @@ from tests.support.trees import full_cycle, run_cli, scratch_copy
 pytestmark = pytest.mark.release
 
 ENGINE = {"verl/workers/engine/fsdp/transformer_impl.py", "verl/workers/engine/megatron/transformer_impl.py"}
-HELPERS = {"verl/utils/rl_msprobe_hooks.py", "verl/utils/rl_msprobe_consistency.py"}
+HELPERS = {
+    "verl/utils/rl_msprobe_hooks.py",
+    "verl/utils/rl_msprobe_consistency.py",
+    "verl/utils/rl_msprobe_records.py",
+}
 RAY = "verl/trainer/ppo/ray_trainer.py"
 SEPARATE = "verl/experimental/separation/ray_trainer.py"
 SYNC = "verl/trainer/main_ppo_sync.py"
