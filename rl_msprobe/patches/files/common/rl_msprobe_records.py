@@ -268,15 +268,19 @@ class Recorder:
             k += 1
         if lead != count:
             return None
-        index = layout.token_index if kind == "token" else layout.sample_index
-        if not index:
-            return None
-        key = (kind, str(value.device))
-        idx = self._index.get(key)
-        if idx is None:
-            idx = self._index[key] = torch.tensor(index, dtype=torch.long, device=value.device)
         flat = value.detach().reshape(count, -1)
-        return flat.index_select(0, idx)
+        key = (kind, str(value.device))
+        select = self._index.get(key)
+        if select is None:
+            select = self._index[key] = _selection(
+                layout.token_index if kind == "token" else layout.sample_index, value.device
+            )
+        if select is False:
+            return None
+        if isinstance(select, tuple):  # one contiguous range of rows: a view, no copy
+            start, n = select
+            return flat if n == count else flat.narrow(0, start, n)
+        return flat.index_select(0, select)
 
     def _record(self, name: str, cls: str, args, output) -> None:
         import torch
@@ -294,10 +298,7 @@ class Recorder:
                     kind, rows = "sample", self._rows(value, "sample")
                 if rows is None or rows.shape[1] == 0:
                     continue
-                with torch.no_grad():
-                    r = rows.float()
-                    stats = torch.stack((r.amax(dim=1), r.amin(dim=1), torch.linalg.vector_norm(r, dim=1)))
-                self.values.append(stats)
+                self.values.append(_stats(rows))
                 self.tensors.append(
                     {
                         "key": key,
@@ -319,18 +320,16 @@ class Recorder:
         root = record_dir()
         if root is None or not self.tensors:
             return None
-        import torch
-
         folder = os.path.join(root, self.side, str(os.getpid()))
         os.makedirs(folder, exist_ok=True)
         k = _counters.get(folder)
         if k is None:
             k = sum(1 for name in os.listdir(folder) if name.startswith("rec") and name.endswith(".json"))
         _counters[folder] = k + 1
-        flat = torch.cat([v.reshape(-1) for v in self.values]).to("cpu", torch.float32)
+        flat = _gather(self.values)
         base = os.path.join(folder, f"rec{k}")
         with open(base + ".f32", "wb") as handle:
-            handle.write(flat.numpy().astype("<f4", copy=False).tobytes())
+            handle.write(flat.astype("<f4", copy=False).tobytes())
         header = {
             "format": FORMAT,
             "side": self.side,
@@ -346,6 +345,61 @@ class Recorder:
         _write_json(base + ".json", header)
         self.values, self.tensors = [], []
         return base + ".json"
+
+
+def _selection(index: list, device):
+    """How a tensor's rows at INDEX are taken: (start, count) when they are one contiguous range
+    (a view of the tensor: `narrow`), else an index tensor on DEVICE (`index_select`); False: none."""
+    if not index:
+        return False
+    start = index[0]
+    if index == list(range(start, start + len(index))):
+        return (start, len(index))
+    import torch
+
+    return torch.tensor(index, dtype=torch.long, device=device)
+
+
+def _stats(rows):
+    """ROWS' per-row (Max, Min, L2 norm), computed where ROWS live: one `aminmax` on the native
+    dtype (a floating tensor's max and min are exact in it) and one norm accumulated in float32 (no
+    float32 copy of a bf16 tensor). Integer / bool tensors (token and position ids: one column) as
+    float32. Max and Min stay in the native dtype until `finish` converts them, grouped."""
+    import torch
+
+    with torch.no_grad():
+        if not rows.is_floating_point():
+            rows = rows.float()
+        lo, hi = torch.aminmax(rows, dim=1)
+        if rows.dtype in (torch.float16, torch.bfloat16, torch.float32):
+            norm = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
+        else:  # float64 (and narrower exotic floats): the norm in its own dtype, converted in finish
+            norm = torch.linalg.vector_norm(rows, dim=1)
+    return hi, lo, norm
+
+
+def _gather(values: list):
+    """The record's float32 values (per tensor: its rows' Max, then Min, then norm) as a host numpy
+    array, from VALUES (`_stats` of each tensor, in order): on the device, one concatenation per
+    dtype, one conversion to float32 each, then one concatenation and ONE device->host copy; the
+    per-tensor order is restored on the host."""
+    import numpy
+    import torch
+
+    groups: dict = {}
+    for i, trio in enumerate(values):
+        for j, part in enumerate(trio):
+            groups.setdefault(part.dtype, []).append((i, j, part))
+    pieces, where, offset = [], {}, 0
+    for dtype, members in groups.items():
+        joined = torch.cat([part.reshape(-1) for _, _, part in members])
+        pieces.append(joined if dtype == torch.float32 else joined.float())
+        for i, j, part in members:
+            where[(i, j)] = (offset, offset + part.numel())
+            offset += part.numel()
+    host = (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).to("cpu").numpy()
+    ordered = [host[slice(*where[(i, j)])] for i in range(len(values)) for j in range(3)]
+    return numpy.concatenate(ordered) if ordered else numpy.zeros(0, numpy.float32)
 
 
 def _write_json(path: str, doc: dict) -> None:
