@@ -150,6 +150,9 @@ def test_bf16_stats_equal_a_float64_reference_and_a_contiguous_selection_is_a_vi
     assert view.shape == (len(reference), 8)
     shares = view.untyped_storage().data_ptr() == seen["out"].untyped_storage().data_ptr()
     assert shares is contiguous
+    # an accelerator's one fused aminmax gives the CPU's two reductions, value for value
+    for fused, cpu in zip(rec._stats(view, fused=True), rec._stats(view, fused=False), strict=True):
+        assert fused.dtype == cpu.dtype and torch.equal(fused, cpu)
 
 
 def test_selection_is_by_base_id_and_share(monkeypatch):

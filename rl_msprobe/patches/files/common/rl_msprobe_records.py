@@ -360,17 +360,23 @@ def _selection(index: list, device):
     return torch.tensor(index, dtype=torch.long, device=device)
 
 
-def _stats(rows):
-    """ROWS' per-row (Max, Min, L2 norm), computed where ROWS live: one `aminmax` on the native
-    dtype (a floating tensor's max and min are exact in it) and one norm accumulated in float32 (no
-    float32 copy of a bf16 tensor). Integer / bool tensors (token and position ids: one column) as
-    float32. Max and Min stay in the native dtype until `finish` converts them, grouped."""
+def _stats(rows, fused: bool | None = None):
+    """ROWS' per-row (Max, Min, L2 norm), computed where ROWS live: Max and Min on the native dtype
+    (a floating tensor's are exact in it) and one norm accumulated in float32 (no float32 copy of a
+    bf16 tensor). Integer / bool tensors (token and position ids: one column) as float32. Max and
+    Min stay in the native dtype until `finish` converts them, grouped. On an accelerator Max and
+    Min are one fused `aminmax` reduction; on CPU two (`amax`, `amin`): torch's CPU `aminmax` over a
+    dimension is not vectorized (torch 2.13: 8x1024 float32 19 us against 3.4 us, 132x1024 281 us
+    against 14 us, one thread), the same values either way (FUSED: force one or the other)."""
     import torch
 
     with torch.no_grad():
         if not rows.is_floating_point():
             rows = rows.float()
-        lo, hi = torch.aminmax(rows, dim=1)
+        if not (rows.device.type != "cpu" if fused is None else fused):
+            hi, lo = rows.amax(dim=1), rows.amin(dim=1)
+        else:
+            lo, hi = torch.aminmax(rows, dim=1)
         if rows.dtype in (torch.float16, torch.bfloat16, torch.float32):
             norm = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
         else:  # float64 (and narrower exotic floats): the norm in its own dtype, converted in finish
