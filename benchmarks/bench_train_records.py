@@ -23,6 +23,7 @@ is the machine's load (one round of an earlier run, load 18, went 0.24x-6.4x); t
 figure. No accelerator was lent to this task: the device-side figure is still to be measured.
 
 Run: python benchmarks/bench_train_records.py [--repeat 5] [--hidden 512] [--layers 4] [--vocab 8192] [--scale 32]
+[--recorder FILE: the tree's rl_msprobe_records.py replaced by FILE, e.g. an older one]
 (needs the job venv: python -m tests.support.job_venv build)
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=int, default=32, help="prompt / response lengths x this (3..6 x scale)"
     )
+    parser.add_argument("--recorder", type=Path, help="replace the tree's rl_msprobe_records.py with this")
     args = parser.parse_args()
 
     from tests.support import verl_venv
@@ -82,6 +85,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         tree = patched_release("verl", "0.9.1", base / "verl", ["verl-engine"])
+        if args.recorder:  # e.g. an older recorder, for a before / after figure
+            shutil.copyfile(args.recorder, tree / "verl/utils/rl_msprobe_records.py")
         (base / "work").mkdir()
         bench = {
             "repeat": args.repeat,

@@ -289,6 +289,12 @@ class Recorder:
         self.calls[name] = n + 1
         key = f"Module.{name}.{cls}.forward.{n}"
         outputs = output if isinstance(output, (tuple, list)) else [output]
+        with torch.no_grad():  # once per module call, not per tensor
+            self._record_all(key, args, outputs)
+
+    def _record_all(self, key: str, args, outputs) -> None:
+        import torch
+
         for role, values in (("input", args), ("output", outputs)):
             tensors = [v for v in values if isinstance(v, torch.Tensor)]
             for i, value in enumerate(tensors):
@@ -361,26 +367,29 @@ def _selection(index: list, device):
 
 
 def _stats(rows, fused: bool | None = None):
-    """ROWS' per-row (Max, Min, L2 norm), computed where ROWS live: Max and Min on the native dtype
-    (a floating tensor's are exact in it) and one norm accumulated in float32 (no float32 copy of a
-    bf16 tensor). Integer / bool tensors (token and position ids: one column) as float32. Max and
-    Min stay in the native dtype until `finish` converts them, grouped. On an accelerator Max and
-    Min are one fused `aminmax` reduction; on CPU two (`amax`, `amin`): torch's CPU `aminmax` over a
-    dimension is not vectorized (torch 2.13: 8x1024 float32 19 us against 3.4 us, 132x1024 281 us
-    against 14 us, one thread), the same values either way (FUSED: force one or the other)."""
+    """ROWS' per-row (Max, Min, L2 norm), computed where ROWS live (under the caller's no_grad):
+    Max and Min on the native dtype (a floating tensor's are exact in it) and the norm accumulated
+    in float32 (`vector_norm(dtype=float32)`: no float32 copy of a bf16 tensor). On an accelerator
+    Max and Min are one fused `aminmax` reduction (FUSED: force it or not). On CPU what is fastest
+    there, the same values: `amax` + `amin` (torch 2.13's CPU `aminmax` over a dimension is not
+    vectorized: 8x1024 float32 19 us against 3.4 us, 132x1024 281 us against 14 us, one thread),
+    and a bf16 / fp16 row block copied to float32 first (CPU half-precision reductions are slower
+    than the copy: +8.1 against +6.8 ms a forward of the benchmark's Qwen2). Integer / bool
+    tensors (token and position ids: one column) as float32. Max and Min stay in their dtype until
+    `finish` converts them, grouped."""
     import torch
 
-    with torch.no_grad():
-        if not rows.is_floating_point():
-            rows = rows.float()
-        if not (rows.device.type != "cpu" if fused is None else fused):
-            hi, lo = rows.amax(dim=1), rows.amin(dim=1)
-        else:
-            lo, hi = torch.aminmax(rows, dim=1)
-        if rows.dtype in (torch.float16, torch.bfloat16, torch.float32):
-            norm = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
-        else:  # float64 (and narrower exotic floats): the norm in its own dtype, converted in finish
-            norm = torch.linalg.vector_norm(rows, dim=1)
+    cpu = rows.device.type == "cpu"
+    if not rows.is_floating_point() or (cpu and rows.dtype in (torch.float16, torch.bfloat16)):
+        rows = rows.float()
+    if (not cpu) if fused is None else fused:
+        lo, hi = torch.aminmax(rows, dim=1)
+    else:
+        hi, lo = rows.amax(dim=1), rows.amin(dim=1)
+    if rows.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        norm = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
+    else:  # float64 (and narrower exotic floats): the norm in its own dtype, converted in finish
+        norm = torch.linalg.vector_norm(rows, dim=1)
     return hi, lo, norm
 
 
@@ -392,6 +401,9 @@ def _gather(values: list):
     import numpy
     import torch
 
+    parts = [part.reshape(-1) for trio in values for part in trio]
+    if all(part.dtype == torch.float32 for part in parts):  # a float32 model: already in order
+        return torch.cat(parts).to("cpu").numpy() if parts else numpy.zeros(0, numpy.float32)
     groups: dict = {}
     for i, trio in enumerate(values):
         for j, part in enumerate(trio):
@@ -418,7 +430,7 @@ def _schema(folder: str, tensors: list) -> int:
     """The number of FOLDER's `schema{S}.json` holding this tensor table, written the first time
     it is seen: a forward's header names its table instead of repeating it (at 80 layers, about a
     thousand tensors: ~160 KB a forward that a decode step's rows do not need)."""
-    text = json.dumps(tensors, separators=(",", ":"))
+    text = tuple(tuple(t.values()) for t in tensors)  # cheaper than JSON text, as telling
     number = _schemas.get((folder, text))
     if number is None:
         number = sum(1 for where, _ in _schemas if where == folder)
