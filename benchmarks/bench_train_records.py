@@ -22,6 +22,13 @@ The same at --scale 16 (704 tokens), 9 rounds: 1.05x (every request), 0.98x (one
 is the machine's load (one round of an earlier run, load 18, went 0.24x-6.4x); the medians are the
 figure. No accelerator was lent to this task: the device-side figure is still to be measured.
 
+Again 2026-12-07 21:15 UTC (load average 1.8), 7 rounds, after the recorder's cost work (a
+contiguous selection is a view, Max / Min / norm without a float32 copy on an accelerator, one
+host copy per forward): not recorded 0.518 s; every request 0.559 s, 1.07x median [1.04-1.12];
+one of 6 1.03x [0.96-1.09]. The recorder before that work (`--recorder`, integ's), 21:03 (load
+3.6): 1.11x [1.09-1.20] every request, 1.02x one of 6: on CPU and float32 the difference is
+within the noise (the packed rows were one range and the copies small beside the matmuls).
+
 Run: python benchmarks/bench_train_records.py [--repeat 5] [--hidden 512] [--layers 4] [--vocab 8192] [--scale 32]
 [--recorder FILE: the tree's rl_msprobe_records.py replaced by FILE, e.g. an older one]
 (needs the job venv: python -m tests.support.job_venv build)
