@@ -155,6 +155,23 @@ def test_bf16_stats_equal_a_float64_reference_and_a_contiguous_selection_is_a_vi
         assert fused.dtype == cpu.dtype and torch.equal(fused, cpu)
 
 
+def test_gather_keeps_each_tensors_order_across_dtypes():
+    """An accelerator's bf16 model keeps Max / Min in bf16 and the norm in float32 until the record
+    is written: the values come back per tensor, Max then Min then norm, whatever the grouping."""
+    rec = helper()
+    a = (torch.tensor([1.5, 2.0], dtype=torch.bfloat16), torch.tensor([-1.0, 0.5], dtype=torch.bfloat16))
+    b = (torch.tensor([7.0]), torch.tensor([3.0]), torch.tensor([9.0], dtype=torch.float64))
+    values = [(*a, torch.tensor([4.0, 5.0])), b, (*a, torch.tensor([6.0, 8.0]))]
+    assert rec._gather(values).tolist() == [1.5, 2.0, -1.0, 0.5, 4.0, 5.0, 7.0, 3.0, 9.0] + [
+        1.5,
+        2.0,
+        -1.0,
+        0.5,
+        6.0,
+        8.0,
+    ]
+
+
 def test_selection_is_by_base_id_and_share(monkeypatch):
     rec = helper()
     ids = [f"req{i}" for i in range(2000)]
