@@ -22,7 +22,15 @@ The same at --scale 16 (704 tokens), 9 rounds: 1.05x (every request), 0.98x (one
 is the machine's load (one round of an earlier run, load 18, went 0.24x-6.4x); the medians are the
 figure. No accelerator was lent to this task: the device-side figure is still to be measured.
 
+Again 2026-12-07 21:15 UTC (load average 1.8), 7 rounds, after the recorder's cost work (a
+contiguous selection is a view, Max / Min / norm without a float32 copy on an accelerator, one
+host copy per forward): not recorded 0.518 s; every request 0.559 s, 1.07x median [1.04-1.12];
+one of 6 1.03x [0.96-1.09]. The recorder before that work (`--recorder`, integ's), 21:03 (load
+3.6): 1.11x [1.09-1.20] every request, 1.02x one of 6: on CPU and float32 the difference is
+within the noise (the packed rows were one range and the copies small beside the matmuls).
+
 Run: python benchmarks/bench_train_records.py [--repeat 5] [--hidden 512] [--layers 4] [--vocab 8192] [--scale 32]
+[--recorder FILE: the tree's rl_msprobe_records.py replaced by FILE, e.g. an older one]
 (needs the job venv: python -m tests.support.job_venv build)
 """
 
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,6 +80,7 @@ def main() -> None:
     parser.add_argument(
         "--scale", type=int, default=32, help="prompt / response lengths x this (3..6 x scale)"
     )
+    parser.add_argument("--recorder", type=Path, help="replace the tree's rl_msprobe_records.py with this")
     args = parser.parse_args()
 
     from tests.support import verl_venv
@@ -82,6 +92,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         tree = patched_release("verl", "0.9.1", base / "verl", ["verl-engine"])
+        if args.recorder:  # e.g. an older recorder, for a before / after figure
+            shutil.copyfile(args.recorder, tree / "verl/utils/rl_msprobe_records.py")
         (base / "work").mkdir()
         bench = {
             "repeat": args.repeat,

@@ -114,6 +114,64 @@ def test_sample_rows_and_filters(tmp_path, monkeypatch):
     assert second.finish().endswith("rec1.json")
 
 
+@pytest.mark.parametrize(
+    "ids_env, rows", [("a,b", slice(0, 7)), ("b", slice(3, 7)), ("a,c", [0, 1, 2, 7, 8, 9])]
+)
+def test_bf16_stats_equal_a_float64_reference_and_a_contiguous_selection_is_a_view(
+    tmp_path, monkeypatch, ids_env, rows
+):
+    """A bf16 model's rows: Max / Min exactly the float64 ones (bf16 values are exact in float32),
+    the norm within bf16 rounding. One contiguous range of selected rows is a view of the tensor
+    (`index_select` never called, the rows share its storage); scattered rows are gathered."""
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    monkeypatch.setenv("RL_MSPROBE_RECORD_IDS", ids_env)
+    rec = helper()
+    torch.manual_seed(1)
+    model = Block().to(torch.bfloat16)
+    seen: dict = {}
+    model.layers[1].register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
+    segments = [("a", 0, 0, 3), ("b", 3, 0, 4), ("c", 7, 0, 3)]
+    layout = rec.Layout(10, [s for s in segments if rec.selected(s[0])])
+    recorder = rec.Recorder(model, layout, "rollout")
+    contiguous = isinstance(rows, slice)
+    calls = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select", lambda self, *a: calls.append(1) or real(self, *a))
+    with torch.no_grad():
+        model(torch.randint(0, 50, (10,)))
+    assert bool(calls) is not contiguous
+    header, values = read(recorder.finish())
+    t, hi, lo, norm = leaf(header, values, "layers.1", "output.0")
+    assert t["dtype"] == "torch.bfloat16" and t["width"] == 8
+    reference = seen["out"].double()[rows]
+    assert list(hi) == reference.amax(1).tolist() and list(lo) == reference.amin(1).tolist()
+    assert list(norm) == pytest.approx(reference.norm(dim=1).tolist(), rel=2**-8)
+    view = recorder._rows(seen["out"], "token")
+    assert view.shape == (len(reference), 8)
+    shares = view.untyped_storage().data_ptr() == seen["out"].untyped_storage().data_ptr()
+    assert shares is contiguous
+    # an accelerator's one fused aminmax gives the CPU's two reductions, value for value
+    for fused, cpu in zip(rec._stats(view, fused=True), rec._stats(view, fused=False), strict=True):
+        assert fused.dtype == cpu.dtype and torch.equal(fused, cpu)
+
+
+def test_gather_keeps_each_tensors_order_across_dtypes():
+    """An accelerator's bf16 model keeps Max / Min in bf16 and the norm in float32 until the record
+    is written: the values come back per tensor, Max then Min then norm, whatever the grouping."""
+    rec = helper()
+    a = (torch.tensor([1.5, 2.0], dtype=torch.bfloat16), torch.tensor([-1.0, 0.5], dtype=torch.bfloat16))
+    b = (torch.tensor([7.0]), torch.tensor([3.0]), torch.tensor([9.0], dtype=torch.float64))
+    values = [(*a, torch.tensor([4.0, 5.0])), b, (*a, torch.tensor([6.0, 8.0]))]
+    assert rec._gather(values).tolist() == [1.5, 2.0, -1.0, 0.5, 4.0, 5.0, 7.0, 3.0, 9.0] + [
+        1.5,
+        2.0,
+        -1.0,
+        0.5,
+        6.0,
+        8.0,
+    ]
+
+
 def test_selection_is_by_base_id_and_share(monkeypatch):
     rec = helper()
     ids = [f"req{i}" for i in range(2000)]
