@@ -193,3 +193,47 @@ def test_base_id_is_the_correlate_rule():
     rec = helper()
     for rid in ("abc", "abc-0123abcd", "x-0123abcd_P", "abc_P", "-0123abcd", "a-0123ABCD"):
         assert rec.base_id(rid) == strip_request_id(rid)
+
+
+class Shared(torch.nn.Module):
+    """One tensor into two projections (as q and k share their input), then changed in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.bump = Bump()
+
+    def forward(self, x):
+        a, b = self.q(x), self.k(x)
+        self.bump(x)  # x * 2 in place: its next reader must see the new values
+        return a + b + self.q(x)
+
+
+class Bump(torch.nn.Module):
+    def forward(self, x):
+        return x.mul_(2)
+
+
+def test_a_tensor_read_by_several_modules_is_reduced_once_unless_changed_in_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    rec = helper()
+    calls = []
+    real = rec._stats
+    monkeypatch.setattr(rec, "_stats", lambda rows: calls.append(rows.shape) or real(rows))
+    model = Shared()
+    x = torch.randn(5, 8)
+    before = x.clone()
+    recorder = rec.Recorder(model, rec.Layout(5, [("r", 0, 0, 5)]), "rollout")
+    with torch.no_grad():
+        model(x)
+    header, values = read(recorder.finish())
+    inputs = [leaf(header, values, key, "input.0") for key in ("q.Linear.forward.0", "k.Linear.forward.0")]
+    for _, hi, _lo, norm in inputs:  # both read the same tensor before the bump: its values then
+        assert list(hi) == pytest.approx(before.amax(1).tolist()) and list(norm) == pytest.approx(
+            before.norm(dim=1).tolist()
+        )
+    _, hi, _, _ = leaf(header, values, "q.Linear.forward.1", "input.0")  # after the in-place bump
+    assert list(hi) == pytest.approx((2 * before).amax(1).tolist())
+    # 8 tensors, 5 reductions: k's input is q's (the same x), the bump's output and q's second input
+    # are the bumped x its input already gave (x once before the bump, once after: its version moved)
+    assert (len(header["tensors"]), len(calls)) == (8, 5)

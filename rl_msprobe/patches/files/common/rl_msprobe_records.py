@@ -238,6 +238,7 @@ class Recorder:
         self.layout, self.side, self.meta = layout, side, dict(meta or {})
         self.tensors: list = []
         self.values: list = []
+        self._seen: dict = {}  # (id, kind) -> (weak ref, version, stats): `_stats_once`
         self.calls: dict = {}
         self.handles: list = []
         self._index: dict = {}
@@ -304,7 +305,7 @@ class Recorder:
                     kind, rows = "sample", self._rows(value, "sample")
                 if rows is None or rows.shape[1] == 0:
                     continue
-                self.values.append(_stats(rows))
+                self.values.append(self._stats_once(value, kind, rows))
                 self.tensors.append(
                     {
                         "key": key,
@@ -314,6 +315,23 @@ class Recorder:
                         "rows": kind,
                     }
                 )
+
+    def _stats_once(self, value, kind: str, rows):
+        """`_stats(rows)`, taken once per tensor and kind in a forward: a module's output is often the
+        next module's input, or the input of three projections (q, k, v), the very same tensor. The
+        entry holds a weak reference and the tensor's version counter, so a tensor freed since (its
+        id reused) or changed in place since (a fused residual add) is taken again."""
+        import weakref
+
+        entry = self._seen.get((id(value), kind))
+        if entry is not None and entry[0]() is value and entry[1] == value._version:
+            return entry[2]
+        stats = _stats(rows)
+        try:
+            self._seen[(id(value), kind)] = (weakref.ref(value), value._version, stats)
+        except TypeError:  # a tensor type without weak references: no reuse
+            pass
+        return stats
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -349,7 +367,7 @@ class Recorder:
             "schema": _schema(folder, self.tensors),
         }
         _write_json(base + ".json", header)
-        self.values, self.tensors = [], []
+        self.values, self.tensors, self._seen = [], [], {}
         return base + ".json"
 
 
