@@ -237,3 +237,21 @@ def test_a_tensor_read_by_several_modules_is_reduced_once_unless_changed_in_plac
     # 8 tensors, 5 reductions: k's input is q's (the same x), the bump's output and q's second input
     # are the bumped x its input already gave (x once before the bump, once after: its version moved)
     assert (len(header["tensors"]), len(calls)) == (8, 5)
+
+
+def test_inference_tensors_are_taken_every_time(tmp_path, monkeypatch):
+    """Under torch.inference_mode (vLLM, SGLang) a tensor has no version counter, so an in-place
+    change cannot be told: nothing is reused, and the values are the ones each module saw."""
+    monkeypatch.setenv("RL_MSPROBE_RECORD_DIR", str(tmp_path))
+    rec = helper()
+    model = Shared()
+    recorder = rec.Recorder(model, rec.Layout(5, [("r", 0, 0, 5)]), "rollout")
+    with torch.inference_mode():
+        x = torch.randn(5, 8)
+        before = x.clone()
+        model(x)
+    header, values = read(recorder.finish())
+    _, hi, _, _ = leaf(header, values, "k.Linear.forward.0", "input.0")
+    assert list(hi) == pytest.approx(before.amax(1).tolist())
+    _, hi, _, _ = leaf(header, values, "q.Linear.forward.1", "input.0")
+    assert list(hi) == pytest.approx((2 * before).amax(1).tolist())

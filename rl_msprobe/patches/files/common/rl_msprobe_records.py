@@ -320,15 +320,21 @@ class Recorder:
         """`_stats(rows)`, taken once per tensor and kind in a forward: a module's output is often the
         next module's input, or the input of three projections (q, k, v), the very same tensor. The
         entry holds a weak reference and the tensor's version counter, so a tensor freed since (its
-        id reused) or changed in place since (a fused residual add) is taken again."""
+        id reused) or changed in place since (a fused residual add) is taken again. Inference
+        tensors (vLLM and SGLang run under torch.inference_mode) keep no version counter: an
+        in-place change cannot be told, so theirs are taken every time."""
         import weakref
 
+        try:
+            version = value._version
+        except RuntimeError:  # "Inference tensors do not track version counter"
+            return _stats(rows)
         entry = self._seen.get((id(value), kind))
-        if entry is not None and entry[0]() is value and entry[1] == value._version:
+        if entry is not None and entry[0]() is value and entry[1] == version:
             return entry[2]
         stats = _stats(rows)
         try:
-            self._seen[(id(value), kind)] = (weakref.ref(value), value._version, stats)
+            self._seen[(id(value), kind)] = (weakref.ref(value), version, stats)
         except TypeError:  # a tensor type without weak references: no reuse
             pass
         return stats
