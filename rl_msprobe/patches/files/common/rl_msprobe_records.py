@@ -238,7 +238,6 @@ class Recorder:
         self.layout, self.side, self.meta = layout, side, dict(meta or {})
         self.tensors: list = []
         self.values: list = []
-        self._seen: dict = {}  # (id, kind) -> (weak ref, version, stats): `_stats_once`
         self.calls: dict = {}
         self.handles: list = []
         self._index: dict = {}
@@ -305,7 +304,7 @@ class Recorder:
                     kind, rows = "sample", self._rows(value, "sample")
                 if rows is None or rows.shape[1] == 0:
                     continue
-                self.values.append(self._stats_once(value, kind, rows))
+                self.values.append(_stats(rows))
                 self.tensors.append(
                     {
                         "key": key,
@@ -315,29 +314,6 @@ class Recorder:
                         "rows": kind,
                     }
                 )
-
-    def _stats_once(self, value, kind: str, rows):
-        """`_stats(rows)`, taken once per tensor and kind in a forward: a module's output is often the
-        next module's input, or the input of three projections (q, k, v), the very same tensor. The
-        entry holds a weak reference and the tensor's version counter, so a tensor freed since (its
-        id reused) or changed in place since (a fused residual add) is taken again. Inference
-        tensors (vLLM and SGLang run under torch.inference_mode) keep no version counter: an
-        in-place change cannot be told, so theirs are taken every time."""
-        import weakref
-
-        try:
-            version = value._version
-        except RuntimeError:  # "Inference tensors do not track version counter"
-            return _stats(rows)
-        entry = self._seen.get((id(value), kind))
-        if entry is not None and entry[0]() is value and entry[1] == version:
-            return entry[2]
-        stats = _stats(rows)
-        try:
-            self._seen[(id(value), kind)] = (weakref.ref(value), version, stats)
-        except TypeError:  # a tensor type without weak references: no reuse
-            pass
-        return stats
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -373,7 +349,7 @@ class Recorder:
             "schema": _schema(folder, self.tensors),
         }
         _write_json(base + ".json", header)
-        self.values, self.tensors, self._seen = [], [], {}
+        self.values, self.tensors = [], []
         return base + ".json"
 
 
