@@ -42,6 +42,13 @@ Measured 2026-12-07 on the shared 2-core machine (other sessions' tests running 
   kernels (two per tensor, aminmax and norm) beside a step's matmuls, and the one host copy is
   per forward; no accelerator was lent to this task, so that figure is still to be measured.
 
+Again 21:59 UTC (load average 1.25-1.5, nothing else running), the final recorder, 8 paired rounds
+and 2 msprobe rounds: (i) 12.5 ms median (min 12.2); (ii) 20.6 ms (min 19.8), 1.63x median
+[1.58-1.68], 27.8 KB a step; (iii) 116.0 ms, 9.24x [9.18-9.30], 446.3 KB a step. The rollout stays
+above 1.5x on this CPU: ~8 ms a step of small per-tensor work (next: copy the few rows of a decode
+step at hook time and reduce them per width group at the record's end, a handful of ops a step
+instead of three per tensor).
+
 Run: python benchmarks/bench_rollout_records.py [--rounds 4] [--msprobe-rounds 2] [--recorder FILE] [--profile]
 (needs the job venv: python -m tests.support.job_venv build). --recorder replaces the patched tree's
 rl_msprobe_records.py with FILE (e.g. an older recorder, for a before / after figure).
