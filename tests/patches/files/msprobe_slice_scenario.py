@@ -77,6 +77,22 @@ def load(path: Path, name: str):
     return module
 
 
+def tree_records(package: str) -> None:
+    """The shared recorder as PACKAGE's `rl_msprobe_records` (stand-in packages down to PACKAGE), as
+    in a patched tree, where the engine helpers import it from (this process only)."""
+    import sys
+    from types import ModuleType
+
+    parts = package.split(".")
+    for depth in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:depth]), ModuleType(".".join(parts[:depth])))
+    records = load(
+        ROOT / "rl_msprobe/patches/files/common/rl_msprobe_records.py", f"{package}.rl_msprobe_records"
+    )
+    sys.modules[package].rl_msprobe_records = records  # type: ignore[attr-defined]
+    sys.modules[f"{package}.rl_msprobe_records"] = records
+
+
 def write_config(out: str, level: str, request: str | None, names: list[str]) -> str:
     section = {"scope": [], "list": names, "data_mode": ["all"], "summary_mode": "statistics"}
     if request:
@@ -106,6 +122,7 @@ def rollout(
     out: str, config: str, model: nn.Module, steps: list[tuple[dict[str, int], list[int], bool]]
 ) -> None:
     os.environ["MSPROBE_ROLLOUT_CONFIG"] = config
+    tree_records("vllm.v1.worker")
     helper = load(ROOT / "rl_msprobe/patches/files/vllm/vllm/v1/worker/rl_msprobe_dump.py", "rl_msprobe_dump")
 
     class Runner:
@@ -132,6 +149,7 @@ def rollout(
 
 def train(config: str, model: nn.Module, batches: list[dict]) -> None:
     os.environ.update(DUMP_ON="1", DUMP_PHASE="log_prob", MSPROBE_ACTOR_CONFIG=config)
+    tree_records("verl.utils")
     hooks = load(ROOT / "rl_msprobe/patches/files/verl/verl/utils/rl_msprobe_hooks.py", "rl_msprobe_hooks")
     engine = NS(module=model, engine_config=NS(forward_only=False), rank=0)
     for batch in batches:

@@ -417,12 +417,10 @@ def _read_request_id(path: str) -> str | None:
 
 
 def _base_id(request_id) -> str:
-    """verl's id: vLLM's `-<8 hex>` suffix dropped (rl_msprobe_records.base_id's rule)."""
-    text = str(request_id)
-    tail = text[-9:]
-    if len(text) > 9 and tail[0] == "-" and all(c in "0123456789abcdef" for c in tail[1:]):
-        return text[:-9]
-    return text
+    """verl's id (the one rule, in rl_msprobe_records.base_id beside this file)."""
+    from vllm.v1.worker import rl_msprobe_records
+
+    return rl_msprobe_records.base_id(request_id)
 
 
 def request_slice(runner, wanted: str, pending) -> dict:
