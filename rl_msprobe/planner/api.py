@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rl_msprobe.errors import UserError
+from rl_msprobe.planner.patch_advice import tree_variables
 
 if TYPE_CHECKING:
     from rl_msprobe.launch.detect import Detection
@@ -253,13 +255,14 @@ class PrepareOutcome:
             body += [f"wrote {cfg}  ({role} msprobe config)" for role, cfg in doc["configs"].items()]
             body += [msprobe_line(plan.msprobe)] if doc["configs"] else []
             body += violation_lines(doc["violations"])
-            todo = [f"apply the patches: {cmd}" for cmd in plan.patch_commands]
-            if plan.patch_commands:
+            todo = tree_variables(plan.patch_commands)
+            todo += [f"apply the patches: {cmd}" for cmd in plan.patch_commands]
+            if plan.patch_commands and not todo[: -len(plan.patch_commands)]:
                 todo.append(
                     "patch the tree that actually runs (inside a container it may be /verl, not your checkout)"
                 )
-            todo.append(f"check: rl-msprobe check {plan.derived_path} --mode {plan.mode}")
-            todo.append(f"run: bash {plan.derived_path}")
+            todo.append(f"check: rl-msprobe check {shlex.quote(plan.derived_path)} --mode {plan.mode}")
+            todo.append(f"run: bash {shlex.quote(plan.derived_path)}")
             body += list_lines("still to do", todo)
         body += list_lines("unverifiable", plan.unverifiable)
         body += list_lines("warnings", plan.warnings)
@@ -317,7 +320,7 @@ class CheckOutcome:
         return [
             f"{self.path}: {r.mode} rules: {status}",
             *violation_lines([v.to_json() for v in r.result.violations]),
-            *list_lines("patches this job needs", r.patch_commands),
+            *list_lines("patches this job needs", [*tree_variables(r.patch_commands), *r.patch_commands]),
             *list_lines("unverifiable", r.result.unverifiable),
             *list_lines("warnings", r.result.warnings),
             *list_lines("notes", r.notes),
@@ -355,6 +358,7 @@ def check_script(
         patch_target=found.where,
         vllm_root=found.roots.get("vllm"),
         batch_one=batch_one,
+        python=python,
     )
     return CheckOutcome(path, dataclasses.replace(report, notes=[*found.notes, *report.notes]))
 

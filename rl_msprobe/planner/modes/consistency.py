@@ -522,6 +522,13 @@ def _dump_extent(ctx: Context, req: Requirements) -> None:
     from rl_msprobe.dumps.position_size import GIB, whole_response
 
     prefill_only = ctx.options.prefill_only
+    # the patched Megatron engine raises on DUMP_POSITIONS=1 (the FSDP engine alone records positions)
+    if ctx.backend == "megatron" and not prefill_only:
+        prefill_only = True
+        req.notes.append(
+            "Megatron: this plan's per-token positions (DUMP_POSITIONS=1) are recorded on the FSDP engine only, so "
+            "it compares the prefill (as --prefill-only); the default plan (without --batch-one) records both sides."
+        )
     skips_decode = prefill_only and "vllm-dump" in req.patch_sets
     apply(ctx, req, [ROLLOUT_PHASES] if skips_decode else [] if prefill_only else [POSITIONS])
     what = "Prefill-only consistency" if prefill_only else "Whole-response consistency"
