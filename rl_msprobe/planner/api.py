@@ -92,6 +92,7 @@ class PrepareOptions:
     steps: str | None = None  # "1,2"
     ranks: str | None = None  # "0,1"
     task: str = "statistics"
+    model_config: str | None = None  # --model-config PATH
     stages: str | None = None  # "S1,S2"
     backend: str | None = None
     train_backend: str | None = None
@@ -141,6 +142,7 @@ class PrepareOptions:
                 python=self.python,
                 prefill_only=self.prefill_only,
                 max_dump_gib=self.max_dump_gib,
+                model_config=os.path.abspath(self.model_config) if self.model_config else None,
                 batch_one=self.batch_one,
                 requests=self.requests,
                 request_ids=request_ids(self.request_ids),
@@ -337,6 +339,7 @@ def check_script(
     python: str | None = None,
     command: int | None = None,
     batch_one: bool = False,
+    model_config: str | None = None,
 ) -> CheckOutcome:
     """Check SCRIPT (derived or hand-written) against every rule of its collection mode (detected
     unless given), with the versions of the upstream trees named or imported by `python`."""
@@ -359,6 +362,7 @@ def check_script(
         vllm_root=found.roots.get("vllm"),
         batch_one=batch_one,
         python=python,
+        model_config=model_config,
     )
     return CheckOutcome(path, dataclasses.replace(report, notes=[*found.notes, *report.notes]))
 

@@ -55,12 +55,19 @@ def check(
     vllm_root: Path | None = None,
     batch_one: bool = False,
     python: str | None = None,
+    model_config: str | None = None,
 ) -> CheckReport:
     refuse_crlf(text, path)  # bash would not run it as written: exit 2
     script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
     keys = check_keys(script, detection)  # a key verl would refuse: exit 2
     chosen = choose_mode(detection, mode, path)
-    options = Options(backend=backend, train_backend=train_backend, batch_one=batch_one, python=python)
+    options = Options(
+        backend=backend,
+        train_backend=train_backend,
+        batch_one=batch_one,
+        python=python,
+        model_config=model_config,
+    )
     if chosen == "consistency":  # the plan prepare wrote into the derived script's header
         from rl_msprobe.planner.consistency_plan import options_from
 

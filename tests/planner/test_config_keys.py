@@ -37,7 +37,7 @@ def script(tmp_path: Path, old: str = "", new: str = "", crlf: bool = False) -> 
         assert old in text
         text = text.replace(old, new)
     path = tmp_path / "job" / "run_x.sh"
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text.replace("\n", "\r\n").encode() if crlf else text.encode())
     return path
 
@@ -222,3 +222,30 @@ def test_overrides_on_the_composed_base_are_what_a_whole_compose_gives(tokens: t
         assert OmegaConf.is_struct(fast[0]) and OmegaConf.is_struct(whole[0])
     # a sweep always takes the whole compose
     assert launch_config.on_base(folder, "ppo_trainer", (), ("trainer.nnodes=1,2",)) is None
+
+
+def test_a_model_that_cannot_be_read_is_said_unknown_and_model_config_gives_it(tmp_path: Path) -> None:
+    """A hub id not in the (empty) Hugging Face cache: the heads check is unverifiable and the size estimate
+    says the model is unknown, naming --model-config; with it, both run on the config.json given."""
+    path = script(tmp_path)
+    code, text, _ = prepare(path)
+    assert code == 0, text
+    assert f"{R}tensor_model_parallel_size=2 divides the attention heads: the model is unknown" in text
+    assert "pass --model-config PATH" in text
+    model = tmp_path / "qwen"
+    model.mkdir()
+    config = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
+    (model / "config.json").write_text(__import__("json").dumps(config))
+    code, text, _ = prepare(path, "--model-config", str(model), "--force")
+    assert code == 0, text
+    assert "the model is unknown" not in text and "divides the attention heads" not in text
+    assert re.search(r"Records: .*per dumped step", text) and "no size estimate" not in text, text
+    # a TP that does not divide the 28 heads is now a violation, as vLLM would refuse it
+    bad = script(tmp_path / "bad", f"{R}tensor_model_parallel_size=2", f"{R}tensor_model_parallel_size=3")
+    code, text, _ = prepare(bad, "--model-config", str(model / "config.json"))
+    assert code == 1 and "consistency.parallel.tp_divides_heads" in text, text
+    # the derived script's header carries it: check reads the same model
+    derived = tmp_path / "job" / "out" / "run_consistency_x.sh"
+    assert f"--model-config {model}" in derived.read_text()
+    code, text = cli("check", str(derived), "--mode", "consistency")
+    assert code == 0 and "the model is unknown" not in text, text

@@ -451,7 +451,11 @@ def heads_fit_tp(ctx: Context, req: Requirements, tp: int | None) -> None:
     from rl_msprobe.planner import model_config
 
     value, origin = ctx.value(model_config.MODEL_KEY)
-    found = model_config.read(value, origin)
+    found = model_config.read(value, origin, given=ctx.options.model_config)
+    if tp is not None and found.model is None:  # said, never skipped silently
+        req.unverifiable.append(
+            f"{R}tensor_model_parallel_size={tp} divides the attention heads: {found.where}"
+        )
     if tp is None or found.model is None or found.model.heads % tp == 0:
         return
     heads = found.model.heads
@@ -495,13 +499,21 @@ def _zoom(ctx: Context, req: Requirements) -> None:
 
 
 def _model_layers(ctx: Context) -> tuple[int | None, str]:
-    """(decoder layers of the actor's model, where they were read or why not)."""
+    """(decoder layers of the actor's model, where they were read or why not): its config.json where the
+    script points, the Hugging Face cache's copy of a hub id, or --model-config (planner/model_config.py)."""
     import json
 
-    value, origin = ctx.value("actor_rollout_ref.model.path")
-    if origin == "runtime" or not isinstance(value, str) or "$" in value:
-        return None, "the model path is only known at run time"
-    config = os.path.join(os.path.expanduser(value), "config.json")
+    from rl_msprobe.planner import model_config
+
+    value, origin = ctx.value(model_config.MODEL_KEY)
+    given = ctx.options.model_config
+    if given:
+        config: str | None = os.path.join(given, "config.json") if os.path.isdir(given) else given
+    else:
+        config, why = model_config.locate(value, origin)
+        if config is None:
+            return None, why
+    assert config is not None
     try:
         with open(config, encoding="utf-8") as handle:
             doc = json.load(handle)

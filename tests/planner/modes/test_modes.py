@@ -690,7 +690,7 @@ def test_consistency_batch_one_on_megatron_sets_no_positions_its_engine_refuses(
 def test_consistency_without_a_readable_model_says_there_is_no_estimate(tmp_path: Path) -> None:
     p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, batch_one=True)
     (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
-    assert "no size estimate" in note and "config.json is not readable here" in note
+    assert "no size estimate" in note and "the model is unknown" in note and "pass --model-config" in note
     # the default plan says the same of its records, and why (a hub id not in the Hugging Face cache)
     default = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path / "default")
     (records,) = [n for n in default.notes if n.startswith("Records:")]
