@@ -234,7 +234,12 @@ def test_a_model_that_cannot_be_read_is_said_unknown_and_model_config_gives_it(t
     assert "pass --model-config PATH" in text
     model = tmp_path / "qwen"
     model.mkdir()
-    config = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
+    config = {
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+    }
     (model / "config.json").write_text(__import__("json").dumps(config))
     code, text, _ = prepare(path, "--model-config", str(model), "--force")
     assert code == 0, text
