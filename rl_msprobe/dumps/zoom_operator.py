@@ -113,7 +113,7 @@ class ZoomOutcome:
     def to_json(self) -> dict[str, object]:
         op = self.operator
         return {
-            "schema": "rl-msprobe.zoom/1",
+            "schema": "rl-msprobe.dumps-zoom/1",
             "actor": str(self.actor),
             "rollout": str(self.rollout),
             "csv": str(self.csv),
