@@ -454,6 +454,10 @@ def load_arrays(python: list[str] | None = None) -> Loader:
     def load(files: list[Path]) -> dict[Path, Array]:
         import numpy as np
 
+        from rl_msprobe import bounded
+
+        for f in files:  # torch.load would block on a FIFO or read a device without end
+            bounded.regular(f, "msprobe tensor file (.pt)")
         if tensor_jobs.here(python):
             import torch
 
