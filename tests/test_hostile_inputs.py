@@ -84,3 +84,21 @@ def test_the_size_of_1100_nested_folders_is_walked_without_recursion(tmp_path: P
         }
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
+
+
+def test_a_name_that_is_not_utf8_prints_under_a_strict_utf8_stdout(tmp_path: Path) -> None:
+    """PYTHONIOENCODING=utf-8 makes stdout strict: the name is printed as its bytes, no traceback."""
+    import sys
+
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/\xff/step0/rank0")
+    os.makedirs(folder)
+    os.mkfifo(os.path.join(folder, "dump.json"))
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    run = subprocess.run(
+        [sys.executable, "-m", "rl_msprobe", "dumps", "check", str(tmp_path)],
+        capture_output=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 1 and b"Traceback" not in run.stderr, run.stderr[-2000:]
+    assert b"/\xff/step0/rank0/dump.json: is a named pipe (FIFO)" in run.stdout, run.stdout

@@ -303,6 +303,16 @@ def _link_out_of_plain_tree(folder: Path) -> list[str]:
     return ["patch", "apply", "verl-triage", "--tree", str(tree)]
 
 
+def _escaped_space(folder: Path) -> list[str]:
+    """A launch script whose continuation backslash has a space after it (line 4)."""
+    script = folder / "run.sh"
+    script.write_text(
+        "#!/bin/bash\nset -x\npython3 -m verl.trainer.main_ppo \\\n    algorithm.adv_estimator=grpo \\ \n"
+        "    actor_rollout_ref.rollout.name=vllm \\\n    trainer.n_gpus_per_node=2\n"
+    )
+    return ["detect", str(script)]
+
+
 def _edit_kept(folder: Path) -> None:
     assert "# the user's edit" in (folder / "verl" / HELPER).read_text(), "the user's edit is gone"
 
@@ -430,6 +440,13 @@ CASES = [
         "torch",
     ),
     Case(
+        "detect-escaped-space",
+        "detect: a backslash followed by a space in the verl command",
+        _escaped_space,
+        2,
+        "run.sh:4: a backslash followed by a space ends the verl command here",
+    ),
+    Case(
         "revert-edited-helper",
         "patch revert (plain tree): helper edited by the user",
         _edited_helper_plain_revert,
@@ -483,9 +500,20 @@ class Measured:
     peak_rss: int  # bytes: the command's own peak resident memory (ru_maxrss of its process)
 
 
-def measure(args: list[str], checkout: Path, limit_s: float = 30.0) -> Measured:
+def _cap_memory(limit: int) -> Callable[[], None]:
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return cap
+
+
+def measure(args: list[str], checkout: Path, limit_s: float = 30.0, address_space: int = 4 << 30) -> Measured:
     """`rl-msprobe ARGS` run by CHECKOUT's code in a process of its own (PRELUDE first), its wall time
-    and peak resident memory from wait4 (as /usr/bin/time -v reports them); killed past LIMIT_S."""
+    and peak resident memory from wait4 (as /usr/bin/time -v reports them); killed past LIMIT_S, and
+    its address space capped at ADDRESS_SPACE (an unbounded reader of /dev/zero ends in MemoryError
+    there instead of taking the shared machine's memory)."""
     code = (
         PRELUDE
         + "\nimport sys\nfrom rl_msprobe.cli import main\nmain(args=sys.argv[1:], prog_name='rl-msprobe')\n"
@@ -500,6 +528,7 @@ def measure(args: list[str], checkout: Path, limit_s: float = 30.0) -> Measured:
             stderr=err,
             stdin=subprocess.DEVNULL,
             env=env,
+            preexec_fn=_cap_memory(address_space),
         )
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
