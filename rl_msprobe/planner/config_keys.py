@@ -70,6 +70,12 @@ def _flat_keys(cfg: Any) -> tuple[list[str], set[str]]:
     return out, dicts
 
 
+def composable(overrides: Overrides) -> list[str]:
+    """The override tokens Hydra is asked to compose: those whose text is known, less sweeps (`a=x,y`: the
+    hydra.sweep rule's violation, with its own fix)."""
+    return [i.override.text for i in overrides.items if i.override is not None and not i.override.sweep]
+
+
 def nearest(key: str, known: list[str]) -> str | None:
     """The known key closest to `key`: among its siblings first, else among every key."""
     parent = key.rpartition(".")[0]
@@ -102,8 +108,7 @@ def check(script: LaunchScript, composed: launch_config.ComposedConfig | None, s
     where = f"{said}: {source.describe}" if said else source.describe
     assert script.command is not None
     overrides = Overrides(script.command.args)
-    # a sweep (`a=x,y`) is the hydra.sweep rule's violation, with its own fix; the rest is composed
-    tokens = [i.override.text for i in overrides.items if i.override is not None and not i.override.sweep]
+    tokens = composable(overrides)
     result = KeyCheck(where)
     unknown: list[tuple[str, Item | None]] = []
     for _ in range(MOST):

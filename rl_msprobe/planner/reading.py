@@ -152,14 +152,14 @@ def compose_violation(
     if not isinstance(composed, launch_config.ComposedConfig) or composed.source is None:
         return None
     assert script.command is not None
-    tokens = launch_config.known_tokens(Overrides(script.command.args))
+    tokens = config_keys.composable(Overrides(script.command.args))
     _, problem = launch_config.compose(composed.source, tokens)
     if problem is None:
         return None
     fix = f"Hydra refuses the command as verl would: {problem}"
     if original is not None and original.command is not None:
         _, before = launch_config.compose(
-            composed.source, launch_config.known_tokens(Overrides(original.command.args))
+            composed.source, config_keys.composable(Overrides(original.command.args))
         )
         if before is not None:
             fix += (
