@@ -65,7 +65,9 @@ def _from_requests(doc: dict[str, Any]) -> dict[str, Any] | None:
     found = []
     for item in doc.get("requests") or ():
         positions = item.get("positions") if isinstance(item, dict) else None
-        first = positions.get("first") if isinstance(positions, dict) else None
+        if not isinstance(positions, dict):
+            continue
+        first = positions.get("first")
         if not isinstance(first, dict) or not first.get("module") or item.get("request_id") in (None, ""):
             continue
         found.append(
