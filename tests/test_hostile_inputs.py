@@ -102,3 +102,25 @@ def test_a_name_that_is_not_utf8_prints_under_a_strict_utf8_stdout(tmp_path: Pat
     )
     assert run.returncode == 1 and b"Traceback" not in run.stderr, run.stderr[-2000:]
     assert b"/\xff/step0/rank0/dump.json: is a named pipe (FIFO)" in run.stdout, run.stdout
+
+
+@pytest.mark.release
+def test_a_plain_tree_helper_is_replaced_only_when_it_holds_what_rl_msprobe_wrote(tmp_path: Path) -> None:
+    """Outside git the manifest's hash of what rl-msprobe wrote decides: the user's edit is refused,
+    the same bytes recorded as rl-msprobe's (an older rl-msprobe's helper) are replaced."""
+    import hashlib
+    import json
+
+    tree = hostile._tree(tmp_path, with_git=False)
+    helper = tree / hostile.HELPER
+    ours = helper.read_bytes()
+    edited = ours + b"# the user's edit\n"
+    helper.write_bytes(edited)
+    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    assert code == 2 and "apply would replace your edits" in err and helper.read_bytes() == edited, err
+    manifest = tree / ".rl-msprobe" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["files"][hostile.HELPER]["applied_sha256"] = hashlib.sha256(edited).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    code, _, err = run_cli("patch", "apply", "verl-triage", "--tree", str(tree))
+    assert code == 0 and helper.read_bytes() == ours, err
