@@ -58,11 +58,37 @@ class ZoomTarget:
         return head or None
 
 
+def _from_requests(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """`dumps positions --json` (rl-msprobe.dumps-positions/1): each divergent request's
+    `positions.first` (start, phase, module, layer) with the request's id and prompt length; a
+    divergence in the prompt first (what the zoom can dump), else the first divergent request."""
+    found = []
+    for item in doc.get("requests") or ():
+        positions = item.get("positions") if isinstance(item, dict) else None
+        first = positions.get("first") if isinstance(positions, dict) else None
+        if not isinstance(first, dict) or not first.get("module") or item.get("request_id") in (None, ""):
+            continue
+        found.append(
+            {
+                "request_id": item["request_id"],
+                "module": first["module"],
+                "layer": first.get("layer"),
+                "position": first.get("start"),
+                "phase": first.get("phase"),
+                "prompt_len": positions.get("prompt"),
+            }
+        )
+    return next((f for f in found if f["phase"] == "prefill"), found[0] if found else None)
+
+
 def _first(doc: Any) -> dict[str, Any] | None:
-    """The first divergence in a `dumps positions --json` document, read defensively (the report's
-    shape may name it first_divergence, first, or list divergences / findings / pairs)."""
+    """The first divergence in a `dumps positions --json` document (`_from_requests`), else read
+    defensively (a shape that names it first_divergence, first, or lists divergences / findings)."""
     if not isinstance(doc, dict):
         return None
+    from_requests = _from_requests(doc)
+    if from_requests is not None:
+        return from_requests
     for key in ("first_divergence", "first", "divergence"):
         value = doc.get(key)
         if isinstance(value, dict):
@@ -245,13 +271,15 @@ def apply_zoom(ctx: Context, req: Requirements, target: ZoomTarget) -> None:
     where = f"{target.block} of layer {target.layer}" if target.block else f"layer {target.layer}"
     req.notes.append(
         f"Zoom: msprobe mix dumps of {where} only, request {target.request_id} only (msprobe's request_id "
-        "slice), its prompt's forward on both sides. Then `msprobe compare -tp <actor dump.json> -gp <rollout "
-        "dump.json>` and rl_msprobe.dumps.zoom_operator.first_operator name the API call where it starts."
+        "slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom <the dump folder: "
+        "actor/ and generate/>` runs msprobe's compare of the two and names the API call where it starts."
     )
     req.notes.append(
-        f"Zoom: request {target.request_id} must carry the same id in this run. verl gives each request a fresh "
-        "id per run unless actor_rollout_ref.rollout.full_determinism=True (verl >= 0.9: det-<sample index>); "
-        "with another id, msprobe dumps nothing and logs that the request was not among the scheduled tokens."
+        f"Zoom: request {target.request_id} must carry the same id in this run: the verl-consistency set sends "
+        "stable ids (rlm<digest of the agent-loop worker and the prompt>n<k>), the same when this script runs "
+        "the same steps as the run the report read (--steps: through the report's step). With another id "
+        "(verl's fresh uuid: a report of a run without the set), msprobe dumps nothing and logs that the "
+        "request was not among the scheduled tokens."
     )
 
 
