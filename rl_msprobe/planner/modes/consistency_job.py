@@ -407,7 +407,7 @@ def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> f
         )
         return None
     value, origin = ctx.value(model_config.MODEL_KEY)
-    found = model_config.read(value, origin)
+    found = model_config.read(value, origin, given=options.model_config)
     prompt = ctx.int_value("data.max_prompt_length")
     response = ctx.int_value("data.max_response_length")
     missing = [
