@@ -58,7 +58,9 @@ def test_top_k_is_a_flag_and_zero_turns_it_off(tmp_path):
     script.write_text(SCRIPT)
     for k, expected in (("5", "export RL_MSPROBE_TRIAGE_TOPK=5"), ("0", None)):
         out_dir = tmp_path / f"k{k}"
-        code, out, err = run_cli("prepare", str(script), "--mode", "triage", "--top-k", k, "--out", str(out_dir))
+        code, out, err = run_cli(
+            "prepare", str(script), "--mode", "triage", "--top-k", k, "--out", str(out_dir)
+        )
         assert code == 0, err + out
         derived = next(out_dir.glob("run_triage_*.sh")).read_text()
         if expected:
