@@ -60,7 +60,13 @@ class DistributionResult:
             "k": self.k,
             "overall": self.overall.to_json(),
             "steps": [
-                {"step": s.step, **s.sums.to_json(), "causes": [c.name for c in s.causes]}
+                {
+                    "step": s.step,
+                    **s.sums.to_json(),
+                    "causes": [c.name for c in s.causes],
+                    "kl_low_by_position": [_finite(v) for v in s.sums.by_position("kl_low").tolist()],
+                    "top1_by_position": [_finite(v) for v in s.sums.by_position("top1").tolist()],
+                }
                 for s in self.step_list()
             ],
             "by_position": {

@@ -93,3 +93,34 @@ def test_off_without_top_k(helper, monkeypatch):  # noqa: F811
     out: dict = {}
     helper.train_top_k(torch.zeros(2, 4), {"input_ids": None}, out)
     assert out == {}
+
+
+def test_transfer_queue_samples_carry_the_ids_in_extra_fields(helper, monkeypatch):  # noqa: F811
+    """The v1 trainer hands the engine every field of its samples: the ids come from extra_fields."""
+    monkeypatch.setenv("RL_MSPROBE_TRIAGE_TOPK", str(K))
+    seqs = [[5, 6, 11, 12, 13], [7, 8, 14, 15]]
+    logits = torch.randn(9, V, generator=torch.Generator().manual_seed(1))
+    tops = [
+        {"ids": [[1, 2, 3]] * 3, "lps": [[-1.0, -2.0, -3.0]] * 3},
+        {"ids": [[4, 5, 6]] * 2, "lps": [[-1.0] * 3] * 2},
+    ]
+    extra = [{helper.TOPK_KEY: t, "request_id": str(i)} for i, t in enumerate(tops)]
+    micro = {
+        "input_ids": torch.nested.nested_tensor([torch.tensor(s) for s in seqs], layout=torch.jagged),
+        "extra_fields": extra,
+    }
+    out: dict = {}
+    helper.train_top_k(logits, micro, out)
+    first, second = out[helper.OUT_KEY].unbind()
+    assert first.shape == (3, 2 + 3 * K) and second.shape == (2, 2 + 3 * K)
+    full = torch.log_softmax(logits, -1)
+    assert torch.allclose(
+        first[:, 2 : 2 + K], full[1:4][:, [1, 2, 3]], atol=1e-6
+    )  # rows 1..3 predict 11, 12, 13
+    assert torch.allclose(
+        second[:, 2 : 2 + K], full[6:8][:, [4, 5, 6]], atol=1e-6
+    )  # rows 6, 7 predict 14, 15
+    grad = logits.clone().requires_grad_(True)
+    out = {}
+    helper.train_top_k(grad, micro, out)  # the update's forward: nothing
+    assert out == {}

@@ -203,7 +203,28 @@ def _from_transfer_queue(source: Any) -> dict:
             pass
     if "uid" not in out:
         out["uid"] = list(source.keys)
+    if top_k():
+        _top_k_from_transfer_queue(tq, source, out)
     return out
+
+
+def _top_k_from_transfer_queue(tq: Any, source: Any, out: dict) -> None:
+    """The rollout's top k and prompt ids (in each sample's extra_fields) and the training engine's
+    rows (the field its model_output put), for the lines of a TransferQueue trainer."""
+    try:
+        got = tq.kv_batch_get(
+            keys=source.keys, partition_id=source.partition_id, select_fields=["extra_fields"]
+        )
+        fields = [_plain(f) for f in _rows(got["extra_fields"])]
+        out[TOPK_KEY] = [f.get(TOPK_KEY) if isinstance(f, dict) else None for f in fields]
+        out[PROMPT_KEY] = [f.get(PROMPT_KEY) if isinstance(f, dict) else None for f in fields]
+    except Exception as exc:
+        _warn_once(f"rl-msprobe triage: no rollout top-k in TransferQueue: {type(exc).__name__}: {exc}")
+    try:
+        got = tq.kv_batch_get(keys=source.keys, partition_id=source.partition_id, select_fields=[OUT_KEY])
+        _TRAIN["rows"] = [t.float().cpu() for t in _rows(got[OUT_KEY])]
+    except Exception as exc:
+        _warn_once(f"rl-msprobe triage: no training top-k in TransferQueue: {type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------- the distribution (top k)
@@ -274,12 +295,18 @@ def train_top_k(logits: Any, micro_batch: Any, model_output: dict) -> None:
         return
     import torch
 
-    if torch.is_grad_enabled():  # the update's forward, not the old-log-prob recompute
+    if getattr(logits, "requires_grad", False):  # the update's forward, not the old-log-prob recompute
         return
     try:
-        if IDS_KEY not in _keys(micro_batch):
+        keys = _keys(micro_batch)
+        if IDS_KEY in keys:  # DataProto trainers: sent by send_rollout_top_k
+            ids = micro_batch[IDS_KEY]
+        elif "extra_fields" in keys:  # TransferQueue trainers: every field of the samples, extra_fields too
+            ids = _ids_from_extra(micro_batch["extra_fields"], k)
+        else:
             return
-        ids = micro_batch[IDS_KEY]
+        if ids is None:
+            return
         offsets = micro_batch["input_ids"].offsets().tolist()
         if int(logits.shape[0]) != offsets[-1]:  # a sequence-parallel shard: not covered
             _warn_once(
@@ -320,6 +347,22 @@ def train_top_k(logits: Any, micro_batch: Any, model_output: dict) -> None:
         model_output[OUT_KEY] = torch.nested.as_nested_tensor(pieces, layout=torch.jagged)
     except Exception as exc:
         _warn_once(f"rl-msprobe triage: could not compute the training top-k: {type(exc).__name__}: {exc}")
+
+
+def _ids_from_extra(extra: Any, k: int) -> Any:
+    """The rollout's top-k ids of each sample's extra_fields (TransferQueue), padded with -1; None: none."""
+    import torch
+
+    rows = [_plain(row) for row in _rows(extra)]
+    tops = [(row or {}).get(TOPK_KEY) if isinstance(row, dict) else None for row in rows]
+    if not any(tops):
+        return None
+    width = max(len((top or {}).get("ids", [])) for top in tops)
+    ids = torch.full((len(tops), max(width, 1), k), -1, dtype=torch.int64)
+    for i, top in enumerate(tops):
+        for p, row in enumerate((top or {}).get("ids", [])):
+            ids[i, p, : len(row[:k])] = torch.tensor(row[:k], dtype=torch.int64)
+    return ids
 
 
 def keep_train_top_k(output: Any) -> None:
