@@ -15,6 +15,15 @@ planted from the first weight sync (a rollout bug is there from step 1; the repr
 from the script's model), `dumps check`, `dumps compare --python`: DIVERGENT, first at layer 1,
 then `patch revert` and the venv's site-packages byte-identical.
 
+Issue 46, the distribution per position (prepare's default top 20): on job 1, steps 1-2 (clean)
+KL about 0 and the same top-1 token at every position, steps 3-4 numerics; and job 3 (semantic, 4
+steps, full tier) plants one scenario per step on the rollout (tests/live/live_perturb.py): 2 the
+final norm x1.01 (KL up at every position, numerics), 3 the sampler at temperature 0.8 (named
+temperature with T_rollout / T_train 0.80), 4 top-p 0.9 with verl's processed log-probs (named
+renormalisation). Measured 2026-12-07 23:20-23:26 UTC (load from other sessions): job 3 372 s;
+its report: KL >= 1.1e-7 / 1.6e-6 / 1.0e-3 / 4.2e-4 per step, top-1 agreement 1.0 at every
+position of every step, slope 1.2498 (T ratio 0.800), kept mass 0.901.
+
 Measured (2 cores shared with other sessions, 2026-12-01, two runs): the triage fixture
 230-276 s (user venv ~15 s, the 4-step job, the report < 5 s); the reproduction fixture 191 s
 (its 1-step job 165-191 s; prepare, patch apply / revert, check and compare ~25 s); the whole
