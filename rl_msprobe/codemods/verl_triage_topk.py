@@ -14,12 +14,14 @@ Three sites, each found by its shape (a file without it fails loudly):
   workers as one padded tensor of the TensorDict, and the training engine's per-position
   numbers come back out of the output;
 - the FSDP engine (``verl/workers/engine/fsdp/transformer_impl.py``, ``prepare_model_outputs``):
-  before each ``log_probs = logprobs_from_logits(logits=<logits>, ...)`` (the one place the
-  full-vocabulary logits exist, already divided by the temperature), the helper takes, at the
-  response positions only, the logsumexp, the entropy, the log-probs of the rollout's top-k ids
-  and its own top k into ``model_output`` (verl returns every key of it to the trainer).
-  The cheapest correct site: the logits are there anyway, so the extra work is one top-k and
-  one logsumexp over the response rows, never a second forward.
+  after each ``<lp> = logprobs_from_logits(logits=<logits>, labels=<labels>, ...)`` (the one
+  place the full-vocabulary logits exist, already divided by the temperature), the helper takes,
+  at the response positions only, the logsumexp (the label's logit minus verl's log-prob: no
+  pass over the vocabulary), the log-probs of the rollout's top-k ids and its own top k into
+  ``model_output`` (verl returns every key of it to the trainer; the entropy is verl's own).
+  The cheapest correct site: the logits are there anyway, so the extra work is one copy of the
+  response rows, one top-k and one gather, never a second forward. (Forward only: verl's
+  ``inplace_backward`` overwrites the logits in the backward, which the old-log-prob call has not.)
 
 All lines are no-ops unless ``RL_MSPROBE_TRIAGE`` and ``RL_MSPROBE_TRIAGE_TOPK`` are set.
 """
@@ -212,19 +214,35 @@ _LOG_PROBS = matchers.one_line(
 )
 
 
+def _log_probs_call(stmt: cst.BaseStatement) -> tuple[str, str, str] | None:
+    """`X = logprobs_from_logits(logits=L, labels=Y, ...)` -> (L, X, the source of Y)."""
+    logits = matchers.saved_name(stmt, _LOG_PROBS)
+    if logits is None:
+        return None
+    assign = stmt.body[0]  # type: ignore[attr-defined]
+    target = assign.targets[0].target
+    labels = next((a.value for a in assign.value.args if a.keyword and a.keyword.value == "labels"), None)
+    if not isinstance(target, cst.Name) or labels is None:
+        return None
+    return logits, target.value, cst.Module(body=[]).code_for_node(labels)
+
+
 class _Engine(_InFunction):
     func = "prepare_model_outputs"
 
     def rewrite(self, body: Sequence[cst.BaseStatement], names: set[str]) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
         for stmt in body:
-            logits = matchers.saved_name(stmt, _LOG_PROBS)
-            if logits is None or not {"micro_batch", "model_output"} <= names:
-                out.append(stmt)
+            out.append(stmt)
+            found = _log_probs_call(stmt)
+            if found is None or not {"micro_batch", "model_output"} <= names:
                 continue
             self.ctx.hit(LOGITS)
-            line = f"{IMPORT}\nrl_msprobe_triage.train_top_k({logits}, micro_batch, model_output)"
-            out.extend(insert_before(stmt, self.ctx.statements(line)))
+            logits, log_probs, labels = found
+            call = (
+                f"rl_msprobe_triage.train_top_k({logits}, micro_batch, model_output, {log_probs}, {labels})"
+            )
+            out.extend(self.ctx.statements(f"{IMPORT}\n{call}"))
         return out
 
 

@@ -35,6 +35,11 @@ def main() -> int:
 
     model = {k: spec[k] for k in ("vocab", "hidden", "layers")}
     engine = _engine("actor", **model)
+    from verl.utils import torch_functional as verl_F
+
+    engine.compute_entropy_from_logits = (
+        verl_F.entropy_from_logits
+    )  # what __init__ sets (no torch.compile here)
     samples = _samples(0, spec["scale"], model["vocab"])
     batch = _batch(samples, True, False)
     tu.assign_non_tensor(batch, calculate_entropy=True)

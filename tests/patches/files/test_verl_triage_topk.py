@@ -62,8 +62,15 @@ def test_both_sides_at_the_same_positions(helper, tmp_path, monkeypatch):  # noq
         helper.IDS_KEY: td[helper.IDS_KEY],
     }
     model_output: dict = {}
+    labels = torch.roll(torch.cat([torch.tensor(s) for s in seqs]), -1)  # verl's input_ids_rmpad_rolled
+    log_probs = torch.log_softmax(logits, -1).gather(1, labels[:, None]).squeeze(1)  # verl's, just before
+    data.batch["entropys"] = torch.rand(2, 3)  # verl's entropy of the old-log-prob call
     with torch.no_grad():
-        helper.train_top_k(logits, micro, model_output)
+        helper.train_top_k(logits, micro, model_output, log_probs, labels)
+        fallback: dict = {}
+        helper.train_top_k(logits, micro, fallback)  # no log-probs at hand: its own logsumexp
+    for a, b in zip(model_output[helper.OUT_KEY].unbind(), fallback[helper.OUT_KEY].unbind()):
+        assert torch.allclose(a, b, atol=1e-5)
     helper.keep_train_top_k(model_output)
     helper.log_requests(data, SimpleNamespace(global_steps=1))
     first, second = lines(tmp_path)
@@ -77,8 +84,7 @@ def test_both_sides_at_the_same_positions(helper, tmp_path, monkeypatch):  # noq
         rows = np.arange(n)[:, None]
         assert np.allclose(req.train_at_rollout, full[rows, req.rollout_ids], atol=1e-6)
         assert np.array_equal(req.train_ids, np.argsort(-full, axis=1)[:, :K])
-        ent = -(np.exp(full) * full).sum(axis=1)
-        assert np.allclose(req.entropy, ent, atol=1e-5)
+        assert np.allclose(req.entropy, data.batch["entropys"][i, :n].numpy(), atol=1e-7)
         m = position_metrics(req)
         assert np.all(m["kl_low"] < 1e-2) and np.all(m["overlap"] > 0)
 
@@ -112,13 +118,13 @@ def test_transfer_queue_samples_carry_the_ids_in_extra_fields(helper, monkeypatc
     out: dict = {}
     helper.train_top_k(logits, micro, out)
     first, second = out[helper.OUT_KEY].unbind()
-    assert first.shape == (3, 2 + 3 * K) and second.shape == (2, 2 + 3 * K)
+    assert first.shape == (3, 1 + 3 * K) and second.shape == (2, 1 + 3 * K)
     full = torch.log_softmax(logits, -1)
     assert torch.allclose(
-        first[:, 2 : 2 + K], full[1:4][:, [1, 2, 3]], atol=1e-6
+        first[:, 1 : 1 + K], full[1:4][:, [1, 2, 3]], atol=1e-6
     )  # rows 1..3 predict 11, 12, 13
     assert torch.allclose(
-        second[:, 2 : 2 + K], full[6:8][:, [4, 5, 6]], atol=1e-6
+        second[:, 1 : 1 + K], full[6:8][:, [4, 5, 6]], atol=1e-6
     )  # rows 6, 7 predict 14, 15
     grad = logits.clone().requires_grad_(True)
     out = {}

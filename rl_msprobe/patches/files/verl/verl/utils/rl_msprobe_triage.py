@@ -24,7 +24,7 @@ ids the rollout engine received differ from the ones the trainer scored), ``dist
 ``RL_MSPROBE_TRIAGE_TOPK=k``: per response position the rollout's top-k ``rollout_ids`` and their
 log-probs ``rollout`` (null: -inf, a token the engine masked out), the training engine's
 log-probs of those ids ``train_at_rollout``, its own top-k ``train_ids`` / ``train``, its
-logsumexp ``lse`` and entropy ``entropy``, all after the temperature the trainer applies), and last, in this order (the report reads
+logsumexp ``lse`` and verl's entropy ``entropy``, all after the temperature the trainer applies), and last, in this order (the report reads
 them with numpy, not json): ``prompt_ids``, ``response_ids``, ``rollout_log_probs``,
 ``train_log_probs`` (one value per response position, up to the last position verl's mask
 counts, 9 significant digits: a float32 round-trips; a non-finite value as null).
@@ -112,6 +112,7 @@ def _lines(data: Any, step: Any, source: Any):
     prompts = _prompt_rows(tensors, extra, length)
     rows = int(responses.shape[0])
     train_rows = _TRAIN.pop("rows", None)
+    entropy = next((tensors[key] for key in ("entropys", "entropy") if key in keys), None)
     if train_rows is not None and len(train_rows) != rows:
         train_rows = None  # not this batch's old-log-prob call
     for i in range(rows):
@@ -138,7 +139,7 @@ def _lines(data: Any, step: Any, source: Any):
         seen = _value(extra.get(PROMPT_KEY), i)
         if seen is not None and prompt is not None and [int(t) for t in seen] != prompt:
             line["rollout_prompt_ids"] = [int(t) for t in seen]
-        dist = _distribution(_value(extra.get(TOPK_KEY), i), train_rows, i, end)
+        dist = _distribution(_value(extra.get(TOPK_KEY), i), train_rows, i, end, entropy)
         if dist is not None:
             line["distribution"] = dist
         # the id and log-prob arrays last, in this order: the report reads them with numpy, not json
@@ -286,10 +287,14 @@ def send_rollout_top_k(batch: Any, td: Any) -> None:
         _warn_once(f"rl-msprobe triage: could not send the rollout's top-k ids: {type(exc).__name__}: {exc}")
 
 
-def train_top_k(logits: Any, micro_batch: Any, model_output: dict) -> None:
-    """The training engine, where its full-vocabulary logits are (after the temperature): per
-    response position logsumexp, entropy, the log-probs of the rollout's top-k ids and its own
-    top k, as model_output[OUT_KEY] (one [positions, 2 + 3k] float32 tensor per sequence)."""
+def train_top_k(
+    logits: Any, micro_batch: Any, model_output: dict, log_probs: Any = None, labels: Any = None
+) -> None:
+    """The training engine, right after its log-probs of the sampled tokens (LOG_PROBS of LABELS)
+    from its full-vocabulary logits (after the temperature): per response position the
+    logsumexp (= logit - log-prob of the sampled token: no second pass over the vocabulary), the
+    log-probs of the rollout's top-k ids and its own top k, as model_output[OUT_KEY] (one
+    [positions, 1 + 3k] float32 tensor per sequence). The entropy is verl's own (its output)."""
     k = top_k()
     if not k:
         return
@@ -320,25 +325,31 @@ def train_top_k(logits: Any, micro_batch: Any, model_output: dict) -> None:
             start = offsets[i] + length - n - 1  # the logits at row r predict token r + 1
             rows.extend(range(start, start + n))
             spans.append(n)
-        width = 2 + 3 * k
+        width = 1 + 3 * k
         if not rows:
             return
         index = torch.tensor(rows, device=logits.device)
         with torch.no_grad():
+            # the response rows only, no log-softmax over the vocabulary: top k and gathers on the
+            # logits, minus the logsumexp verl's log-prob gives (logit of the label - its log-prob)
             sel = logits.index_select(0, index).float()
-            lse = torch.logsumexp(sel, dim=-1, keepdim=True)
-            logp = sel - lse
-            entropy = -(logp.exp() * logp).sum(dim=-1, keepdim=True)
-            mine, mine_ids = logp.topk(k, dim=-1)
+            nnz = offsets[-1]
+            if log_probs is not None and labels is not None and log_probs.numel() == nnz == labels.numel():
+                lab = labels.reshape(-1).index_select(0, index).unsqueeze(1)
+                lse = sel.gather(1, lab) - log_probs.reshape(-1).index_select(0, index).unsqueeze(1).float()
+            else:
+                lse = torch.logsumexp(sel, dim=-1, keepdim=True)
+            mine, mine_ids = sel.topk(k, dim=-1)
+            mine = mine - lse
             theirs = ids.to(logits.device)[
                 torch.arange(len(counts), device=logits.device).repeat_interleave(
                     torch.tensor(counts, device=logits.device)
                 ),
                 torch.cat([torch.arange(n, device=logits.device) for n in counts]),
             ]
-            at = logp.gather(1, theirs.clamp(min=0))
+            at = sel.gather(1, theirs.clamp(min=0)) - lse
             at = torch.where(theirs >= 0, at, torch.full_like(at, float("nan")))
-            packed = torch.cat([lse, entropy, at, mine_ids.float(), mine], dim=1).cpu()
+            packed = torch.cat([lse, at, mine_ids.float(), mine], dim=1).cpu()
         pieces, at_row = [], 0
         for n in spans:
             piece = packed[at_row : at_row + n] if n else torch.full((1, width), float("nan"))
@@ -376,23 +387,25 @@ def keep_train_top_k(output: Any) -> None:
         _warn_once(f"rl-msprobe triage: could not read the training top-k: {type(exc).__name__}: {exc}")
 
 
-def _distribution(rollout: Any, train_rows: Any, i: int, end: int) -> dict | None:
+def _distribution(rollout: Any, train_rows: Any, i: int, end: int, entropy: Any = None) -> dict | None:
     if not isinstance(rollout, dict) or train_rows is None:
         return None
     k = top_k() or len((rollout.get("ids") or [[]])[0])
     train = train_rows[i].tolist()
     n = min(end, len(rollout.get("ids", [])), len(train))
     rows = [r for r in train[:n]]
-    return {
+    out = {
         "k": k,
         "rollout_ids": [[int(t) for t in ids] for ids in rollout["ids"][:n]],
         "rollout": _Rows(rollout["lps"][:n]),
-        "train_at_rollout": _Rows([r[2 : 2 + k] for r in rows]),
-        "train_ids": [[int(t) for t in r[2 + k : 2 + 2 * k]] for r in rows],
-        "train": _Rows([r[2 + 2 * k : 2 + 3 * k] for r in rows]),
+        "train_at_rollout": _Rows([r[1 : 1 + k] for r in rows]),
+        "train_ids": [[int(t) for t in r[1 + k : 1 + 2 * k]] for r in rows],
+        "train": _Rows([r[1 + 2 * k : 1 + 3 * k] for r in rows]),
         "lse": _Floats([r[0] for r in rows]),
-        "entropy": _Floats([r[1] for r in rows]),
     }
+    if entropy is not None:  # verl's own entropy of the training distribution (old-log-prob call)
+        out["entropy"] = _Floats(entropy[i, :n].tolist())
+    return out
 
 
 def _warn_once(text: str) -> None:
