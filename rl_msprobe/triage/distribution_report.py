@@ -82,9 +82,11 @@ class DistributionResult:
 def read_distribution(root: Path, settings: dict[str, str] | None = None) -> DistributionResult:
     """Every line with a distribution (or the rollout's prompt ids) under ROOT, per step."""
     out = DistributionResult(settings=dict(settings or {}))
+    from rl_msprobe import bounded
+
     for path in log_files(root):
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
+        with bounded.open_regular(path, "triage log") as f:
+            for number, raw in enumerate(bounded.lines(f, path, "triage"), 1):
                 if b'"distribution"' not in raw and b'"rollout_prompt_ids"' not in raw:
                     continue
                 try:
