@@ -69,6 +69,10 @@ def test_both_sides_at_the_same_positions(helper, tmp_path, monkeypatch):  # noq
         helper.train_top_k(logits, micro, model_output, log_probs, labels)
         fallback: dict = {}
         helper.train_top_k(logits, micro, fallback)  # no log-probs at hand: its own logsumexp
+        rounded: dict = {}  # bf16 log-probs (verl on CPU autocast) must not round the logsumexp
+        helper.train_top_k(logits, micro, rounded, log_probs.bfloat16(), labels)
+    for a, b in zip(rounded[helper.OUT_KEY].unbind(), fallback[helper.OUT_KEY].unbind()):
+        assert torch.equal(a, b)
     for a, b in zip(model_output[helper.OUT_KEY].unbind(), fallback[helper.OUT_KEY].unbind()):
         assert torch.allclose(a, b, atol=1e-5)
     helper.keep_train_top_k(model_output)

@@ -292,7 +292,8 @@ def train_top_k(
 ) -> None:
     """The training engine, right after its log-probs of the sampled tokens (LOG_PROBS of LABELS)
     from its full-vocabulary logits (after the temperature): per response position the
-    logsumexp (= logit - log-prob of the sampled token: no second pass over the vocabulary), the
+    logsumexp (= logit - log-prob of the sampled token when those are float32: no second pass
+    over the vocabulary; else one logsumexp over the response rows), the
     log-probs of the rollout's top-k ids and its own top k, as model_output[OUT_KEY] (one
     [positions, 1 + 3k] float32 tensor per sequence). The entropy is verl's own (its output)."""
     k = top_k()
@@ -334,7 +335,9 @@ def train_top_k(
             # logits, minus the logsumexp verl's log-prob gives (logit of the label - its log-prob)
             sel = logits.index_select(0, index).float()
             nnz = offsets[-1]
-            if log_probs is not None and labels is not None and log_probs.numel() == nnz == labels.numel():
+            exact = log_probs is not None and log_probs.dtype in (torch.float32, torch.float64)
+            if exact and labels is not None and log_probs.numel() == nnz == labels.numel():
+                # float32 log-probs only: bf16 ones (verl's CPU autocast) would put their rounding in lse
                 lab = labels.reshape(-1).index_select(0, index).unsqueeze(1)
                 lse = sel.gather(1, lab) - log_probs.reshape(-1).index_select(0, index).unsqueeze(1).float()
             else:
