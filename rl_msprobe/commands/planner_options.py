@@ -192,6 +192,14 @@ _PREPARE = (
         "request's prefill.",
     ),
     click.option(
+        "--top-k",
+        type=click.IntRange(0, 1000),
+        default=20,
+        show_default=True,
+        help="Triage: the rollout's top-k log-probs per response position, compared with the training engine's "
+        "distribution at the same positions (0: the sampled token only).",
+    ),
+    click.option(
         "--weights",
         "with_weights",
         is_flag=True,

@@ -110,6 +110,7 @@ class PrepareOptions:
     modules: str | None = None  # a regex
     from_checkpoint: bool = False
     prefill_compare: bool = False
+    top_k: int = 20
     with_weights: bool = False
     force: bool = False
     zoom: str | None = None  # consistency: a `dumps positions --json` report
@@ -150,6 +151,7 @@ class PrepareOptions:
                 modules=module_regex(self.modules),
                 from_checkpoint=self.from_checkpoint,
                 prefill_compare=self.prefill_compare,
+                top_k=self.top_k,
                 zoom=self.zoom_target(),
             ),
             command=self.command,

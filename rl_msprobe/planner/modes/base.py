@@ -182,6 +182,7 @@ class Options:
     modules: str | None = None  # only modules whose name this regex finds
     from_checkpoint: bool = False  # keep the script's resume settings (trainer.resume_mode)
     prefill_compare: bool = False  # also msprobe's prefill compare (PROMPTS_ONLY), every request
+    top_k: int = 20  # triage: the rollout's top-k per response position (0: the sampled token only)
     zoom: Any = None  # consistency: a modes.zoom.ZoomTarget (prepare --zoom ...)
 
 
