@@ -36,6 +36,7 @@ class MismatchReport:
     proposal: Proposal | None
     paths: dict[str, str]
     notes: tuple[str, ...]
+    routing: Any = None  # triage/routing.py's Routing, when the folder has MoE routing records
 
     @property
     def found(self) -> Found:
@@ -51,6 +52,7 @@ class MismatchReport:
         from rl_msprobe.triage.report import summary_json
 
         doc = summary_json(self.triage, self.growth, self.proposal, self.paths)
+        doc["routing"] = self.routing.to_json() if self.routing is not None else None
         return {"schema": SCHEMA, **doc, "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
@@ -67,6 +69,10 @@ class MismatchReport:
                 )
         if t.error_count or t.bad_count:
             out.append(f"{t.error_count} error line(s), {t.bad_count} unreadable line(s): see the report")
+        if self.routing is not None:
+            from rl_msprobe.triage.routing_report import verdict
+
+            out.append(f"routing: {verdict(self.routing) or 'agrees (every compared token, every layer)'}")
         if self.proposal is not None:
             out.append(f"next: dump step {self.proposal.step} ({self.proposal.why})")
             out += [f"  {cmd}" for cmd in self.proposal.commands]
@@ -97,12 +103,19 @@ def mismatch_report(
     from rl_msprobe.triage.stream import read_triage
 
     out = (out or (folder if folder.is_dir() else folder.parent) / "report").resolve()
+    from rl_msprobe.triage.routing import read_routing
+    from rl_msprobe.triage.routing_report import verdict
+
     result = read_triage(folder, keep=keep)
+    routing = read_routing(folder)
     g = growth(result)
     proposal = choose(result, result.step_worst)
     with ReportFolder(out, force) as report_folder:
         if proposal is not None:
             python = python or recorded_python([folder])[0]
             write_proposal(proposal, report_folder, script.resolve() if script else None, tree, python)
-        paths, notes = write_report(result, g, proposal, report_folder)
-    return MismatchReport(result, g, proposal, paths, tuple(notes))
+            cause = verdict(routing) if routing is not None else None
+            if cause:  # a routing cause: the layer and replay first, the dump after
+                proposal.notes.insert(0, cause)
+        paths, notes = write_report(result, g, proposal, report_folder, routing)
+    return MismatchReport(result, g, proposal, paths, tuple(notes), routing)

@@ -339,12 +339,16 @@ def summary_json(
 
 
 def write_report(
-    result: Triage, g: Growth | None, proposal: Proposal | None, out: ReportFolder
+    result: Triage, g: Growth | None, proposal: Proposal | None, out: ReportFolder, routing: Any = None
 ) -> tuple[dict[str, str], list[str]]:
     """Write everything into out (staged: in place when the command's folder commits); returns
-    (name -> path, notes)."""
+    (name -> path, notes). ROUTING: the MoE routing comparison (triage/routing.py), if any."""
     names, pngs, why_not = plots(result)
     parts = sections(result, g, proposal, names)
+    if routing is not None:  # the MoE routing sections (triage/routing_report.py), before the proposal
+        from rl_msprobe.triage import routing_report
+
+        parts[len(parts) - (proposal is not None) : 0] = routing_report.parts(routing, pngs)
     paths = {
         "md": str(out.path / "report.md"),
         "html": str(out.path / "report.html"),
@@ -355,5 +359,6 @@ def write_report(
     out.write("report.md", render_markdown(parts))
     out.write("report.html", render_html(parts, pngs))
     doc = summary_json(result, g, proposal, paths)
+    doc["routing"] = routing.to_json() if routing is not None else None
     out.write("summary.json", json.dumps(doc, indent=2, default=str))
     return paths, [why_not] if why_not else []

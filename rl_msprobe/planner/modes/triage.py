@@ -77,7 +77,7 @@ def requirements(ctx: Context) -> Requirements:
             "the rollout keeps each request's id, so triage lines name the ids a consistency dump uses",
         )
     )
-    req.patch_sets += ["verl-triage", "verl-request-id"]
+    req.patch_sets += ["verl-triage", "verl-request-id", "verl-routing"]  # routing: MoE models only
     report = f"rl-msprobe mismatch report {shlex.quote(folder)} --script {shlex.quote(ctx.script.path)}"
     if ctx.options.python:  # the proposed consistency command then names it too
         report += f" --python {shlex.quote(ctx.options.python)}"
