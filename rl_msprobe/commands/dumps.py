@@ -1,4 +1,4 @@
-"""`rl-msprobe dumps check | correlate | compare | positions`: thin click layer over rl_msprobe.dumps.
+"""`rl-msprobe dumps check | correlate | compare | positions | zoom`: thin click layer over rl_msprobe.dumps.
 
 Exit codes: 0 fine (layout complete / pairs found / consistent), 1 problems found, 2 bad input.
 Library imports stay inside the functions so `rl-msprobe --help` stays light.
@@ -252,6 +252,40 @@ def positions(as_json: bool, **params: Any) -> None:
     from rl_msprobe.dumps.api import compare_positions
 
     outcome = compare_positions(**params)
+    if as_json:
+        emit_json(outcome.to_json())
+    else:
+        for line in outcome.lines():
+            click.echo(line)
+    sys.exit(0 if outcome.ok else 1)
+
+
+@dumps.command()
+@click.argument("dump", type=_dir)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="msprobe's compare goes here (default DUMP/zoom).",
+)
+@click.option(
+    "--python",
+    "python",
+    metavar="PY",
+    help="The interpreter with msprobe (default: the one `prepare` recorded).",
+)
+@json_option
+@handles_user_errors
+def zoom(dump: Path, out: Path | None, python: str | None, as_json: bool) -> None:
+    """The operator a zoom names: msprobe's compare of the two dumps `prepare --zoom` planned.
+
+    DUMP: the zoom's dump folder (actor/ and generate/ below it). msprobe compares the training
+    dump against the rollout's by API name; the first API call whose output differs while its input
+    agrees is where the difference starts. Exit 0 when one is named, 1 when none, 2 bad input."""
+    from rl_msprobe.dumps.zoom_operator import zoom_compare
+
+    outcome = zoom_compare(dump, out or dump / "zoom", python)
     if as_json:
         emit_json(outcome.to_json())
     else:

@@ -93,3 +93,98 @@ def first_operator(csv_path: Path, dump_json: Path | None = None, tolerance: flo
         if out_err > tolerance and in_err <= tolerance:
             return Operator(call, owners.get(call), out_err, in_err)
     return None
+
+
+@dataclass(frozen=True)
+class ZoomOutcome:
+    """`dumps zoom`: msprobe's plain compare of a zoom's two dumps, and the operator it names."""
+
+    actor: Path  # the training side's dump.json
+    rollout: Path  # the rollout side's dump.json
+    csv: Path
+    operator: Operator | None
+    skipped: tuple[Path, ...] = ()  # further dump.json files of the zoom (other TP ranks / micro-batches)
+
+    @property
+    def ok(self) -> bool:
+        """Exit 0 when the difference was placed on an operator."""
+        return self.operator is not None
+
+    def to_json(self) -> dict[str, object]:
+        op = self.operator
+        return {
+            "schema": "rl-msprobe.zoom/1",
+            "actor": str(self.actor),
+            "rollout": str(self.rollout),
+            "csv": str(self.csv),
+            "operator": None
+            if op is None
+            else {
+                "call": op.call,
+                "api": op.api,
+                "module": op.module,
+                "rel_error": op.rel_error,
+                "input_error": op.input_error,
+            },
+            "skipped": [str(p) for p in self.skipped],
+        }
+
+    def lines(self) -> list[str]:
+        op = self.operator
+        head = (
+            f"operator: {op.api} ({op.call}) in {op.module or 'a module construct.json does not name'}: its output "
+            f"differs by {op.rel_error:.3g} (relative, Max / Min / L2 norm) while its input differs by "
+            f"{op.input_error:.3g}"
+            if op is not None
+            else "operator: none: every API call of the zoomed block agrees (within 1e-3), or the two dumps hold "
+            "no API call of the same name (level mix? the same block on both sides?)"
+        )
+        return [
+            head,
+            f"compared: {self.actor} (training) against {self.rollout} (rollout)",
+            f"msprobe's compare: {self.csv}",
+            *(f"not compared (one pair is read): {p}" for p in self.skipped),
+        ]
+
+
+def _dump_files(side: Path) -> list[Path]:
+    """SIDE's msprobe dump.json files that hold data (msprobe writes empty ones for steps it skipped)."""
+    found = []
+    for path in sorted(side.rglob("dump.json")):
+        try:
+            if path.stat().st_size and json.loads(path.read_text(encoding="utf-8")).get("data"):
+                found.append(path)
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+    return found
+
+
+def zoom_compare(dump: Path, out: Path, python: str | None = None, timeout: float = 600) -> ZoomOutcome:
+    """Find the zoom's two dumps under DUMP (`actor/` and `generate/`, as `prepare --zoom` lays them
+    out), run msprobe's plain compare of them (`compare -tp actor -gp rollout`, by API name) in
+    PYTHON (default: the one `prepare` recorded), and name the first operator (`first_operator`)."""
+    from rl_msprobe.dumps.compare import recorded_python
+    from rl_msprobe.dumps.runners import ProcessRunner, interpreter
+    from rl_msprobe.errors import UserError
+
+    sides = {name: _dump_files(dump / name) for name in ("actor", "generate")}
+    for name, files in sides.items():
+        if not files:
+            raise UserError(
+                f"{dump / name}: no msprobe dump.json with data. Pass the zoom's dump folder (prepare --zoom's "
+                "dump_path parent, holding actor/ and generate/), after a run that reached the zoomed request: "
+                "its id must be among the run's requests (the dispatch log under generate/ lists them)."
+            )
+    if python is None:
+        python, _ = recorded_python([dump])
+    out.mkdir(parents=True, exist_ok=True)
+    actor, rollout = sides["actor"][0], sides["generate"][0]
+    log = out / "msprobe_compare.log"
+    args = ["compare", "-tp", str(actor), "-gp", str(rollout), "-o", str(out)]
+    code = ProcessRunner(interpreter(python)).run(args, log, timeout)
+    tables = sorted(out.glob("compare_result_*.csv"), key=lambda p: p.stat().st_mtime)
+    if code != 0 or not tables:
+        tail = log.read_text(encoding="utf-8", errors="replace")[-1500:] if log.exists() else ""
+        raise UserError(f"msprobe's compare of {actor} and {rollout} failed ({code}); its log {log}:\n{tail}")
+    skipped = tuple(sides["actor"][1:] + sides["generate"][1:])
+    return ZoomOutcome(actor, rollout, tables[-1], first_operator(tables[-1], actor), skipped)

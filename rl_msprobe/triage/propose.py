@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import statistics
 from dataclasses import dataclass, field
@@ -146,6 +147,13 @@ def write_proposal(
             "engine there and checks msprobe"
         )
     parsed = None
+    if script is not None and isinstance(proposal.step, int) and stable_id(worst.request_id):
+        # the id is stable (rl_msprobe_consistency.stable_request_id): the job itself, its batch and parallelism
+        # kept, reaches the same request at the same step again; only that request is recorded
+        proposal.commands.append(
+            f"rl-msprobe prepare {shlex.quote(str(script))} --mode consistency --steps {proposal.step} "
+            f"--request {shlex.quote(str(worst.request_id))}{tree}"
+        )
     if script is not None:
         parsed = _read_script(script)
         derived = write_repro_script(script, parsed, data, out, proposal.step)
@@ -167,6 +175,14 @@ def write_proposal(
         f"worst position {worst.positions[0]['position'] if worst.positions else '-'}; after the consistency run: "
         "rl-msprobe dumps compare <rollout dump> <actor dump> --out <dir> shows the first diverging layer"
     )
+
+
+_STABLE_ID = re.compile(r"^rlm[0-9a-f]{16}n[0-9]+$")
+
+
+def stable_id(request_id: object) -> bool:
+    """Whether REQUEST_ID is one a rerun sends again (`rlm<16 hex>n<k>`, docs/records.md), not verl's uuid."""
+    return isinstance(request_id, str) and _STABLE_ID.match(request_id) is not None
 
 
 def trained_weights_note(step: int, freq: object) -> str:

@@ -236,6 +236,24 @@ def test_the_default_request_count_shrinks_to_fit_and_says_so(hub: Path, tmp_pat
     assert code == 1 and [v["rule"] for v in json.loads(out)["violations"]] == ["consistency.dump_size"]
 
 
+def test_a_share_of_about_one_request_a_step_says_how_likely_an_empty_step_is(
+    hub: Path, tmp_path: Path
+) -> None:
+    """The hash draws each request on its own: at about one request a step, a step records none about
+    e^-1 of the time. The plan says so, for the step and the run, and what gives more; at 16 it is quiet."""
+    script = tmp_path / "run.sh"
+    script.write_text(variant("run_scale_qwen2_7b_8gpu.sh", "vllm"))  # 1024 prompts x n 5 a step
+    said = []
+    for args in (["--requests", "1"], ["--requests", "1", "--steps", "3"], ["--requests", "16"]):
+        code, out, _ = cli("prepare", str(script), "--mode", "consistency", *args, "--json")
+        assert code == 0
+        said.append([n for n in json.loads(out)["notes"] if "records none with a chance" in n])
+    one, three, sixteen = said
+    assert len(one) == 1 and "a chance of 37% (the run of 1 dumped step(s): 37%)" in one[0]
+    assert "--request ID" in one[0] and "a chance of 37% (the run of 3 dumped step(s): 5%)" in three[0]
+    assert sixteen == []
+
+
 def test_from_checkpoint_keeps_the_resume_and_counts_from_its_step(tmp_path: Path) -> None:
     text = variant("run_scale_qwen2_7b_8gpu.sh", "vllm").replace(
         "trainer.total_epochs=15",

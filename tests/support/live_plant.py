@@ -16,7 +16,9 @@ and everything downstream sees it, as it would a real fault.
 module; ``"phase": "decode"``: only the rows of response positions, whatever else the forward
 holds; ``"prefill"``: only the rows of prompt positions; ``"batched"``: every row of a forward that
 holds two requests or more, none of a forward of one request, the kind of fault a kernel whose
-result depends on the batch makes; absent: every row). Rows are told apart from the V1 runner's
+result depends on the batch makes; absent: every row; ``"op": "silu"``: not the module's output but
+the output of ``torch.nn.functional.silu`` called inside the module's forward, every row: an
+operator inside the module computes differently, what the zoom must name). Rows are told apart from the V1 runner's
 own batch (``query_start_loc``, ``num_computed_tokens_cpu``, ``num_prompt_tokens``), as the runner
 laid them out, so a batched step with prefill and decode rows is planted row by row.
 ``RL_MSPROBE_PLANT_LOG`` gets one JSON line per sync and rank: what is active, and when.
@@ -29,6 +31,29 @@ import time
 PLAN_VAR = "RL_MSPROBE_PLANT"
 LOG_VAR = "RL_MSPROBE_PLANT_LOG"
 _STATE = {"syncs": 0, "active": {}, "wrapped": set(), "runner": None}
+_OP = {"silu": None}  # the scale of the planted operator while a planted module's forward runs
+
+
+def _plant_operators() -> None:
+    """``torch.nn.functional.silu`` replaced when this module is imported (process start), before
+    msprobe wraps torch's API: msprobe's wrapper then calls this one, dumps it as one
+    ``Functional.silu`` call (the multiplication inside is an inner call, not dumped), and the call's
+    input agrees with the training side's while its output does not, as a differing kernel's would."""
+    try:
+        import torch.nn.functional as F
+    except ImportError:  # a process without torch plants nothing
+        return
+    original = F.silu
+
+    def silu(input, inplace=False):
+        out = original(input, inplace=inplace)
+        scale = _OP["silu"]
+        return out if scale is None else out * scale
+
+    F.silu = silu
+
+
+_plant_operators()
 
 
 def plan() -> list:
@@ -76,11 +101,17 @@ def _wrap(module, name: str) -> None:
     original = module.forward
 
     def forward(*args, **kwargs):
-        out = original(*args, **kwargs)
         active = _STATE["active"].get(name)
+        if active is not None and active[2]:  # an operator inside: active while the forward runs
+            _OP[active[2]] = active[0]
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _OP[active[2]] = None
+        out = original(*args, **kwargs)
         if active is None:
             return out
-        scale, phase = active
+        scale, phase, _ = active
         first = out[0] if isinstance(out, tuple) else out
         mask = _row_mask(int(first.shape[0]), phase) if first.dim() > 1 else None
         scaled = _scaled_rows(first, scale, mask)
@@ -103,7 +134,10 @@ def after_weight_sync(worker) -> None:
         if name not in _STATE["wrapped"]:
             _wrap(modules[name], name)
         if item["sync"] == sync and item.get("tp_rank") in (None, rank):
-            active[name] = (float(item["scale"]), item.get("phase"))
+            op = item.get("op")
+            if op not in (None, *_OP):
+                raise KeyError(f"{PLAN_VAR}: no planted operator {op!r} (known: {sorted(_OP)})")
+            active[name] = (float(item["scale"]), item.get("phase"), op)
     _STATE["active"] = active
     log = os.environ.get(LOG_VAR)
     if log:
@@ -116,4 +150,5 @@ def after_weight_sync(worker) -> None:
                 "active": {k: v[0] for k, v in active.items()},
             }
             line["phases"] = {k: v[1] for k, v in active.items()}
+            line["ops"] = {k: v[2] for k, v in active.items() if v[2]}
             handle.write(json.dumps(line) + "\n")

@@ -51,6 +51,7 @@ def write_log(
     jump_at: int | None = 4,
     seed: int = 0,
     fmt: str = "json",
+    ids: str = "s{step}r{i}",
 ) -> list[dict]:
     rnd = random.Random(seed)
     lines = []
@@ -64,7 +65,7 @@ def write_log(
                 "schema": "rl-msprobe-triage/1",
                 "step": step,
                 "index": i,
-                "request_id": f"s{step}r{i}",
+                "request_id": ids.format(step=step, i=i),
                 "uid": f"u{i // 2}",
                 "prompt_len": 3,
                 "prompt_ids": [1, 2, 3],
@@ -177,6 +178,24 @@ def test_the_proposed_command_names_the_interpreter_or_asks_for_it(tmp_path):
     assert proposal_of(tmp_path)["commands"][0].endswith(
         "--mode consistency --batch-one --python /rec/python3"
     )
+
+
+def test_a_stable_request_id_is_proposed_on_the_job_itself(tmp_path):
+    """Ids a rerun sends again (rl_msprobe_consistency.stable_request_id): the first command records
+    only the worst request at its step on the job's own script (its batch and parallelism kept); the
+    one-prompt reproduction stays as the second. verl's fresh uuids: only the one-prompt one."""
+    write_log(tmp_path / "triage", ids="rlm{step:08d}{i:08x}n0")
+    proposal = proposal_of(tmp_path, "--python", "/v/bin/python")
+    worst = proposal["request"]["request_id"]
+    assert worst.startswith("rlm") and len(proposal["commands"]) == 2
+    assert proposal["commands"][0] == (
+        f"rl-msprobe prepare {tmp_path / 'run_job.sh'} --mode consistency --steps 4 --request {worst} "
+        "--python /v/bin/python"
+    )
+    assert "--batch-one" in proposal["commands"][1]
+    pasted = proposal_of(tmp_path)["commands"][0]  # no interpreter known: it pastes and runs as it is
+    code, out, err = run_cli(*pasted.split()[1:], "--json")
+    assert code == 0 and json.loads(out)["written"] is True, err
 
 
 def test_report_files_jump_and_proposal(tmp_path):

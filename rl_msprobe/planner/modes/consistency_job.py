@@ -319,6 +319,30 @@ def _requests_of(ctx: Context) -> tuple[int, bool]:
     return DEFAULT_REQUESTS, True
 
 
+EMPTY_STEP_SAID = 0.01  # a dumped step that may record no request at all is said past this chance
+
+
+def empty_step_chance(share: float, samples: int) -> float:
+    """The chance that a step of SAMPLES requests records none of them when each is recorded by a
+    hash of its id below SHARE (independent draws: binomial)."""
+    return 0.0 if share >= 1 else (1.0 - share) ** samples
+
+
+def _note_empty_steps(req: Requirements, share: float, samples: int, steps: int) -> None:
+    """A share that selects about one or two requests a step leaves some steps with none (the hash
+    draws each request on its own): say how likely, for a step and for the run, and what gives more."""
+    step = empty_step_chance(share, samples)
+    if step <= EMPTY_STEP_SAID:
+        return
+    run = step**steps
+    req.notes.append(
+        f"Records: the recorded requests are drawn by a hash of their ids, about {share * samples:.2g} a step: a "
+        f"dumped step records none with a chance of {step:.0%} (the run of {steps} dumped step(s): {run:.0%}). "
+        "For more: --steps N (more steps), --requests N (more a step, a larger dump), or --request ID "
+        "(an exact request, e.g. triage's worst: its id is the same in a rerun)."
+    )
+
+
 def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> float | None:
     """The records' size per dumped step and for the run, said before the job runs; the default
     request count shrinks to fit DEFAULT_BUDGET_GIB (said); past --max-dump-gib the plan is
@@ -360,6 +384,8 @@ def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> f
             + (f" (share {_share_text(min(1.0, requests / samples))} of {counted})" if samples else "")
             + f", every position, for {steps} dumped step(s)."
         )
+        if samples and not options.request_ids:
+            _note_empty_steps(req, min(1.0, requests / samples), samples, steps)
         return min(1.0, requests / samples) if samples else None
     train_tp = (
         (ctx.int_value(A + "megatron.tensor_model_parallel_size") or 1) if ctx.backend == "megatron" else 1
@@ -399,6 +425,8 @@ def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> f
             else ""
         )
     )
+    if share is not None and not options.request_ids:
+        _note_empty_steps(req, share, samples or 0, steps)
     limit = options.max_dump_gib or DEFAULT_MAX_DUMP_GIB
     if size.per_step > limit * GIB:
         req.violations.append(

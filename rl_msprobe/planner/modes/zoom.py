@@ -245,13 +245,15 @@ def apply_zoom(ctx: Context, req: Requirements, target: ZoomTarget) -> None:
     where = f"{target.block} of layer {target.layer}" if target.block else f"layer {target.layer}"
     req.notes.append(
         f"Zoom: msprobe mix dumps of {where} only, request {target.request_id} only (msprobe's request_id "
-        "slice), its prompt's forward on both sides. Then `msprobe compare -tp <actor dump.json> -gp <rollout "
-        "dump.json>` and rl_msprobe.dumps.zoom_operator.first_operator name the API call where it starts."
+        "slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom <the dump folder: "
+        "actor/ and generate/>` runs msprobe's compare of the two and names the API call where it starts."
     )
     req.notes.append(
-        f"Zoom: request {target.request_id} must carry the same id in this run. verl gives each request a fresh "
-        "id per run unless actor_rollout_ref.rollout.full_determinism=True (verl >= 0.9: det-<sample index>); "
-        "with another id, msprobe dumps nothing and logs that the request was not among the scheduled tokens."
+        f"Zoom: request {target.request_id} must carry the same id in this run: the verl-consistency set sends "
+        "stable ids (rlm<digest of the agent-loop worker and the prompt>n<k>), the same when this script runs "
+        "the same steps as the run the report read (--steps: through the report's step). With another id "
+        "(verl's fresh uuid: a report of a run without the set), msprobe dumps nothing and logs that the "
+        "request was not among the scheduled tokens."
     )
 
 

@@ -119,3 +119,30 @@ def test_zoom_names_the_operator_inside_the_divergent_module(dumps):
     assert found is not None and found.api == "Tensor.__mul__", found
     assert found.module == "Module.model.layers.1.mlp.MLP.forward.0"
     assert 0.009 < found.rel_error < 0.011 and found.input_error == 0.0
+
+
+def test_dumps_zoom_runs_the_compare_and_names_the_operator(dumps, tmp_path):
+    """The user's command over the zoom's dump folder (actor/ and generate/, as prepare --zoom lays
+    them out): msprobe's compare run, the operator named, exit 0; a folder without the two: exit 2."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from rl_msprobe.cli import main
+
+    folder = tmp_path / "dump"
+    shutil.copytree(dumps["zoom_train"], folder / "actor")
+    shutil.copytree(dumps["zoom_rollout"], folder / "generate")
+    result = CliRunner().invoke(main, ["dumps", "zoom", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["operator"]["api"] == "Tensor.__mul__"
+    assert doc["operator"]["module"] == "Module.model.layers.1.mlp.MLP.forward.0"
+    text = CliRunner().invoke(main, ["dumps", "zoom", str(folder)])
+    assert (
+        text.output.startswith("operator: Tensor.__mul__ (") and "in Module.model.layers.1.mlp" in text.output
+    )
+    (tmp_path / "empty" / "actor").mkdir(parents=True)
+    bad = CliRunner().invoke(main, ["dumps", "zoom", str(tmp_path / "empty")])
+    assert bad.exit_code == 2 and "no msprobe dump.json with data" in bad.output

@@ -38,6 +38,7 @@ HELPER = (
     / "utils"
     / "rl_msprobe_consistency.py"
 )
+RECORDS_HELPER = Path(__file__).resolve().parents[3] / "rl_msprobe/patches/files/common/rl_msprobe_records.py"
 SCENARIO = Path(__file__).resolve().with_name("consistency_scenario.py")
 ENGINE_SCENARIO = Path(__file__).resolve().parents[2] / "support" / "verl_engine_scenario.py"
 FLAGS = ("PROMPTS_ONLY", "DUMP_ON", "RL_MSPROBE_REQUEST_ID", "DUMP_PHASE")
@@ -195,12 +196,12 @@ class StandInServer:
         return SimpleNamespace(token_ids=[1, 2], extra_fields={})
 
 
-def _client(helper, server):
+def _client(helper, server, prompt_ids=(1,)):
     """The patched client lines around the server call, as they stand in verl."""
 
     async def generate():
         server_ = helper.record_request_id(server)
-        output = await server_.generate.remote(request_id="0f" * 16, prompt_ids=[1])
+        output = await server_.generate.remote(request_id="0f" * 16, prompt_ids=list(prompt_ids))
         helper.keep_request_id(output, server_)
         return output
 
@@ -209,9 +210,43 @@ def _client(helper, server):
 
 def test_request_id_is_what_the_server_received(helper, monkeypatch):
     monkeypatch.setenv("DUMP_ON", "1")
+    monkeypatch.setattr(helper, "_SENT", {})
     server = StandInServer()
     output = _client(helper, server)
-    assert server.received == ["0f" * 16] and output.extra_fields["request_id"] == server.received[0]
+    assert server.received[0].startswith("rlm") and server.received[0] != "0f" * 16
+    assert output.extra_fields["request_id"] == server.received[0]
+
+
+def test_request_ids_are_stable_across_runs_and_unique_within_one(helper, monkeypatch):
+    """A rerun (a fresh process: no prompt sent yet) sends the same ids for the same prompts in the
+    same order; rollout.n copies of one prompt get distinct ids; the records' and the join's base id
+    is the id itself (nothing that looks like vLLM's suffix to strip)."""
+    monkeypatch.setenv("RL_MSPROBE_REQUEST_ID", "1")
+    prompts = [(5, 6, 7), (5, 6, 7), (8, 9), (5, 6, 7)]
+
+    def run():
+        monkeypatch.setattr(helper, "_SENT", {})
+        server = StandInServer()
+        for prompt in prompts:
+            _client(helper, server, prompt)
+        return server.received
+
+    first, second = run(), run()
+    assert first == second and len(set(first)) == len(prompts)
+    assert [rid.rsplit("n", 1)[1] for rid in first] == ["0", "1", "0", "2"]
+    assert first[0].rsplit("n", 1)[0] == first[1].rsplit("n", 1)[0] != first[2].rsplit("n", 1)[0]
+    spec = importlib.util.spec_from_file_location("records_for_ids", RECORDS_HELPER)
+    records = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(records)
+    assert [records.base_id(rid) for rid in first] == first
+    assert [records.base_id(f"{rid}-0a1b2c3d") for rid in first] == first  # vLLM's own suffix dropped
+
+
+def test_a_prompt_that_is_not_token_ids_keeps_the_callers_id(helper, monkeypatch):
+    monkeypatch.setenv("DUMP_ON", "1")
+    server = StandInServer()
+    _client(helper, server, prompt_ids=("not", "ids"))
+    assert server.received == ["0f" * 16]
 
 
 def test_request_id_is_inert_without_the_flags(helper):

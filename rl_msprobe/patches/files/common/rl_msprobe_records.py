@@ -235,41 +235,56 @@ class Recorder:
     SIDE: "rollout" or "train"; META: header fields (rank, tp_rank, tp_size, phase, engine)."""
 
     def __init__(self, model, layout: Layout, side: str, meta: dict | None = None) -> None:
+        import torch
+
         self.layout, self.side, self.meta = layout, side, dict(meta or {})
-        self.tensors: list = []
+        self.tensors: list = []  # the tensor table: (key, label, dtype, width, rows) per tensor
         self.values: list = []
         self.calls: dict = {}
         self.handles: list = []
         self._index: dict = {}
+        self._tensor = torch.Tensor
+        self._no_grad = torch.no_grad
+        self._grad_enabled = torch.is_grad_enabled
         layers, pattern = _layers(), _modules()
         for name, module in model.named_modules():
             if name and wanted_module(name, layers, pattern):
-                self.handles.append(module.register_forward_hook(self._hook(name, class_name(module))))
+                self.handles.append(
+                    module.register_forward_hook(self._hook(f"Module.{name}.{class_name(module)}.forward."))
+                )
 
-    def _hook(self, name: str, cls: str):
+    def _hook(self, prefix: str):
+        calls = self.calls
+
         def hook(module, args, output):
-            self._record(name, cls, args, output)
+            n = calls.get(prefix, 0)
+            calls[prefix] = n + 1
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            if self._grad_enabled():  # the trainer's forward; an inference forward needs no guard
+                with self._no_grad():
+                    self._record_all(f"{prefix}{n}", args, outputs)
+            else:
+                self._record_all(f"{prefix}{n}", args, outputs)
 
         return hook
 
     def _rows(self, value, kind: str):
         """VALUE's selected rows as a 2-D tensor, or None when it is not per token / per sample."""
-        import torch
-
-        if not isinstance(value, torch.Tensor) or getattr(value, "is_nested", False) or value.dim() == 0:
+        if getattr(value, "is_nested", False) or value.dim() == 0:
             return None
         layout = self.layout
         count = layout.total if kind == "token" else layout.num_samples
         if not count:
             return None
+        shape = value.shape
         lead, k = 1, 0
-        while k < value.dim() and lead < count:
-            lead *= int(value.shape[k])
+        while k < len(shape) and lead < count:
+            lead *= int(shape[k])
             k += 1
         if lead != count:
             return None
-        flat = value.detach().reshape(count, -1)
-        key = (kind, str(value.device))
+        flat = value if len(shape) == 2 and k == 1 else value.reshape(count, -1)
+        key = (kind, value.device)
         select = self._index.get(key)
         if select is None:
             select = self._index[key] = _selection(
@@ -282,38 +297,25 @@ class Recorder:
             return flat if n == count else flat.narrow(0, start, n)
         return flat.index_select(0, select)
 
-    def _record(self, name: str, cls: str, args, output) -> None:
-        import torch
-
-        n = self.calls.get(name, 0)
-        self.calls[name] = n + 1
-        key = f"Module.{name}.{cls}.forward.{n}"
-        outputs = output if isinstance(output, (tuple, list)) else [output]
-        with torch.no_grad():  # once per module call, not per tensor
-            self._record_all(key, args, outputs)
-
     def _record_all(self, key: str, args, outputs) -> None:
-        import torch
-
-        for role, values in (("input", args), ("output", outputs)):
-            tensors = [v for v in values if isinstance(v, torch.Tensor)]
-            for i, value in enumerate(tensors):
+        tensor = self._tensor
+        layout = self.layout
+        samples = layout.num_samples and layout.num_samples != layout.total
+        for role, values in (("input.", args), ("output.", outputs)):
+            i = 0
+            for value in values:
+                if not isinstance(value, tensor):
+                    continue
+                label = f"{role}{i}"
+                i += 1
                 kind = "token"
                 rows = self._rows(value, "token")
-                if rows is None and self.layout.num_samples and self.layout.num_samples != self.layout.total:
+                if rows is None and samples:
                     kind, rows = "sample", self._rows(value, "sample")
                 if rows is None or rows.shape[1] == 0:
                     continue
                 self.values.append(_stats(rows))
-                self.tensors.append(
-                    {
-                        "key": key,
-                        "label": f"{role}.{i}",
-                        "dtype": str(value.dtype),
-                        "width": int(rows.shape[1]),
-                        "rows": kind,
-                    }
-                )
+                self.tensors.append((key, label, str(value.dtype), int(rows.shape[1]), kind))
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -379,6 +381,8 @@ def _stats(rows, fused: bool | None = None):
     `finish` converts them, grouped."""
     import torch
 
+    if rows.dtype == torch.float32 and fused is None and rows.device.type == "cpu":  # the common CPU case
+        return rows.amax(dim=1), rows.amin(dim=1), torch.linalg.vector_norm(rows, dim=1)
     cpu = rows.device.type == "cpu"
     if not rows.is_floating_point() or (cpu and rows.dtype in (torch.float16, torch.bfloat16)):
         rows = rows.float()
@@ -401,7 +405,7 @@ def _gather(values: list):
     import numpy
     import torch
 
-    parts = [part.reshape(-1) for trio in values for part in trio]
+    parts = [part for trio in values for part in trio]  # each one-dimensional: one value per row
     if all(part.dtype == torch.float32 for part in parts):  # a float32 model: already in order
         return torch.cat(parts).to("cpu").numpy() if parts else numpy.zeros(0, numpy.float32)
     groups: dict = {}
@@ -410,7 +414,7 @@ def _gather(values: list):
             groups.setdefault(part.dtype, []).append((i, j, part))
     pieces, where, offset = [], {}, 0
     for dtype, members in groups.items():
-        joined = torch.cat([part.reshape(-1) for _, _, part in members])
+        joined = torch.cat([part for _, _, part in members])
         pieces.append(joined if dtype == torch.float32 else joined.float())
         for i, j, part in members:
             where[(i, j)] = (offset, offset + part.numel())
@@ -426,17 +430,21 @@ def _write_json(path: str, doc: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+TABLE_FIELDS = ("key", "label", "dtype", "width", "rows")
+
+
 def _schema(folder: str, tensors: list) -> int:
-    """The number of FOLDER's `schema{S}.json` holding this tensor table, written the first time
-    it is seen: a forward's header names its table instead of repeating it (at 80 layers, about a
-    thousand tensors: ~160 KB a forward that a decode step's rows do not need)."""
-    text = tuple(tuple(t.values()) for t in tensors)  # cheaper than JSON text, as telling
+    """The number of FOLDER's `schema{S}.json` holding this tensor table (TENSORS: one tuple of
+    TABLE_FIELDS each), written the first time it is seen: a forward's header names its table
+    instead of repeating it (at 80 layers, about a thousand tensors: ~160 KB a forward that a
+    decode step's rows do not need)."""
+    text = tuple(tensors)
     number = _schemas.get((folder, text))
     if number is None:
         number = sum(1 for where, _ in _schemas if where == folder)
         _write_json(
             os.path.join(folder, f"schema{number}.json"),
-            {"format": FORMAT, "schema": number, "tensors": tensors},
+            {"format": FORMAT, "schema": number, "tensors": [dict(zip(TABLE_FIELDS, t)) for t in tensors]},
         )
         _schemas[(folder, text)] = number
     return number

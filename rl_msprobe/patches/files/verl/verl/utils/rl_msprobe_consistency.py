@@ -22,7 +22,11 @@ Two jobs, each called from one marked line (`# rl-msprobe:...`) in upstream verl
   output's ``extra_fields["request_id"]``; verl carries ``extra_fields`` into
   ``DataProto.non_tensor_batch`` and on into the engine's micro-batches, where the engine hook
   logs it (``rl_msprobe_hooks.request_ids(micro_batch)``). Active when ``DUMP_ON``, ``PROMPTS_ONLY`` or
-  ``RL_MSPROBE_REQUEST_ID`` is ``1``; otherwise every function here is a no-op.
+  ``RL_MSPROBE_REQUEST_ID`` is ``1``; otherwise every function here is a no-op. While active, the id
+  the server receives is a *stable* one (``stable_request_id``) in place of verl's fresh uuid: the
+  same prompt sent by the same agent-loop worker for the same time gets the same id in every run, so
+  a report's request id names a request of the rerun (`--request`, `--zoom`) and the hash selection
+  of records picks the same requests again.
 
 Depends only on the standard library, numpy and torch (imported lazily), and on
 ``transfer_queue`` for a ``KVBatchMeta`` batch; never on rl-msprobe.
@@ -31,7 +35,11 @@ Depends only on the standard library, numpy and torch (imported lazily), and on
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import os
+import re
+import socket
+import threading
 from typing import Any
 
 # Tensors with one column per response token: emptied by trim_to_prompts.
@@ -273,8 +281,50 @@ _FIRST_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+_SENT: dict[str, int] = {}  # prompt digest -> how many times this process has sent it
+_SENT_LOCK = threading.Lock()
+_ACTOR_SUFFIX = re.compile(
+    r"_[0-9a-f]{8}$"
+)  # verl names agent-loop workers f"agent_loop_worker_{i}_{uuid[:8]}"
+_SENDER: list[str] = []
+
+
+def _sender() -> str:
+    """Who sends: the Ray actor's name without verl's random suffix (``agent_loop_worker_3``: the same
+    worker gets the same chunk of the batch in every run), else this host and process (unique, but a
+    rerun's ids then differ)."""
+    if not _SENDER:
+        name = None
+        try:
+            import ray
+
+            name = ray.get_runtime_context().get_actor_name()
+        except Exception:  # not in a Ray actor, or an older Ray
+            name = None
+        _SENDER.append(_ACTOR_SUFFIX.sub("", name) if name else f"{socket.gethostname()}:{os.getpid()}")
+    return _SENDER[0]
+
+
+def stable_request_id(prompt_ids: Any) -> str | None:
+    """``rlm<16 hex>n<k>``: a digest of the sender and the prompt's token ids, and K, how many times
+    this process sent that prompt before (GRPO's ``rollout.n`` copies: 0 .. n-1; a later turn's prompt
+    holds the earlier turns, so it has its own digest). Unique among this process's requests, as the
+    server needs, and the same in a rerun of the same steps. None when the prompt is not a sequence of
+    token ids (the caller's id is kept)."""
+    try:
+        text = ",".join(str(int(token)) for token in prompt_ids)
+    except (TypeError, ValueError):
+        return None
+    digest = hashlib.sha1(f"{_sender()}|{text}".encode()).hexdigest()[:16]
+    with _SENT_LOCK:
+        k = _SENT.get(digest, 0)
+        _SENT[digest] = k + 1
+    return f"rlm{digest}n{k}"
+
+
 class _RecordingMethod:
-    """`server.generate` seen through the recorder: `.remote(...)` notes the request id."""
+    """`server.generate` seen through the recorder: `.remote(...)` sends a stable request id in place
+    of the caller's (`stable_request_id`) and notes it."""
 
     def __init__(self, method: Any, owner: RequestIdRecorder) -> None:
         self._method = method
@@ -283,6 +333,13 @@ class _RecordingMethod:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         request_id = kwargs.get("request_id", args[0] if args else None)
         if request_id is not None:
+            stable = stable_request_id(kwargs.get("prompt_ids", args[1] if len(args) > 1 else None))
+            if stable is not None:
+                request_id = stable
+                if "request_id" in kwargs:
+                    kwargs["request_id"] = stable
+                else:
+                    args = (stable, *args[1:])
             self._owner.request_id = str(request_id)
         return self._method.remote(*args, **kwargs)
 
