@@ -12,6 +12,15 @@ Rollout: vLLM CPU (offline `LLM`, V1 runner, enforce_eager) serving the same mod
 generating N requests x T tokens; each round runs the same generate with the folder unset (hooks
 installed, each returning at once) and set (every forward recorded). Ratio: median of the rounds.
 
+Measured 2026-12-07 23:48 UTC on the shared 2-core machine (load average 8-12: other sessions'
+jobs), torch 2.13 CPU, OMP_NUM_THREADS=1, the defaults, 7 rounds:
+  trainer: plain 2.023 s, recorded 2.029 s (medians); ratio 1.07x median [0.72-1.82] (the spread is
+  the load); 166 KB of JSON per forward of 1408 tokens (4 layers x top-4 + margins);
+  rollout (8 requests x 32 new tokens, 64-token prompts): plain 0.346 s, recorded 0.377 s; 1.14x
+  median [1.05-1.87]. The rollout's model is tiny beside its per-forward Python work (one JSON
+  line per request and forward): a real model's forward makes the share smaller. No accelerator
+  figure yet.
+
 Run: python benchmarks/bench_routing.py [--rounds 7] [--hidden 512] [--layers 4] [--experts 16]
 [--top-k 4] [--tokens 1408] [--requests 8] [--new-tokens 32] [--no-rollout]
 (needs the job venv: python -m tests.support.job_venv build)

@@ -37,7 +37,7 @@ from rl_msprobe.triage.stream import log_files
 
 LOG_NAME = "routing.jsonl"
 NEAR_TIE = 0.01  # router-logit margin below which a flip is a near-tie
-KEEP_FLIPS = 50
+KEEP_FLIPS = 50  # per step
 POSITION_BUCKETS = 16
 
 Row = tuple[tuple[frozenset[int], ...], tuple[float, ...]]  # per layer: the expert set, the margin
@@ -90,6 +90,7 @@ class StepRouting:
     first_layers: dict[int, int] = field(default_factory=dict)  # first differing layer -> tokens
     dlogp_differ: list[float] = field(default_factory=list)  # [sum, count]
     dlogp_same: list[float] = field(default_factory=list)
+    kept: int = 0  # flips of this step kept in Routing.flips
 
     def share(self) -> float:
         return self.differ / self.tokens if self.tokens else math.nan
@@ -290,7 +291,8 @@ def _compare_request(
                 s.differ += 1
                 s.differ_near_tie += tie
                 first = layer if first is None else first
-                if len(out.flips) < KEEP_FLIPS:
+                if stats.kept < KEEP_FLIPS:  # the first flips of each step
+                    stats.kept += 1
                     out.flips.append(
                         Flip(step, doc.get("request_id"), j, layer, sorted(a), sorted(b), margin, dlogp)
                     )

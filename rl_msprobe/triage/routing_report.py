@@ -37,8 +37,10 @@ def verdict(routing: Routing) -> str | None:
         if state.startswith("on")
         else f"routing replay is off; to take routing out of the gap turn it on ({REPLAY_KEYS})"
     )
+    others = [f"step {s.step}: from layer {s.cause_layer()}" for s in steps if s is not worst]
+    also = f" (also {', '.join(others[:5])}{' …' if len(others) > 5 else ''})" if others else ""
     return (
-        f"MoE routing differs from layer {layer}{name} at step {worst.step}: "
+        f"MoE routing differs from layer {layer}{name} at step {worst.step}{also}: "
         f"{_pct(ls.share() if ls else float('nan'))} of its tokens flipped "
         f"({ls.differ - ls.differ_near_tie if ls else 0} beyond near-ties), "
         f"{_pct(worst.share())} of tokens routed differently in some layer, at response positions "
