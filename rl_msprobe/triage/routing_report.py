@@ -131,7 +131,45 @@ def sections(routing: Routing, image: str | None = None) -> list[Section]:
             image,
         )
     )
+    flips = [
+        [
+            fmt(f.step),
+            str(f.request_id or "–"),
+            str(f.position),
+            str(f.layer),
+            str(f.rollout),
+            str(f.train),
+            fmt(f.margin),
+            fmt(f.dlogp),
+        ]
+        for f in routing.flips[:FLIP_ROWS]
+    ]
+    if flips:
+        out.append(
+            Section(
+                "MoE routing flips",
+                [
+                    f"The first {len(flips)} of {len(routing.flips)} kept (`--json`: all kept, up to 50 a step)."
+                ],
+                (
+                    [
+                        "step",
+                        "request id",
+                        "position",
+                        "layer",
+                        "rollout experts",
+                        "trainer experts",
+                        "margin",
+                        "|Δ log p|",
+                    ],
+                    flips,
+                ),
+            )
+        )
     return out
+
+
+FLIP_ROWS = 12
 
 
 def plot(routing: Routing, plt: Any) -> bytes | None:

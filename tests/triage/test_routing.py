@@ -127,6 +127,7 @@ def test_a_flipped_layer_is_named_with_its_share_positions_and_replay_not_held(t
         and "MoE routing differs from layer 1 (model.layers.1.mlp.gate) at step 2" in md
     )
     assert "replay is on but did not hold" in md
+    assert "## MoE routing flips" in md and "| 2 | s2r" in md  # the flips of step 2, with their request ids
 
 
 def test_near_ties_are_told_apart_and_replay_off_proposes_the_keys(tmp_path) -> None:

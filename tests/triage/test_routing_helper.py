@@ -4,7 +4,8 @@ it: `begin(worker, data)` / forward(s) without grad / `end`. What it records per
 the model's own router decisions: the top-k of the router logits Transformers returns
 (`output_router_logits=True`) for the same rows, and the margin between the k-th and (k+1)-th
 logit — for verl's remove-padding input (one packed row, position_ids restarting at 0) and for a
-padded batch (attention_mask); nothing from a forward with grad (the update) or after `end`.
+padded batch (attention_mask); nothing from a forward with grad (the update) or after `end`. A
+rollout model that is not eager gets no hook and one error line.
 The rollout side runs on the live job (tests/live/test_live_routing.py, full tier).
 ~10 s (torch and transformers import)."""
 
@@ -57,6 +58,11 @@ with torch.no_grad():
 token = routing.begin(worker, None)
 model(input_ids=packed, position_ids=positions)  # with grad (an update): not recorded
 routing.end(token)
+# a vLLM worker whose model is not eager (CUDA graphs replay without hooks): one error line, no hook
+runner = types.SimpleNamespace(model=Qwen3MoeForCausalLM(config), model_config=types.SimpleNamespace(
+    enforce_eager=False, hf_config=config))
+routing.rollout(types.SimpleNamespace(model_runner=runner))
+assert not runner.model.model.layers[0].mlp.gate._forward_hooks
 print(json.dumps({"packed": want_packed, "padded": want_padded, "mask": mask.tolist()}))
 """
 
@@ -69,6 +75,8 @@ def test_trainer_records_are_the_models_own_router_decisions(tmp_path) -> None:
     want = json.loads(proc.stdout.strip().splitlines()[-1])
     (log,) = tmp_path.glob("*/routing.jsonl")
     docs = [json.loads(line) for line in log.read_text().splitlines()]
+    *docs, error = docs
+    assert error["side"] == "rollout" and "enforce_eager=True" in error["error"], error
     head, lines = docs[0], docs[1:]
     assert head["kind"] == "header" and head["side"] == "train" and head["top_k"] == 2, head
     assert head["layers"] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"], head

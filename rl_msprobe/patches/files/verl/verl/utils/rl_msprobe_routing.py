@@ -11,8 +11,9 @@ takes the gate's router logits (its output, or the first item of a tuple output:
 experts]), and keeps per row the top-k expert ids (k from the model config's
 ``num_experts_per_tok``) and the margin between the k-th and the (k+1)-th logit.
 
-- Rollout (vLLM worker, ``rollout(worker)`` at each weight sync; hooks installed once): every
-  model forward of the V1 runner; its rows are split into requests with the runner's own batch
+- Rollout (vLLM worker, ``rollout(worker)`` at each weight sync; hooks installed once; the eager
+  model only: a replayed CUDA graph runs no Python hook, so without ``enforce_eager`` it writes one
+  error line instead): every model forward of the V1 runner; its rows are split into requests with the runner's own batch
   (``input_batch.req_ids``, ``query_start_loc``) and the ``positions`` the model was called with.
   One line per request and forward: ``request_id`` (vLLM's, the report strips its suffix),
   ``positions`` (absolute, 0-based in prompt + response), ``tokens`` (the input ids of those rows).
@@ -75,6 +76,11 @@ def rollout(worker: Any) -> None:
         config = getattr(getattr(runner, "model_config", None), "hf_config", None)
         recorder = _Recorder(model, config, "rollout", runner=runner)
         model._rl_msprobe_routing = recorder
+        if recorder.gates and not getattr(getattr(runner, "model_config", None), "enforce_eager", True):
+            # a captured CUDA graph replays without running Python hooks: no rows would be recorded
+            raise RuntimeError(
+                "the rollout's MoE routing needs the eager model: set actor_rollout_ref.rollout.enforce_eager=True"
+            )
         if recorder.gates:
             recorder.replay = {"return_routed_experts": _returns_routed_experts(runner)}
             recorder.install()
