@@ -8,18 +8,20 @@ file, what it was expected to be and the limit. Nothing here parses: callers get
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from rl_msprobe.errors import UserError
 
 MiB = 1 << 20
 # far above what a real run writes, far below what would hurt a laptop
 LAUNCH_SCRIPT = 4 * MiB  # verl's launch scripts are a few KB; the reader is linear (~1.5 s a MB)
+SOURCE = 64 * MiB  # a Python source file of a patched tree (vLLM's largest are ~300 KB)
 CONFIG = 16 * MiB  # a YAML / JSON config, a manifest, a record
 DUMP_JSON = 1024 * MiB  # msprobe's dump.json of a large model at statistics level is ~100s of MB
 LOG_LINE = 64 * MiB  # one JSONL line: a triage line of a 32k-token response is ~2 MB
@@ -88,6 +90,13 @@ def open_regular(path: Path | str, what: str, limit: int | None = None) -> Itera
         raise
     with handle:
         yield handle
+
+
+@contextmanager
+def open_text(path: Path | str, what: str, limit: int | None = None) -> Iterator[TextIO]:
+    """`open_regular` as UTF-8 text with newlines as written (what the csv module wants)."""
+    with open_regular(path, what, limit) as handle:
+        yield io.TextIOWrapper(handle, encoding="utf-8", newline="")
 
 
 def _check_size(path: Path | str, size: int, limit: int | None, what: str) -> None:

@@ -9,6 +9,8 @@ Exit codes everywhere: 0 success, 1 "found something", 2 bad input.
 from __future__ import annotations
 
 import importlib
+import io
+import sys
 
 import click
 
@@ -67,3 +69,8 @@ def main() -> None:
     launch script and configs), `patch apply` (dump hooks in verl / SGLang / vLLM trees),
     run the job, then `dumps check | correlate | compare`.
     """
+    # a file or folder name that is not UTF-8 is printed as its bytes (Python's surrogates), never a
+    # UnicodeEncodeError, whatever locale or PYTHONIOENCODING the shell has
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="surrogateescape")

@@ -112,7 +112,8 @@ class ReportFolder:
         """Stage `data` for `name` (a plain file name in the folder) in a new entry of its own; every
         staged file takes its name at `commit`, all together. Returns the path it will have."""
         if isinstance(data, str):
-            data = data.encode("utf-8")
+            # a file or folder name that is not UTF-8 (held as surrogates) is shown escaped, as `\udcff`
+            data = data.encode("utf-8", "backslashreplace")
         if "/" in name or name in ("", ".", "..", RECORD, publishing.INTENT) or name in self.staged:
             raise ValueError(f"not a new plain file name: {name!r}")
         try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rl_msprobe import mode_table as registry
-from rl_msprobe.commands.common import F, emit_json, handles_user_errors, json_option
+from rl_msprobe.commands.common import F, emit_json, emit_outcome, handles_user_errors, json_option
 
 if TYPE_CHECKING:
     from click._termui_impl import ProgressBar
@@ -251,13 +251,7 @@ def positions(as_json: bool, **params: Any) -> None:
     """
     from rl_msprobe.dumps.api import compare_positions
 
-    outcome = compare_positions(**params)
-    if as_json:
-        emit_json(outcome.to_json())
-    else:
-        for line in outcome.lines():
-            click.echo(line)
-    sys.exit(0 if outcome.ok else 1)
+    emit_outcome(compare_positions(**params), as_json)
 
 
 @dumps.command()
@@ -285,10 +279,4 @@ def zoom(dump: Path, out: Path | None, python: str | None, as_json: bool) -> Non
     agrees is where the difference starts. Exit 0 when one is named, 1 when none, 2 bad input."""
     from rl_msprobe.dumps.zoom_operator import zoom_compare
 
-    outcome = zoom_compare(dump, out or dump / "zoom", python)
-    if as_json:
-        emit_json(outcome.to_json())
-    else:
-        for line in outcome.lines():
-            click.echo(line)
-    sys.exit(0 if outcome.ok else 1)
+    emit_outcome(zoom_compare(dump, out or dump / "zoom", python), as_json)

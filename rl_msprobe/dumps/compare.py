@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rl_msprobe import publishing
+from rl_msprobe import bounded, publishing
 from rl_msprobe.dumps import inputs
 from rl_msprobe.dumps.correlate import Correlation, Pair, Side
 from rl_msprobe.dumps.layout import DUMP_FILE, find_dumps
@@ -344,7 +344,7 @@ def run_one(
     result.seconds = time.monotonic() - start
     csvs = sorted(out_dir.glob("compare_result_*.csv"))
     if rc != 0 or not csvs:
-        tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-8:]
+        tail = [x for x in _log_tail(log).splitlines() if x.strip()][-8:]
         why = "exited 0 but wrote no compare_result CSV (it matched no row?)" if rc == 0 else f"exited {rc}"
         result.error = f"msprobe compare {why} (log: {log}):\n" + "\n".join(tail)
         return result
@@ -469,7 +469,8 @@ def recorded_python(roots: list[Path], up: int = 3) -> tuple[str | None, Path | 
             record = d / PYTHON_RECORD
             if record.is_file():
                 try:
-                    python = json.loads(record.read_text(encoding="utf-8")).get("python")
+                    text = bounded.read_text(record, "python record `prepare` writes", bounded.CONFIG)
+                    python = json.loads(text).get("python")
                 except (OSError, ValueError, AttributeError, RecursionError):
                     raise UserError(
                         f"{record}: not the JSON `prepare` writes; delete it or pass --python."
@@ -481,3 +482,14 @@ def recorded_python(roots: list[Path], up: int = 3) -> tuple[str | None, Path | 
 
 def default_jobs() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def _log_tail(log: Path, size: int = 64 << 10) -> str:
+    """The last SIZE bytes of msprobe's log as text (a log of any length, read within bounds)."""
+    try:
+        with bounded.open_regular(log, "msprobe log") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - size))
+            return f.read(size).decode("utf-8", "replace")
+    except (OSError, UserError) as exc:
+        return f"(the log cannot be read: {exc})"

@@ -39,6 +39,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_msprobe import bounded
 from rl_msprobe.dumps import tensor_jobs
 from rl_msprobe.dumps.fused import fuse, parts_of
 from rl_msprobe.dumps.layout import DUMP_FILE, load_json
@@ -162,8 +163,9 @@ def _shard_job(shard: Shard, merged: Merged, dirs: list[Path], train: JsonObject
             )
     files = [str(d / TENSOR_DIR / f) for d, f in zip(dirs, shard.files)]
     for f in files:
-        if not os.path.isfile(f):
+        if not os.path.exists(f):
             raise UserError(f"{f}: tensor file named in the dump.json is missing; re-dump this step.")
+        bounded.regular(f, "tensor file the dump.json names")  # a FIFO or device: said, never loaded
     return {"files": files, "dim": shard.dim, "parts": parts, "out": str(out / shard.files[0])}
 
 

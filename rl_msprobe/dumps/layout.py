@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
 
 DUMP_FILE = "dump.json"
@@ -107,7 +108,8 @@ def _number(digits: str, limit: int, where: str, what: str) -> int:
 
 def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path]:
     """Files named one of `names` below root (depth-limited, sorted, symlinked dirs not followed).
-    Folders are walked as text: only the files found become Paths (a run has 100,000s of folders)."""
+    Folders are walked as text: only the files found become Paths (a run has 100,000s of folders).
+    A folder that cannot be listed (permissions) is a UserError naming it, never skipped."""
     stack: list[tuple[str, int]] = [(str(root), 0)]
     while stack:
         d, depth = stack.pop()
@@ -115,8 +117,13 @@ def walk_files(root: Path, names: set[str], max_depth: int = 8) -> Iterator[Path
             with os.scandir(d) as it:  # the deepest level: only the files looked for (a folder of 100,000s)
                 entries = list(it) if depth < max_depth else [e for e in it if e.name in names]
             entries.sort(key=_entry_name, reverse=True)
-        except OSError:
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone meanwhile, or root is a file: the callers say what they found
+        except OSError as exc:  # never a count that silently leaves a folder of the run out
+            raise UserError(
+                f"{d}: cannot be listed ({exc.strerror}); make it readable (chmod u+rx) or move it out of "
+                f"{root}, then run again (rl-msprobe reads every folder of a run, or says which it cannot)."
+            ) from None
         for e in entries:
             if e.name in names:
                 if not e.is_dir(follow_symlinks=False):
@@ -258,7 +265,8 @@ def check_dump_file(path: Path) -> str | None:
     from rl_msprobe.errors import UserError
 
     try:
-        if path.stat().st_size == 0:
+        # a FIFO, a device or an unreadable file is said as such (by bounded), never "empty"
+        if bounded.regular(path, "msprobe dump.json").st_size == 0:
             return "empty file"
         with bounded.open_regular(path, "msprobe dump.json", bounded.DUMP_JSON) as f:
             parser = jsonl.Parser(f, f.read(jsonl.READ), str(path), bounded.DUMP_JSON, whole=True)
@@ -328,9 +336,11 @@ def _check_side(root: Path, mode: str, report: LayoutReport, label: str, jobs: i
         by_group[_group_key(ref, mode)].append(ref)
     for ref, why in zip(refs, _check_files([r.path for r in refs], jobs)):
         if why:
-            report.problems.append(
-                {"where": str(ref.path), "what": why, "fix": "re-run that step; the dump was cut short"}
-            )
+            fix = "re-run that step; the dump was cut short"
+            if why.startswith(f"{ref.path}: "):  # not a readable regular file (a FIFO, a device, permissions)
+                why = why[len(str(ref.path)) + 2 :].split("; ")[0]  # bounded's own fix is said below
+                fix = "put the dump.json msprobe wrote there (a readable regular file)"
+            report.problems.append({"where": str(ref.path), "what": why, "fix": fix})
     if mode == "training":
         _check_training(root, refs, report)
     all_ranks = {r.rank_label for r in refs if r.proc is None}
@@ -458,10 +468,12 @@ def check_layout(roots: list[Path], mode: str | None = None, jobs: int = 1) -> L
 
 
 def _first_line(log: Path) -> JsonObject:
+    from rl_msprobe import bounded
+
     try:
-        with open(log, "rb") as f:
-            doc = json.loads(f.readline() or b"{}")
-    except (OSError, ValueError, RecursionError):
+        with bounded.open_regular(log, "dispatch log") as f:
+            doc = json.loads(next(bounded.lines(f, log, "dispatch log"), b"{}"))
+    except (OSError, ValueError, RecursionError, UserError):
         return {}
     return doc if isinstance(doc, dict) else {}
 

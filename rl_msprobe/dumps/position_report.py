@@ -131,19 +131,27 @@ def logprob_gap(triage: Path, request_id: str) -> list[float] | None:
             for raw in bounded.lines(f, path, "triage"):
                 if not any(w.encode() in raw for w in wanted):
                     continue
-                doc = json.loads(raw)
+                try:
+                    doc = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue  # a line cut short (the last one of a killed run) or damaged: not this request's
                 if not isinstance(doc, dict) or doc.get("request_id") not in wanted:
                     continue
                 rollout, train = doc.get("rollout_log_probs"), doc.get("train_log_probs")
                 if not isinstance(rollout, list) or not isinstance(train, list):
                     return None
-                return [
-                    abs(float(t) - float(r))
-                    if isinstance(t, (int, float)) and isinstance(r, (int, float))
-                    else math.nan
-                    for r, t in zip(rollout, train)
-                ]
+                return [_gap(r, t) for r, t in zip(rollout, train)]
     return None
+
+
+def _gap(rollout: object, train: object) -> float:
+    """|train − rollout|, NaN where either is not a number a float holds."""
+    if not isinstance(rollout, (int, float)) or not isinstance(train, (int, float)):
+        return math.nan
+    try:
+        return abs(float(train) - float(rollout))
+    except OverflowError:  # an integer past float's range
+        return math.nan
 
 
 JOB_FILES = ("positions.md", "positions.json")

@@ -454,6 +454,10 @@ def load_arrays(python: list[str] | None = None) -> Loader:
     def load(files: list[Path]) -> dict[Path, Array]:
         import numpy as np
 
+        from rl_msprobe import bounded
+
+        for f in files:  # torch.load would block on a FIFO or read a device without end
+            bounded.regular(f, "msprobe tensor file (.pt)")
         if tensor_jobs.here(python):
             import torch
 
@@ -668,9 +672,16 @@ def compare_request(
                 where = (
                     f"position {span[0]}" if span[1] - span[0] == 1 else f"positions {span[0]}-{span[1] - 1}"
                 )
+                if r is None or t is None:  # a dump shorter than the response: nothing there to compare
+                    lost = [side for side, v in (("rollout", r), ("training", t)) if v is None]
+                    result.ids_mismatch = (
+                        f"the token ids are not recorded at {where} on the {' and '.join(lost)} side (a dump "
+                        "shorter than the response: cut short or not written)"
+                    )
+                    return result
                 result.ids_mismatch = (
-                    f"the token ids differ at {where} (rollout {ids_text(r) if r else '?'}, training "
-                    f"{ids_text(t) if t else '?'}): the rollout steps and the training forward did not see one sequence"
+                    f"the token ids differ at {where} (rollout {ids_text(r)}, training "
+                    f"{ids_text(t)}): the rollout steps and the training forward did not see one sequence"
                 )
                 return result
     plan = pairings(prefill, train)

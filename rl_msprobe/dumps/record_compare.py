@@ -434,9 +434,10 @@ def _compare(rid: str, rollout: rec.SideRecords, train: rec.SideRecords) -> Reco
     need = max(r_len, t_len - 1)  # the last response token is never fed back to the engine
     for rank in range(tp_size):
         a = r_arrays.get(rank)
-        has = (
-            np.zeros(need, bool) if a is None else _pad(~np.isnan(a[:, 2, :]).all(axis=0), need).astype(bool)
-        )
+        has = np.zeros(need, bool)  # not _pad: its NaN padding would read as True, a position recorded
+        if a is not None:
+            found = ~np.isnan(a[:, 2, :]).all(axis=0)[:need]
+            has[: found.size] = found
         if not has.all():
             who = "the rollout" if tp_size == 1 else f"the rollout's TP rank {rank}"
             problems.append(_missing_text(who, np.flatnonzero(~has).tolist()))

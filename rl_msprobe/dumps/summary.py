@@ -394,7 +394,9 @@ def apply_engine_conventions(rows: list[Row]) -> list[Row]:
 def parse_rows(csv_path: Path) -> tuple[str, list[Row]]:
     """Rows of one msprobe compare_result CSV, in its order, and the dump mode it was made in."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(csv_path, newline="", encoding="utf-8") as f:
+    from rl_msprobe import bounded
+
+    with bounded.open_text(csv_path, "msprobe compare_result CSV", bounded.DUMP_JSON) as f:
         reader = csv.DictReader(f)
         fields = reader.fieldnames or []
         mode = "tensor" if "Cosine" in fields else "statistics"

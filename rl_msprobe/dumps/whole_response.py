@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -268,10 +267,24 @@ def summary(results: list[RequestResult]) -> tuple[str, str]:
 def sizes(rollout_root: Path, train_root: Path) -> dict[str, int]:
     """Bytes on disk: the rollout's dumps and the training side's per-token records."""
 
-    def total(paths: Iterator[Path]) -> int:
-        return sum(os.path.getsize(p) for p in paths if p.is_file())
+    def total(root: Path) -> int:
+        """Walked with a stack, not Path.rglob (recursive: 1,100 nested folders end in RecursionError);
+        links are not followed, and a folder that cannot be listed is said (layout.walk_files)."""
+        found, stack = 0, [str(root)]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            found += entry.stat(follow_symlinks=False).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise UserError(
+                    f"{exc.filename}: cannot be listed ({exc.strerror}); make it readable."
+                ) from None
+        return found
 
-    return {
-        "rollout": total(rollout_root.rglob("*")),
-        "train_records": total((train_root / RECORDS).rglob("*")),
-    }
+    return {"rollout": total(rollout_root), "train_records": total(train_root / RECORDS)}

@@ -57,7 +57,9 @@ def _calls(csv_path: Path) -> list[tuple[str, float, float]]:
     """(call, output error, input error) of every API call, in the CSV's (forward) order."""
     order: list[str] = []
     errors: dict[str, list[float]] = {}
-    with open(csv_path, newline="", encoding="utf-8") as handle:
+    from rl_msprobe import bounded
+
+    with bounded.open_text(csv_path, "msprobe compare_result CSV", bounded.DUMP_JSON) as handle:
         for row in csv.DictReader(handle):
             name = row.get("NPU Name") or ""
             found = _CALL.match(name)
@@ -77,9 +79,12 @@ def _calls(csv_path: Path) -> list[tuple[str, float, float]]:
 def parents(dump_json: Path) -> dict[str, str | None]:
     """msprobe's construct.json beside DUMP_JSON: each node's parent module (empty when absent)."""
     path = dump_json.with_name("construct.json")
+    from rl_msprobe import bounded
+    from rl_msprobe.errors import UserError
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(bounded.read_text(path, "msprobe construct.json", bounded.DUMP_JSON))
+    except (OSError, ValueError, RecursionError, UserError):
         return {}
     return {str(k): (str(v) if v else None) for k, v in doc.items()} if isinstance(doc, dict) else {}
 
@@ -113,7 +118,7 @@ class ZoomOutcome:
     def to_json(self) -> dict[str, object]:
         op = self.operator
         return {
-            "schema": "rl-msprobe.zoom/1",
+            "schema": "rl-msprobe.dumps-zoom/1",
             "actor": str(self.actor),
             "rollout": str(self.rollout),
             "csv": str(self.csv),

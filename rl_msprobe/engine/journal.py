@@ -130,12 +130,19 @@ def sha(data: bytes | None) -> str | None:
 
 
 def read(path: Path) -> bytes | None:
+    """The file's bytes; None when there is none. A FIFO, a device or a folder where a file should be is
+    refused naming it (never taken for an absent file that a write would then replace), and so is a
+    file past `bounded.SOURCE` (no source file of a patched tree comes near it)."""
+    from rl_msprobe import bounded
+
+    if not os.path.lexists(path) or (path.is_symlink() and not path.exists()):
+        return None
     try:
-        return path.read_bytes() if path.is_file() else None
-    except OSError as exc:
-        raise UserError(
-            f"{path}: cannot be read ({exc.strerror}); fix its permissions and run again."
-        ) from exc
+        return bounded.read_bytes(path, "file", bounded.SOURCE)
+    except UserError as exc:
+        if not os.path.exists(path):
+            return None  # removed meanwhile
+        raise UserError(f"{exc} Nothing was changed.") from None
 
 
 def writable_dir(path: Path) -> bool:

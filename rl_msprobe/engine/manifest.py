@@ -69,7 +69,7 @@ def prefer_saved_originals(state: Path, plan: Plan) -> None:
             continue
         if set(entry.get("sets", [])) - reverting:
             continue
-        plan.changes[index] = FileChange(change.path, change.before, saved.read_bytes(), change.pieces)
+        plan.changes[index] = FileChange(change.path, change.before, journal.read(saved), change.pieces)
 
 
 def _dump(manifest: dict[str, Any]) -> bytes:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_msprobe.engine import coverage, git, gitstate, journal, manifest, space
+from rl_msprobe.engine import coverage, edited, git, gitstate, journal, manifest, space
 from rl_msprobe.engine.inspection import holders
 from rl_msprobe.engine.plan import plan_apply, plan_revert, unique_pieces
 from rl_msprobe.engine.plan_parts import FileChange, Plan
@@ -137,6 +137,9 @@ def apply(
         if repo is not None:
             gitstate.check_sparse(repo, target.root, [piece.path for _, piece in unique_pieces(sets)])
         plan = plan_apply(target, sets, entry_point)
+        edited.check_helpers(tree, plan, "apply")
+        if repo is None:
+            edited.check_links(target.root, plan.changes)
         notes = (*tree.notes, *(note for s in sets for note in s.notes_for(target.version)))
         changed = [c.path for c in plan.changes]
         recorded = _recorded(tree)
@@ -254,6 +257,8 @@ def revert(target: Target, sets: list[PatchSet]) -> RevertResult:
                 commit = _revert_git(tree, target, sets, plan, deleted, unrecord)
                 changed = sorted([*changed, *deleted])
             else:
+                edited.check_helpers(tree, plan, "revert")
+                edited.check_links(target.root, plan.changes)
                 entries = _tree_entries(target.root, plan.changes) + manifest.revert_state(
                     tree.state, plan, recorded
                 )

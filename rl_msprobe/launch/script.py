@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rl_msprobe.errors import UserError
 from rl_msprobe.launch import bash
 from rl_msprobe.launch.bash import EnvSetting, Statement
 from rl_msprobe.launch.bash_lexer import LineIndex, Word
@@ -145,10 +146,26 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
                 notes.append(note)
             continue
         commands.append(_verl_command(stmt, reading.scope, flat, *entry))
+        _refuse_escaped_space(text, path, stmt)
     script = LaunchScript(path, text, reading.statements, None, [], reading.scope.vars, notes, reading.lines)
     script.commands = commands
     script.choose(None)
     return script
+
+
+def _refuse_escaped_space(text: str, path: str, stmt: Statement) -> None:
+    """A verl command whose last line ends in a backslash and a space: bash reads `\\ ` as an escaped
+    space, so the command ends there and the settings on the lines below never reach verl."""
+    end = stmt.words[-1].end if stmt.words else 0
+    line_end = text.find("\n", end)
+    line = text[text.rfind("\n", 0, end) + 1 : len(text) if line_end < 0 else line_end]
+    if re.search(r"\\[ \t]+\r?$", line) and text[end:].strip():
+        number = text.count("\n", 0, end) + 1
+        raise UserError(
+            f"{path}:{number}: a backslash followed by a space ends the verl command here (bash reads `\\ ` as "
+            "an escaped space, not a line continuation), so the lines below it never reach verl; delete the "
+            "space after the backslash."
+        )
 
 
 def _verl_command(

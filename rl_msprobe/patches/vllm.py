@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl_msprobe import bounded
 from rl_msprobe.codemods.vllm_model_runner import VllmModelRunner
 from rl_msprobe.codemods.vllm_model_runner_v2 import VllmModelRunnerV2
 from rl_msprobe.errors import UserError
@@ -97,8 +98,8 @@ def runner_shape(root: Path, version: str | None = None) -> RunnerShape:
             skipped.append(f"{codemod.path} is not in this tree")
             continue
         try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            source = bounded.read_text(path, "vLLM source file", bounded.SOURCE)
+        except UserError as exc:
             skipped.append(f"{codemod.path}: unreadable ({exc})")
             continue
         if not codemod.present(source):

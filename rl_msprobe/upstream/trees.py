@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 from rl_msprobe.upstream.interpreter import locate_with_python
 from rl_msprobe.upstream.projects import packages
@@ -60,7 +61,8 @@ def _dist_info_version(root: Path, project: str) -> str | None:
 def _pkg_info_version(root: Path) -> str | None:
     pkg_info = root / "PKG-INFO"
     if pkg_info.is_file():
-        match = re.search(r"^Version:\s*(\S+)", pkg_info.read_text(errors="replace"), re.M)
+        text = bounded.read_bytes(pkg_info, "PKG-INFO", bounded.CONFIG).decode("utf-8", "replace")
+        match = re.search(r"^Version:\s*(\S+)", text, re.M)
         if match:
             return match.group(1)
     return None
@@ -73,7 +75,7 @@ def detect_version(root: Path, project: str) -> str | None:
     for candidate in candidates:
         if candidate.is_file():
             try:
-                text = candidate.read_text(encoding="utf-8").strip()
+                text = bounded.read_bytes(candidate, "version file", bounded.CONFIG).decode("utf-8").strip()
             except UnicodeDecodeError as exc:
                 raise UserError(
                     f"{candidate}: not UTF-8 text (byte {exc.start}); verl writes its version there as plain "
@@ -84,7 +86,9 @@ def detect_version(root: Path, project: str) -> str | None:
     for name in ("version.py", "_version.py"):
         path = package / name
         if path.is_file():
-            match = _VERSION_ASSIGN.search(path.read_text(errors="replace"))
+            match = _VERSION_ASSIGN.search(
+                bounded.read_bytes(path, "version file", bounded.CONFIG).decode("utf-8", "replace")
+            )
             if match:
                 return match.group(1)
     return _dist_info_version(root, project) or _pkg_info_version(root)

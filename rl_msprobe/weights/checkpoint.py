@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 from rl_msprobe.weights.compare import (
     DIFFERENT,
@@ -33,42 +34,100 @@ from rl_msprobe.weights.fingerprint import Fingerprint, delta_text
 from rl_msprobe.weights.records import Entry, Run
 
 DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# floating kinds a checkpoint may hold that are not fingerprinted here: NOT COMPARED, never "missing"
+UNREAD_FLOATS = ("F8_", "F6_", "F4", "C64")
 BLOCK = 1 << 20  # elements per block: a bounded read of a tensor of any size
-HEADER_LIMIT = 100 << 20
+HEADER_LIMIT = 100 << 20  # the safetensors library's own limit on a header
+FIX = "download or save the checkpoint again (or pass the folder of a complete one)"
+
+
+class Tensors(dict[str, Entry]):
+    """The checkpoint's fingerprinted tensors by name, and those of a floating dtype not fingerprinted
+    here (`unread`: name -> why), so they are NOT COMPARED rather than missing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unread: dict[str, str] = {}
 
 
 def files(folder: Path) -> list[Path]:
-    """The checkpoint's safetensors files: those an index names, else every *.safetensors."""
+    """The checkpoint's safetensors files: those an index names, else every *.safetensors. Each is a
+    readable regular file (a FIFO, a device, a folder or a missing shard is refused naming it)."""
     if not folder.is_dir():
         raise UserError(f"{folder}: not a directory. Pass the model folder (config.json, *.safetensors).")
-    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    try:
+        indexes = sorted(folder.glob("*.safetensors.index.json"))
+        found = sorted(folder.glob("*.safetensors"))
+    except OSError as exc:
+        raise UserError(
+            f"{folder}: cannot be listed ({exc.strerror}); make it readable and run again."
+        ) from None
     if indexes:
+        index = indexes[0]
+        text = bounded.read_text(index, "safetensors index (*.safetensors.index.json)", bounded.CONFIG)
         try:
-            weight_map = json.loads(indexes[0].read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"{indexes[0]}: not a safetensors index ({exc}).") from None
-        return [folder / name for name in sorted(set(weight_map.values()))]
-    found = sorted(folder.glob("*.safetensors"))
+            weight_map = json.loads(text)["weight_map"]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise UserError(
+                f"{index}: not a safetensors index ({type(exc).__name__}: {exc}); {FIX}."
+            ) from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UserError(f'{index}: "weight_map" must map tensor names to shard file names; {FIX}.')
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not name or "/" in name or "\\" in name or name in (".", ".."):
+                raise UserError(f"{index}: names the shard {name!r}, not a file name in {folder}; {FIX}.")
+            if not (folder / name).exists():
+                raise UserError(f"{index}: names the shard {name}, which {folder} lacks; {FIX}.")
+        found = [folder / name for name in names]
     if not found:
         raise UserError(f"{folder}: no *.safetensors file (only the safetensors layout is read).")
+    for path in found:
+        bounded.regular(path, "safetensors shard")
     return found
 
 
-def _header(path: Path) -> tuple[dict[str, dict[str, object]], int]:
-    with path.open("rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise UserError(f"{path}: too short for a safetensors file.")
-        (size,) = struct.unpack("<Q", raw)
-        if size > HEADER_LIMIT:
-            raise UserError(f"{path}: a safetensors header of {size} bytes; not a safetensors file?")
-        try:
-            header = json.loads(fh.read(size))
-        except ValueError as exc:
-            raise UserError(f"{path}: the safetensors header is not JSON ({exc}).") from None
-    if not isinstance(header, dict):
-        raise UserError(f"{path}: the safetensors header is not an object.")
-    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}, 8 + size
+def _header(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """The tensors of a safetensors file (name -> dtype, shape, data_offsets) and where their data
+    starts, once the safetensors library has checked the file: its header, every tensor's offsets
+    against its shape and dtype, and the file's length."""
+    from safetensors import SafetensorError, safe_open
+
+    bounded.regular(path, "safetensors shard")  # never mapped or opened when a FIFO or a device
+    try:
+        with safe_open(path, framework="numpy"):
+            pass
+    except SafetensorError as exc:
+        raise UserError(f"{path}: not a valid safetensors file ({_why(path, exc)}); {FIX}.") from None
+    except OSError as exc:
+        raise UserError(
+            f"{path}: cannot be read ({exc.strerror}); pass a readable safetensors shard."
+        ) from None
+    with bounded.open_regular(path, "safetensors shard") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))  # checked by the library: 8 bytes, at most its limit
+        header = json.loads(fh.read(min(size, HEADER_LIMIT)))
+    return {k: v for k, v in header.items() if k != "__metadata__"}, 8 + size
+
+
+def _why(path: Path, exc: Exception) -> str:
+    """The library's reason, with the first tensor whose offsets disagree with its shape and dtype
+    named when the header shows one."""
+    why = str(exc).removeprefix("Error while deserializing header: ")
+    try:
+        with bounded.open_regular(path, "safetensors shard") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(min(size, HEADER_LIMIT)))
+        widths = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+        for name, info in header.items():
+            if name == "__metadata__" or info.get("dtype") not in widths:
+                continue
+            start, end = info["data_offsets"]
+            want = math.prod(info["shape"]) * widths[info["dtype"]]
+            if end - start != want:
+                return f"{why}: tensor {name} has offsets {start}..{end} ({end - start} bytes), its shape {info['shape']} and dtype {info['dtype']} need {want}"
+    except Exception:  # the library's reason stands alone
+        pass
+    return why
 
 
 def _blocks(path: Path, start: int, count: int, dtype: str) -> Iterator[Any]:
@@ -76,14 +135,19 @@ def _blocks(path: Path, start: int, count: int, dtype: str) -> Iterator[Any]:
     import numpy as np
 
     width = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}[dtype]
-    with path.open("rb") as fh:
+    with bounded.open_regular(path, "safetensors shard") as fh:
         fh.seek(start)
         left = count
         while left:
             n = min(left, BLOCK)
-            raw = fh.read(n * width)
+            try:
+                raw = fh.read(n * width)
+            except OSError as exc:
+                raise UserError(
+                    f"{path}: cannot be read ({exc.strerror}); pass a readable safetensors shard."
+                ) from None
             if len(raw) != n * width:
-                raise UserError(f"{path}: cut short inside a tensor; the file is incomplete.")
+                raise UserError(f"{path}: cut short inside a tensor (changed while read?); {FIX}.")
             if dtype == "bfloat16":
                 bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
                 yield bits.view(np.float32).astype(np.float64)
@@ -111,26 +175,24 @@ def fingerprint(path: Path, start: int, count: int, dtype: str) -> Fingerprint:
     return Fingerprint(count, total, sumsq, low, high, nan, inf)
 
 
-def read_checkpoint(folder: Path) -> dict[str, Entry]:
-    """Every tensor of the checkpoint as a reference entry (stage `checkpoint`)."""
-    out: dict[str, Entry] = {}
+def read_checkpoint(folder: Path) -> Tensors:
+    """Every floating tensor of the checkpoint as a reference entry (stage `checkpoint`); those of a
+    dtype not fingerprinted here (8-bit floats, ...) in `.unread`."""
+    out = Tensors()
     for path in files(folder):
         header, base = _header(path)
         for name, info in header.items():
-            dtype = DTYPES.get(str(info.get("dtype")))
-            shape = info.get("shape")
-            offsets = info.get("data_offsets")
-            if (
-                dtype is None
-                or not isinstance(shape, list)
-                or not isinstance(offsets, list)
-                or len(offsets) != 2
-            ):
-                continue  # integer buffers and other kinds: no weight the sync carries
-            count = math.prod(int(x) for x in shape)
-            fp = fingerprint(path, base + int(offsets[0]), count, dtype)
+            code = str(info["dtype"])
+            dtype = DTYPES.get(code)
+            if dtype is None:
+                if code.startswith(UNREAD_FLOATS):
+                    out.unread[name] = f"dtype {code} in {path.name}: rl-msprobe does not fingerprint it"
+                continue  # integer buffers and booleans: no weight the sync carries
+            shape = [int(x) for x in info["shape"]]
+            start = base + int(info["data_offsets"][0])
+            fp = fingerprint(path, start, math.prod(shape), dtype)
             out[name] = Entry("checkpoint", 0, 0, path.name, name, len(out), dtype, fp, shape=tuple(shape))
-    if not out:
+    if not out and not out.unread:
         raise UserError(f"{folder}: no floating tensor in its safetensors files.")
     return out
 
@@ -170,7 +232,10 @@ def compare_checkpoint(run: Run, checkpoint: dict[str, Entry], sync: int | None 
         rows.append(row)
         if first is None and finding.status == "differs":
             first = row
-    for name in sorted(held - set(checkpoint) - set(aliases)):
+    unread = getattr(checkpoint, "unread", {})
+    for name in sorted(unread):
+        rows.append({"name": name, "status": "not-compared", "why": unread[name]})
+    for name in sorted(held - set(checkpoint) - set(unread) - set(aliases)):
         rows.append({"name": name, "status": "missing", "why": "held by the engine, not in the checkpoint"})
     statuses = [str(r["status"]) for r in rows]
     if "differs" in statuses:

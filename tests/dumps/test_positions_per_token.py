@@ -90,6 +90,33 @@ def test_other_token_ids_are_not_compared_naming_the_position(position_dumps: di
     assert r.status == "not compared" and r.ids_mismatch and "position 10" in r.ids_mismatch
 
 
+def test_a_record_shorter_than_the_response_is_not_said_to_differ(
+    position_dumps: dict[str, Path], tmp_path: Path
+) -> None:
+    """The training record's token ids end at position 10 (a record cut short): the ids there are
+    not recorded, which is no difference of token ids."""
+    shutil.copytree(position_dumps["record"], tmp_path / "record")
+    (path,) = sorted((tmp_path / "record" / "positions").glob("*/forward*.json"))
+    doc = json.loads(path.read_text())
+
+    def cut(value: object) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key == "per_token" and isinstance(inner, dict):
+                    value[key] = {k: v[:10] if isinstance(v, list) else v for k, v in inner.items()}
+                else:
+                    cut(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                cut(inner)
+
+    cut({k: v for k, v in doc["data"].items() if "embed_tokens" in k})
+    path.write_text(json.dumps(doc))
+    r = _compare(position_dumps["stats_clean"], tmp_path / "record")
+    assert r.status == "not compared" and "differ" not in r.verdict(), r.verdict()
+    assert "token ids are not recorded at position 10 on the training side" in r.verdict(), r.verdict()
+
+
 def _job(tmp: Path, rollout: Path, train: Path, rid: str = "request-0-1a2b3c4d") -> tuple[Path, Path]:
     """A job's two dump roots: the rollout steps under one pid with the dispatch log the vLLM dump
     helper writes (the vLLM suffix on the id), the training side's record."""

@@ -88,5 +88,7 @@ def test_a_later_sync_holds_other_weights_and_bad_input_is_named(tmp_path):
     bad = tmp_path / "bad" / "model.safetensors"
     bad.parent.mkdir()
     bad.write_bytes(struct.pack("<Q", 5) + b"{nope")
-    with pytest.raises(UserError, match="header is not JSON"):
+    with pytest.raises(
+        UserError, match="model.safetensors: not a valid safetensors file .invalid JSON in header"
+    ):
         read_checkpoint(bad.parent)
