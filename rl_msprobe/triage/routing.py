@@ -249,8 +249,11 @@ def _compare(root: Path, out: Routing, rollout: RolloutRows, train: TrainRows) -
             steps_seen.append(doc.get("step"))
     order = {s: i + 1 for i, s in enumerate(sorted(steps_seen, key=lambda s: (isinstance(s, str), s)))}
     for doc in lines:
-        prompt = [int(t) for t in doc.get("prompt_ids") or []]
-        response = [int(t) for t in doc["response_ids"]]
+        try:
+            prompt = [int(t) for t in doc.get("prompt_ids") or []]
+            response = [int(t) for t in doc["response_ids"]]
+        except (TypeError, ValueError):
+            continue  # a line the triage report counts as unreadable
         rid = doc.get("request_id")
         got_rollout = rollout.get(strip_request_id(str(rid))) if rid is not None else None
         calls = train.get(tuple(prompt + response))

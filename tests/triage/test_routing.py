@@ -181,3 +181,15 @@ def test_a_dense_run_has_no_routing_section(tmp_path) -> None:
     assert code == 0, err
     assert json.loads(out)["routing"] is None
     assert "MoE routing" not in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_triage_line_with_ids_that_are_not_numbers_is_left_out_of_routing(tmp_path) -> None:
+    folder = tmp_path / "triage"
+    lines = write_log(folder, steps=1, per_step=3, jump_at=None)
+    write_routing(folder, lines)
+    log = folder / "123" / "triage.jsonl"
+    docs = [json.loads(x) for x in log.read_text().splitlines()]
+    docs[0]["response_ids"] = ["x"] * len(docs[0]["response_ids"])
+    log.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    routing = read_routing(folder)
+    assert routing is not None and routing.requests == 2
