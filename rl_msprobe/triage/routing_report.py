@@ -44,7 +44,7 @@ def verdict(routing: Routing) -> str | None:
         f"{_pct(ls.share() if ls else float('nan'))} of its tokens flipped "
         f"({ls.differ - ls.differ_near_tie if ls else 0} beyond near-ties), "
         f"{_pct(worst.share())} of tokens routed differently in some layer, at response positions "
-        f"{_positions(worst)}; {fix}; a consistency dump of layer {layer}'s gate input finds why it differs."
+        f"{_positions(worst)}; {fix}; a consistency dump of layer {layer}'s gate (its input and its router logits) shows where it differs."
     )
 
 
