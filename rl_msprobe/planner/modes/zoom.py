@@ -58,11 +58,37 @@ class ZoomTarget:
         return head or None
 
 
+def _from_requests(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """`dumps positions --json` (rl-msprobe.dumps-positions/1): each divergent request's
+    `positions.first` (start, phase, module, layer) with the request's id and prompt length; a
+    divergence in the prompt first (what the zoom can dump), else the first divergent request."""
+    found = []
+    for item in doc.get("requests") or ():
+        positions = item.get("positions") if isinstance(item, dict) else None
+        first = positions.get("first") if isinstance(positions, dict) else None
+        if not isinstance(first, dict) or not first.get("module") or item.get("request_id") in (None, ""):
+            continue
+        found.append(
+            {
+                "request_id": item["request_id"],
+                "module": first["module"],
+                "layer": first.get("layer"),
+                "position": first.get("start"),
+                "phase": first.get("phase"),
+                "prompt_len": positions.get("prompt"),
+            }
+        )
+    return next((f for f in found if f["phase"] == "prefill"), found[0] if found else None)
+
+
 def _first(doc: Any) -> dict[str, Any] | None:
-    """The first divergence in a `dumps positions --json` document, read defensively (the report's
-    shape may name it first_divergence, first, or list divergences / findings / pairs)."""
+    """The first divergence in a `dumps positions --json` document (`_from_requests`), else read
+    defensively (a shape that names it first_divergence, first, or lists divergences / findings)."""
     if not isinstance(doc, dict):
         return None
+    from_requests = _from_requests(doc)
+    if from_requests is not None:
+        return from_requests
     for key in ("first_divergence", "first", "divergence"):
         value = doc.get(key)
         if isinstance(value, dict):

@@ -109,3 +109,57 @@ def test_prepare_takes_the_zoom_flags(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     actor = json.loads(Path(doc["configs"]["actor"]).read_text())
     assert actor["statistics"]["request_id"] == "req-b" and actor["level"] == "mix", res.output
+
+
+def test_the_report_dumps_positions_writes_is_read(tmp_path: Path) -> None:
+    """`dumps positions --json` on real records (the shared writer on a tiny model, two planted faults):
+    the prompt's divergence is the zoom's target (the zoom dumps prompt forwards); a report whose only
+    divergence is in the response is refused with the reason."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from tests.dumps import record_models as rm
+
+    lengths = {"A": (6, 4), "B": (4, 6)}
+
+    def report(name: str, *plants: rm.Plant) -> Path:
+        root = rm.write_job(
+            tmp_path / name,
+            rm.tokens_of(lengths),
+            {},
+            rm.batched_schedule(lengths, chunk=2),
+            [["A", "B"]],
+            plants=plants,
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rl_msprobe",
+                "dumps",
+                "positions",
+                str(root),
+                "--out",
+                str(tmp_path / f"{name}-o"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        path = tmp_path / f"{name}.json"
+        path.write_text(out.stdout)
+        return path
+
+    both = report(
+        "both",
+        rm.Plant("rollout", "model.layers.0.self_attn.o_proj", "A", 7),  # A's response
+        rm.Plant("rollout", "model.layers.1.mlp.down_proj", "B", 2),  # B's prompt
+    )
+    target = zoom_target(str(both), None, None, None, None)
+    assert target == ZoomTarget("B", 1, "model.layers.1.mlp.down_proj", 2, "prefill", 4)
+    assert target.block == "mlp"
+    decode = report("decode", rm.Plant("rollout", "model.layers.0.self_attn.o_proj", "A", 7))
+    with pytest.raises(UserError, match="is a response \\(decode\\) position"):
+        zoom_target(str(decode), None, None, None, None)
