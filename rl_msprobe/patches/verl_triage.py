@@ -12,6 +12,11 @@ from rl_msprobe.codemods.verl_triage import (
     VerlTriageSyncTrainer,
     VerlTriageV1Trainer,
 )
+from rl_msprobe.codemods.verl_triage_topk import (
+    VerlTriageFsdpEngine,
+    VerlTriageOldLogProb,
+    VerlTriageVllmServer,
+)
 from rl_msprobe.patches.patch_set import Capability, NewFile, PatchSet, Piece, runs_in, where_present
 from rl_msprobe.patches.verl_entry_points import FULLY_ASYNC, MAIN_PPO, MAIN_PPO_SYNC, ONE_STEP_OFF
 from rl_msprobe.upstream.projects import project
@@ -45,6 +50,12 @@ VERL_TRIAGE = PatchSet(
         ),
         where_present(VerlTriageSyncTrainer(), "this tree has no main_ppo_sync trainer", (MAIN_PPO_SYNC,)),
         where_present(VerlTriageV1Trainer(), "this tree has no v1 trainer", (MAIN_PPO,)),
+        # the distribution per position (RL_MSPROBE_TRIAGE_TOPK=k): rollout top-k, trainer log-softmax
+        where_present(VerlTriageVllmServer(), "this tree has no vLLM server rollout", (MAIN_PPO,)),
+        where_present(
+            VerlTriageOldLogProb(), "this tree's trainer has no _compute_old_log_prob", (MAIN_PPO,)
+        ),
+        where_present(VerlTriageFsdpEngine(), "this tree has no FSDP engine", (MAIN_PPO,)),
     ),
     capabilities=(TRIAGE_LINES,),
     min_version="0.7.0",
@@ -56,6 +67,11 @@ VERL_TRIAGE = PatchSet(
         "Active only with RL_MSPROBE_TRIAGE=<absolute folder> in the trainer's environment and "
         "actor_rollout_ref.rollout.calculate_log_probs=True (rl-msprobe prepare --mode triage sets both); then "
         "read the folder with `rl-msprobe mismatch report`.",
+        "With RL_MSPROBE_TRIAGE_TOPK=k (prepare --mode triage sets 20; --top-k changes it) each line also carries "
+        "the distribution at every response position: the vLLM server's top-k ids and log-probs, and the FSDP "
+        "engine's log-softmax at the same positions (its top k, the rollout's ids, logsumexp, entropy), computed "
+        "from the logits of the old-log-prob recompute (no second forward). Covered: RayPPOTrainer with the vLLM "
+        "server and the FSDP engine; elsewhere the lines carry the sampled token only.",
         "Request ids in the lines come from verl-request-id (with RL_MSPROBE_REQUEST_ID=1): prepare --mode triage "
         "lists both sets; without it the lines carry verl's uid only.",
     ),

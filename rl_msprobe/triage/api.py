@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rl_msprobe.triage.distribution_report import DistributionResult
     from rl_msprobe.triage.propose import Growth, Proposal
     from rl_msprobe.triage.stream import Triage
 
@@ -36,6 +37,7 @@ class MismatchReport:
     proposal: Proposal | None
     paths: dict[str, str]
     notes: tuple[str, ...]
+    distribution: DistributionResult | None = None  # the distribution per position and the causes
     routing: Any = None  # triage/routing.py's Routing, when the folder has MoE routing records
 
     @property
@@ -51,7 +53,7 @@ class MismatchReport:
     def to_json(self) -> dict[str, Any]:
         from rl_msprobe.triage.report import summary_json
 
-        doc = summary_json(self.triage, self.growth, self.proposal, self.paths)
+        doc = summary_json(self.triage, self.growth, self.proposal, self.paths, self.distribution)
         doc["routing"] = self.routing.to_json() if self.routing is not None else None
         return {"schema": SCHEMA, **doc, "notes": list(self.notes)}
 
@@ -69,6 +71,19 @@ class MismatchReport:
                 )
         if t.error_count or t.bad_count:
             out.append(f"{t.error_count} error line(s), {t.bad_count} unreadable line(s): see the report")
+        dist = self.distribution
+        if dist is not None and dist.present:
+            for sd in dist.step_list():
+                out.append(
+                    f"  step {sd.step}: KL(rollout ‖ train) ≥ {fmt(sd.sums.mean('kl_low'))}  top-1 agree "
+                    f"{fmt(sd.sums.mean('top1'))}  top-k overlap {fmt(sd.sums.mean('overlap'))}  "
+                    f"verdict: {', '.join(c.name for c in sd.causes) or 'no gap'}"
+                )
+        for cause in dist.semantic if dist is not None else []:
+            out.append(f"cause: {cause.name}: {'; '.join(cause.evidence)}")
+            out += [f"  fix: {f}" for f in cause.fix]
+        if dist is not None and dist.semantic:
+            out.append("next: fix the semantic cause(s) above; if a gap stays, then a consistency dump:")
         if self.routing is not None:
             from rl_msprobe.triage.routing_report import verdict
 
@@ -98,15 +113,16 @@ def mismatch_report(
     """
     from rl_msprobe.dumps.compare import recorded_python
     from rl_msprobe.report_folder import ReportFolder
+    from rl_msprobe.triage.distribution_report import read_distribution, script_settings
     from rl_msprobe.triage.propose import choose, growth, write_proposal
     from rl_msprobe.triage.report import write_report
+    from rl_msprobe.triage.routing import read_routing
+    from rl_msprobe.triage.routing_report import verdict
     from rl_msprobe.triage.stream import read_triage
 
     out = (out or (folder if folder.is_dir() else folder.parent) / "report").resolve()
-    from rl_msprobe.triage.routing import read_routing
-    from rl_msprobe.triage.routing_report import verdict
-
     result = read_triage(folder, keep=keep)
+    dist = read_distribution(folder, script_settings(script.resolve() if script else None))
     routing = read_routing(folder)
     g = growth(result)
     proposal = choose(result, result.step_worst)
@@ -117,5 +133,5 @@ def mismatch_report(
             cause = verdict(routing) if routing is not None else None
             if cause:  # a routing cause: the layer and replay first, the dump after
                 proposal.notes.insert(0, cause)
-        paths, notes = write_report(result, g, proposal, report_folder, routing)
-    return MismatchReport(result, g, proposal, paths, tuple(notes), routing)
+        paths, notes = write_report(result, g, proposal, report_folder, dist, routing)
+    return MismatchReport(result, g, proposal, paths, tuple(notes), dist, routing)

@@ -18,6 +18,7 @@ from typing import Any
 from rl_msprobe.report_folder import ReportFolder
 from rl_msprobe.reporting.html import CSS, html_table
 from rl_msprobe.reporting.plot import pyplot
+from rl_msprobe.triage.distribution_report import DistributionResult
 from rl_msprobe.triage.propose import Growth, Proposal
 from rl_msprobe.triage.stream import QUANTITIES, Gap, Triage
 
@@ -132,7 +133,11 @@ def worst_rows(result: Triage) -> list[list[str]]:
 
 
 def sections(
-    result: Triage, g: Growth | None, proposal: Proposal | None, images: dict[str, str]
+    result: Triage,
+    g: Growth | None,
+    proposal: Proposal | None,
+    images: dict[str, str],
+    extra: list[Section] | None = None,
 ) -> list[Section]:
     out = [
         Section(
@@ -212,6 +217,7 @@ def sections(
             ),
         )
     )
+    out += extra or []  # the distribution and semantic causes (distribution_report.py)
     if proposal is not None:
         text = [f"Dump step {proposal.step}: {proposal.why}."]
         if proposal.request is not None:
@@ -313,7 +319,11 @@ def _png(fig: Any, plt: Any) -> bytes:
 
 
 def summary_json(
-    result: Triage, g: Growth | None, proposal: Proposal | None, paths: dict[str, str]
+    result: Triage,
+    g: Growth | None,
+    proposal: Proposal | None,
+    paths: dict[str, str],
+    distribution: DistributionResult | None = None,
 ) -> dict[str, Any]:
     return {
         "files": result.files,
@@ -334,21 +344,37 @@ def summary_json(
         ],
         "worst": [w.to_json() for w in result.worst],
         "proposal": proposal.to_json() if proposal else None,
+        "distribution": distribution.to_json() if distribution is not None and distribution.present else None,
+        "causes": distribution.to_json()["causes"] if distribution is not None else [],
         "report": paths,
     }
 
 
 def write_report(
-    result: Triage, g: Growth | None, proposal: Proposal | None, out: ReportFolder, routing: Any = None
+    result: Triage,
+    g: Growth | None,
+    proposal: Proposal | None,
+    out: ReportFolder,
+    distribution: DistributionResult | None = None,
+    routing: Any = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Write everything into out (staged: in place when the command's folder commits); returns
     (name -> path, notes). ROUTING: the MoE routing comparison (triage/routing.py), if any."""
     names, pngs, why_not = plots(result)
-    parts = sections(result, g, proposal, names)
-    if routing is not None:  # the MoE routing sections (triage/routing_report.py), before the proposal
+    extra: list[Section] = []
+    if distribution is not None and distribution.present:
+        from rl_msprobe.triage import distribution_report
+
+        more = distribution_report.plot(distribution, pyplot()[0])
+        pngs.update(more)
+        names.update({name.removesuffix(".png"): name for name in more})
+        verl_dp = {s.step: s.gaps["dp"].mean() for s in result.step_list() if "dp" in s.gaps}
+        extra = distribution_report.sections(distribution, verl_dp, names)
+    if routing is not None:  # the MoE routing sections (triage/routing_report.py)
         from rl_msprobe.triage import routing_report
 
-        parts[len(parts) - (proposal is not None) : 0] = routing_report.parts(routing, pngs)
+        extra = [*extra, *routing_report.parts(routing, pngs)]
+    parts = sections(result, g, proposal, names, extra)
     paths = {
         "md": str(out.path / "report.md"),
         "html": str(out.path / "report.html"),
@@ -358,7 +384,7 @@ def write_report(
         paths[name] = str(out.write(name, data))
     out.write("report.md", render_markdown(parts))
     out.write("report.html", render_html(parts, pngs))
-    doc = summary_json(result, g, proposal, paths)
+    doc = summary_json(result, g, proposal, paths, distribution)
     doc["routing"] = routing.to_json() if routing is not None else None
     out.write("summary.json", json.dumps(doc, indent=2, default=str))
     return paths, [why_not] if why_not else []

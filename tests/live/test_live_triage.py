@@ -15,6 +15,15 @@ planted from the first weight sync (a rollout bug is there from step 1; the repr
 from the script's model), `dumps check`, `dumps compare --python`: DIVERGENT, first at layer 1,
 then `patch revert` and the venv's site-packages byte-identical.
 
+Issue 46, the distribution per position (prepare's default top 20): on job 1, steps 1-2 (clean)
+KL about 0 and the same top-1 token at every position, steps 3-4 numerics; and job 3 (semantic, 4
+steps, full tier) plants one scenario per step on the rollout (tests/live/live_perturb.py): 2 the
+final norm x1.01 (KL up at every position, numerics), 3 the sampler at temperature 0.8 (named
+temperature with T_rollout / T_train 0.80), 4 top-p 0.9 with verl's processed log-probs (named
+renormalisation). Measured 2026-12-07 23:20-23:26 UTC (load from other sessions): job 3 372 s;
+its report: KL >= 1.1e-7 / 1.6e-6 / 1.0e-3 / 4.2e-4 per step, top-1 agreement 1.0 at every
+position of every step, slope 1.2498 (T ratio 0.800), kept mass 0.901.
+
 Measured (2 cores shared with other sessions, 2026-12-01, two runs): the triage fixture
 230-276 s (user venv ~15 s, the 4-step job, the report < 5 s); the reproduction fixture 191 s
 (its 1-step job 165-191 s; prepare, patch apply / revert, check and compare ~25 s); the whole
@@ -150,6 +159,95 @@ def test_planted_rollout_perturbation_makes_the_gap_jump_at_its_step(triage_run)
     assert proposal["commands"][0].startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user", row  # the dataset row came through, ready for verl's loader
+
+
+def test_clean_steps_agree_at_every_position_and_the_planted_ones_are_numeric(triage_run):
+    """Issue 46: the distribution per position on the same job (top 20 by default). Steps 1-2 are
+    clean: KL about 0 and the same most likely token at every position; from step 3 the layer-1
+    norm x4 of the rollout moves KL up and is numerics, not a semantic cause."""
+    dist = triage_run.report["distribution"]
+    assert dist and dist["k"] == 20, triage_run.report.get("distribution")
+    steps = {s["step"]: s for s in dist["steps"]}
+    for step in range(1, PLANT_STEP):
+        s = steps[step]
+        assert s["tokens"] > 0 and s["max_kl_low"] < CLEAN_KL, s
+        assert all(v == 1.0 for v in s["top1_by_position"] if v is not None), s["top1_by_position"]
+    clean = max(steps[step]["max_kl_low"] for step in range(1, PLANT_STEP))
+    for step in range(PLANT_STEP, STEPS + 1):
+        s = steps[step]
+        assert s["causes"] == ["numerics"], s
+        assert s["mean_kl_low"] > 10 * max(clean, 1e-9), (s, clean)
+    assert not [c for c in triage_run.report["causes"] if c["semantic"]], triage_run.report["causes"]
+
+
+# the semantic scenarios of issue 46, one per step of one job (each sync loads the trainer's weights
+# again, so a step's plant does not reach the next): step 1 clean, 2 the rollout's final norm x1.01,
+# 3 the rollout sampling at temperature 0.8 (training at verl's 1.0), 4 top-p 0.9 with verl's
+# default processed log-probs
+SEMANTIC_PLAN = {"2": {"final_norm": 1.01}, "3": {"temperature": 0.8}, "4": {"top_p": 0.9}}
+CLEAN_KL = 1e-3  # the clean steps' largest per-token KL bound (bf16 training log-probs here)
+
+
+@pytest.fixture(scope="module")
+def semantic_run(tmp_path_factory, user_python):
+    root = tmp_path_factory.mktemp("live_semantic")
+    job = live_job.prepare_job(root / "job", steps=STEPS)
+    tree = patched_release(
+        "verl", "0.9.1", root / "verl-0.9.1", ["verl-triage", "verl-request-id"], with_git=False
+    )
+    code, out, err = run_cli(
+        "prepare",
+        str(job.script),
+        "--mode",
+        "triage",
+        "--out",
+        str(root / "prepared"),
+        "--tree",
+        str(tree),
+        "--json",
+    )
+    assert code == 0, err + out
+    plan = json.loads(out)
+    hooks = root / "hooks"
+    hooks.mkdir()
+    shutil.copyfile(Path(__file__).with_name("live_perturb.py"), hooks / "live_perturb.py")
+    plant_log = root / "plant.log"
+    result = live_job.run(
+        job,
+        Path(plan["script"]),
+        timeout_s=1500,
+        pythonpath=(tree, hooks),
+        worker_modules=("live_perturb",),
+        RL_MSPROBE_TEST_SEMANTIC_PLAN=json.dumps(SEMANTIC_PLAN),
+        RL_MSPROBE_TEST_PLANT_LOG=str(plant_log),
+    )
+    assert result.returncode == 0, result.tail()
+    folder = Path(plan["script"]).parent / "msprobe_tiny_grpo" / "dump" / "triage"
+    code, out, err = run_cli("mismatch", "report", str(folder), "--script", str(job.script), "--json")
+    assert code in (0, 1), err + out
+    print(f"live semantic: job {result.wall_s:.0f} s")
+    return json.loads(out), plant_log.read_text() if plant_log.exists() else ""
+
+
+def test_each_semantic_scenario_is_named_on_its_step(semantic_run):
+    report, plant_log = semantic_run
+    assert "semantic" in plant_log, plant_log
+    steps = {s["step"]: s for s in report["distribution"]["steps"]}
+    clean = steps[1]
+    assert clean["max_kl_low"] < CLEAN_KL and clean["min_position_top1"] == 1.0, clean
+    # a 1% final norm scales the logits by 1.01: KL up at every position, and numerics (|slope - 1| < 0.03)
+    norm = steps[2]
+    assert norm["causes"] == ["numerics"], norm
+    floor = max(v for v in clean["kl_low_by_position"] if v is not None)
+    assert all(v > floor for v in norm["kl_low_by_position"] if v is not None), (norm, floor)
+    assert steps[3]["causes"][:1] == ["temperature"], steps[3]
+    assert steps[4]["causes"][:1] == ["renormalisation"], steps[4]
+    causes = {c["cause"]: c for c in report["causes"]}
+    assert causes["temperature"]["steps"] == [3], causes
+    assert causes["temperature"]["numbers"]["t_rollout_over_t_train"] == pytest.approx(0.8, rel=0.03)
+    assert causes["renormalisation"]["steps"] == [4], causes
+    assert 0.8 < causes["renormalisation"]["numbers"]["kept_mass"] < 1.0, causes["renormalisation"]
+    assert "numerics" not in causes  # a semantic cause, not numerics, leads the report
 
 
 @dataclass

@@ -19,6 +19,17 @@ SEPARATE = "verl/experimental/separation/ray_trainer.py"
 SYNC = "verl/trainer/main_ppo_sync.py"
 V1 = "verl/trainer/ppo/v1/trainer_base.py"
 HELPER = "verl/utils/rl_msprobe_triage.py"
+SERVER = "verl/workers/rollout/vllm_rollout/vllm_async_server.py"
+ENGINE = "verl/workers/engine/fsdp/transformer_impl.py"
+# version -> the distribution's files (top k, RL_MSPROBE_TRIAGE_TOPK) and the lines each gets: the server's
+# two sites (0.8.0 on), the engine's two logprobs_from_logits sites, and ray_trainer's
+# _compute_old_log_prob (two calls of it in 0.7.x) on top of its triage line
+TOPK = {
+    "0.7.0": {ENGINE: 4, RAY: 8},
+    "0.7.1": {ENGINE: 4, RAY: 8},
+    "0.8.0": {ENGINE: 4, SERVER: 4, RAY: 4},
+    "0.9.1": {ENGINE: 4, SERVER: 4, RAY: 4},
+}
 
 # version -> the trainer files the release ships (each gets its line)
 EXPECTED = {
@@ -37,9 +48,12 @@ def test_triage_full_cycle_and_files(tmp_path, version):
     assert code == 1, err
     doc = json.loads(out)
     touched = {f["path"]: f for f in doc["summary"]["files"]}
-    assert set(touched) == {HELPER} | trainers
-    for path in trainers:
-        assert touched[path]["added"] == 2 and touched[path]["removed"] == 0  # the import and the call
+    topk = TOPK[version]
+    assert set(touched) == {HELPER} | trainers | set(topk)
+    for path in trainers | set(topk):
+        # the import and the call per site
+        assert touched[path]["added"] == 2 * (path in trainers) + topk.get(path, 0), (path, touched[path])
+        assert touched[path]["removed"] == 0
     status = full_cycle(tree, ["verl-triage"])
     (entry,) = status["sets"]
     for f in entry["files"]:

@@ -173,6 +173,7 @@ class Options:
     python: str | None = None  # prepare --python: the interpreter that runs verl
     prefill_only: bool = False  # consistency: no per-token record of the response (DUMP_POSITIONS)
     max_dump_gib: float | None = None  # consistency: the most one training step may dump (estimate)
+    model_config: str | None = None  # --model-config: the model's config.json (or its folder)
     # consistency at the job's own scale (docs/consistency.md); batch_one: the original skill's plan
     batch_one: bool = False
     requests: int | None = None  # requests recorded per dumped step (None: the default, 16, fitted)
@@ -181,6 +182,7 @@ class Options:
     modules: str | None = None  # only modules whose name this regex finds
     from_checkpoint: bool = False  # keep the script's resume settings (trainer.resume_mode)
     prefill_compare: bool = False  # also msprobe's prefill compare (PROMPTS_ONLY), every request
+    top_k: int = 20  # triage: the rollout's top-k per response position (0: the sampled token only)
     zoom: Any = None  # consistency: a modes.zoom.ZoomTarget (prepare --zoom ...)
 
 

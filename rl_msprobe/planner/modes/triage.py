@@ -77,6 +77,16 @@ def requirements(ctx: Context) -> Requirements:
             "the rollout keeps each request's id, so triage lines name the ids a consistency dump uses",
         )
     )
+    if ctx.options.top_k:
+        req.env.append(
+            EnvVar(
+                "triage.env.RL_MSPROBE_TRIAGE_TOPK",
+                "RL_MSPROBE_TRIAGE_TOPK",
+                str(ctx.options.top_k),
+                "the rollout returns its top-k log-probs per response position and the trainer compares them with "
+                "its own distribution at the same positions (prepare --top-k; 0: the sampled token only)",
+            )
+        )
     req.patch_sets += ["verl-triage", "verl-request-id", "verl-routing"]  # routing: MoE models only
     report = f"rl-msprobe mismatch report {shlex.quote(folder)} --script {shlex.quote(ctx.script.path)}"
     if ctx.options.python:  # the proposed consistency command then names it too

@@ -20,7 +20,9 @@ where such a divergence was found; the zoom covers positions of the prompt.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,9 @@ def _from_requests(doc: dict[str, Any]) -> dict[str, Any] | None:
     found = []
     for item in doc.get("requests") or ():
         positions = item.get("positions") if isinstance(item, dict) else None
-        first = positions.get("first") if isinstance(positions, dict) else None
+        if not isinstance(positions, dict):
+            continue
+        first = positions.get("first")
         if not isinstance(first, dict) or not first.get("module") or item.get("request_id") in (None, ""):
             continue
         found.append(
@@ -269,10 +273,13 @@ def apply_zoom(ctx: Context, req: Requirements, target: ZoomTarget) -> None:
     req.configs[:] = [_zoomed(spec, target, lists) for spec in req.configs]
     apply(ctx, req, [PHASES, PROMPTS])
     where = f"{target.block} of layer {target.layer}" if target.block else f"layer {target.layer}"
+    # the folder holding actor/ and generate/: a command that pastes as printed (no <placeholder>)
+    parents = {os.path.dirname(spec.dump_path.rstrip("/")) for spec in req.configs if spec.dump_path}
+    folder = parents.pop() if len(parents) == 1 else ctx.dump_dir
     req.notes.append(
         f"Zoom: msprobe mix dumps of {where} only, request {target.request_id} only (msprobe's request_id "
-        "slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom <the dump folder: "
-        "actor/ and generate/>` runs msprobe's compare of the two and names the API call where it starts."
+        f"slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom {shlex.quote(folder)}` "
+        "(actor/ and generate/ below it) runs msprobe's compare of the two and names the API call where it starts."
     )
     req.notes.append(
         f"Zoom: request {target.request_id} must carry the same id in this run: the verl-consistency set sends "

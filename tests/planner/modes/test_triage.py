@@ -32,6 +32,9 @@ def test_prepare_triage_sets_log_probs_env_and_the_patch_set(tmp_path):
     assert f"export RL_MSPROBE_TRIAGE={folder}" in derived and "export RL_MSPROBE_REQUEST_ID=1" in derived
     assert f"++ray_kwargs.ray_init.runtime_env.env_vars.RL_MSPROBE_TRIAGE={folder}" in derived
     assert "data.train_batch_size=1024" in derived  # no batch constraint
+    # the distribution per position: the rollout's top 20, where the trainer and the rollout workers see it
+    assert "export RL_MSPROBE_TRIAGE_TOPK=20" in derived
+    assert "'++ray_kwargs.ray_init.runtime_env.env_vars.RL_MSPROBE_TRIAGE_TOPK=\"20\"'" in derived
     # the report command to run next carries the script and the interpreter, for its own next command
     assert any(f"mismatch report {folder} --script {script} --python python3" in n for n in plan["notes"])
     code, _, _ = run_cli("check", str(tmp_path / "run_triage_grpo.sh"), "--mode", "triage")
@@ -50,3 +53,19 @@ def test_bypass_mode_would_hide_the_gap(tmp_path):
     }
     code, out, _ = run_cli("prepare", str(script), "--mode", "triage", "--json")
     assert code == 0 and "bypass_mode=False" in (tmp_path / "run_triage_bypass.sh").read_text()
+
+
+def test_top_k_is_a_flag_and_zero_turns_it_off(tmp_path):
+    script = tmp_path / "run_grpo.sh"
+    script.write_text(SCRIPT)
+    for k, expected in (("5", "export RL_MSPROBE_TRIAGE_TOPK=5"), ("0", None)):
+        out_dir = tmp_path / f"k{k}"
+        code, out, err = run_cli(
+            "prepare", str(script), "--mode", "triage", "--top-k", k, "--out", str(out_dir)
+        )
+        assert code == 0, err + out
+        derived = next(out_dir.glob("run_triage_*.sh")).read_text()
+        if expected:
+            assert expected in derived
+        else:
+            assert "RL_MSPROBE_TRIAGE_TOPK" not in derived

@@ -4,6 +4,8 @@ request_id slice), the prompt's forward; decode positions and engines without th
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,12 @@ def test_the_plan_sets_request_id_list_and_the_prompt_only(tmp_path: Path) -> No
     assert "layers.3._fsdp_wrapped_module.mlp." in stats["actor"]["list"]
     assert all(doc["level"] == "mix" for _, doc in p.configs.values())
     assert "MSPROBE_ROLLOUT_PHASES=prefill" in p.derived_text and "PROMPTS_ONLY=1" in p.derived_text
-    assert any(n.startswith("Zoom: msprobe mix dumps of mlp of layer 3") for n in p.notes)
+    (note,) = [n for n in p.notes if n.startswith("Zoom: msprobe mix dumps of mlp of layer 3")]
+    # the command it prints pastes as is: the folder holding both dumps, no <placeholder> (issue 45)
+    command = note.split("`")[1]
+    folders = {os.path.dirname(doc["dump_path"]) for _, doc in p.configs.values()}
+    assert "<" not in command and command == f"rl-msprobe dumps zoom {shlex.quote(folders.pop())}", note
+    assert {os.path.basename(doc["dump_path"]) for _, doc in p.configs.values()} == {"actor", "generate"}
 
 
 def test_sglang_and_level_l0_are_refused(tmp_path: Path) -> None:
