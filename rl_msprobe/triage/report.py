@@ -292,7 +292,7 @@ def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]
             ax.set_xlabel("step")
             ax.set_title(f"{LABEL[q]} per step")
             ax.legend()
-        pngs["gap_per_step.png"] = _png(fig, plt)
+        pngs["gap_per_step.png"] = png_bytes(fig, plt)
         names["steps"] = "gap_per_step.png"
     sums, counts = result.by_position["dlogp"]
     if len(counts):
@@ -305,12 +305,12 @@ def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]
         ax.set_xlabel("response position")
         ax.set_ylabel("mean |Δ log p|")
         ax.set_yscale("log")
-        pngs["gap_by_position.png"] = _png(fig, plt)
+        pngs["gap_by_position.png"] = png_bytes(fig, plt)
         names["positions"] = "gap_by_position.png"
     return names, pngs, None
 
 
-def _png(fig: Any, plt: Any) -> bytes:
+def png_bytes(fig: Any, plt: Any) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
