@@ -287,7 +287,7 @@ def test_megatron_records_get_the_layout_their_helper_follows(tmp_path: Path) ->
             "    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=$TP",
             "    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=$TP\n"
             "    actor_rollout_ref.actor.megatron.context_parallel_size=2\n"
-            "    actor_rollout_ref.actor.use_remove_padding=False",
+            "    actor_rollout_ref.actor.megatron.use_remove_padding=False",
         )
     )
 

@@ -169,11 +169,13 @@ MEGATRON_RECORDS = (
     ),
     Rule(
         "consistency.records.megatron_remove_padding",
-        A + "use_remove_padding",
+        A
+        + "megatron.use_remove_padding",  # the Megatron engine's config (actor.use_remove_padding is FSDP's)
         True,
         "the Megatron engine's records follow its packed (THD) micro-batches, not the padded (bshd) layout",
         when=lambda ctx: (
-            ctx.backend == "megatron" and str(ctx.value(A + "use_remove_padding")[0]).lower() == "false"
+            ctx.backend == "megatron"
+            and str(ctx.value(A + "megatron.use_remove_padding")[0]).lower() == "false"
         ),
     ),
 )
