@@ -220,7 +220,7 @@ def megatron(monkeypatch):
         ({"tp": 2}, {}, True, "actor.megatron.sequence_parallel=False"),
         ({"cp": 2}, {}, False, "actor.megatron.context_parallel_size=1"),
         ({}, {"dynamic_context_parallel": True}, False, "actor.megatron.context_parallel_size=1"),
-        ({}, {"use_remove_padding": False}, False, "actor.use_remove_padding=True"),
+        ({}, {"use_remove_padding": False}, False, "actor.megatron.use_remove_padding=True"),
     ],
 )
 def test_megatron_layouts_not_followed_are_refused_before_the_first_micro_batch(

@@ -755,7 +755,10 @@ def _megatron_check(engine) -> None:
             "actor.megatron.sequence_parallel=False",
         )
     elif not getattr(config, "use_remove_padding", True):
-        why = ("the padded (bshd) layout (use_remove_padding=False)", "actor.use_remove_padding=True")
+        why = (
+            "the padded (bshd) layout (use_remove_padding=False)",
+            "actor.megatron.use_remove_padding=True",
+        )
     if why is not None:
         raise rec.RlMsprobeRecordError(
             f"RL_MSPROBE_RECORD_DIR on the Megatron engine: {why[0]}, which the training records do not "
