@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_msprobe import bounded
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript
 
@@ -74,7 +75,8 @@ def _main_file(entry: str, script_dir: Path, verl_root: Path | None) -> Path | N
 
 
 def _hydra_main(path: Path) -> tuple[str | None, str | None]:
-    match = _HYDRA_MAIN_RE.search(path.read_text(encoding="utf-8", errors="replace"))
+    text = bounded.read_bytes(path, "verl's entry point", bounded.SOURCE).decode("utf-8", errors="replace")
+    match = _HYDRA_MAIN_RE.search(text)
     if not match:
         return None, None
     found = {k: a or b for k, a, b in _KWARG_RE.findall(match.group(1))}
@@ -95,7 +97,7 @@ def _yaml_doc(path: str, mtime_ns: int, size: int) -> Any:
     """A YAML file read once per version of it (a plan locates its config several times)."""
     import yaml
 
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return yaml.safe_load(bounded.read_text(path, "a Hydra config", bounded.CONFIG))
 
 
 def _searchpath(config_file: Path, verl_root: Path | None, script_dir: Path) -> list[str]:

@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rl_msprobe import bounded
 from rl_msprobe.dumps.position_size import RecordModel
+from rl_msprobe.errors import UserError
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -130,10 +132,11 @@ def read(
     if path is None:
         return ModelConfig(None, where)
     try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except (OSError, ValueError) as error:
+        doc = json.loads(bounded.read_text(path, "the model's config.json", bounded.CONFIG))
+    except (OSError, ValueError, RecursionError) as error:
         return ModelConfig(None, f"{path} is not readable JSON ({error.__class__.__name__})")
+    except UserError as error:  # a FIFO, a device, a folder or a file past the bound: said, not read
+        return ModelConfig(None, str(error))
     return parse(doc, where)
 
 

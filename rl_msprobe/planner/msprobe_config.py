@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_msprobe import bounded
+from rl_msprobe.errors import UserError
+
 LEVELS = ("mix", "L0", "L1")
 ALL_LEVELS = ("L0", "L1", "L2", "mix", "debug")
 TASKS = ("statistics", "tensor", "structure")
@@ -251,10 +254,10 @@ def _risk_level_problems(doc: dict[str, Any], level: object) -> list[Problem]:
 def load(path: str | Path) -> tuple[object, str | None]:
     """Read a config file: (document, None) or (None, why it cannot be read)."""
     try:
-        return json.loads(Path(path).read_text()), None
+        return json.loads(bounded.read_text(path, "an msprobe config", bounded.CONFIG)), None
     except FileNotFoundError:
         return None, f"{path} does not exist (yet)"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError, UserError) as exc:
         return None, f"{path} is not readable JSON: {exc}"
 
 

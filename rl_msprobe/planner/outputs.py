@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_msprobe import publishing
+from rl_msprobe import bounded, publishing
 from rl_msprobe.engine import journal
 from rl_msprobe.errors import UserError
 
@@ -29,8 +29,10 @@ class Output:
 
 def _load_record(path: Path) -> dict[str, str]:
     try:
-        return publishing.parse_record(path.read_bytes())
-    except OSError:
+        return publishing.parse_record(
+            bounded.read_bytes(path, "rl-msprobe's record of what it wrote", bounded.CONFIG)
+        )
+    except (OSError, UserError):
         return {}
 
 

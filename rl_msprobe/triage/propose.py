@@ -163,17 +163,18 @@ def write_proposal(
             f"rl-msprobe prepare {shlex.quote(str(derived))} --mode consistency --batch-one{tree}"
         )
     else:
-        proposal.commands.append(
-            f"rl-msprobe prepare YOUR_SCRIPT --mode consistency --batch-one{tree}   # after adding "
-            f"data.train_files={data} data.val_files={data} trainer.total_training_steps=1 to YOUR_SCRIPT "
-            "(or pass --script to `mismatch report` to have that script written)"
+        proposal.notes.append(
+            f"set SCRIPT to your launch script with data.train_files={data} data.val_files={data} "
+            "trainer.total_training_steps=1 added (or pass --script to `mismatch report` to have that script written)"
         )
+        proposal.commands.append(f'rl-msprobe prepare "$SCRIPT" --mode consistency --batch-one{tree}')
     if isinstance(proposal.step, int) and proposal.step > 1:
         proposal.notes.append(trained_weights_note(proposal.step, save_freq(parsed) if parsed else None))
     proposal.notes.append(
         f"the request: step {worst.step}, request id {worst.request_id or '-'}, prompt length {worst.prompt_len}, "
         f"worst position {worst.positions[0]['position'] if worst.positions else '-'}; after the consistency run: "
-        "rl-msprobe dumps compare <rollout dump> <actor dump> --out <dir> shows the first diverging layer"
+        'rl-msprobe dumps compare "$DUMP_DIR" (the dump folder prepare prints) gives the verdict, every position '
+        "of the recorded requests and the first divergent module"
     )
 
 

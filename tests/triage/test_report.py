@@ -255,7 +255,8 @@ def test_flat_gap_proposes_the_largest_step_without_script(tmp_path):
     means = {s["step"]: s["dp"]["mean"] for s in doc["steps"]}
     assert doc["growth"]["jump_step"] is None
     assert doc["proposal"]["step"] == max(means, key=means.get)
-    assert "YOUR_SCRIPT" in doc["proposal"]["commands"][0]
+    assert doc["proposal"]["commands"][0] == 'rl-msprobe prepare "$SCRIPT" --mode consistency --batch-one'
+    assert any(n.startswith("set SCRIPT to your launch script") for n in doc["proposal"]["notes"])
     assert all(math.isfinite(s["dlogp"]["p99"]) for s in doc["steps"])
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from rl_msprobe import bounded
+from rl_msprobe.errors import UserError
 from rl_msprobe.planner.modes.base import MISSING, ConfigSpec, Context, Requirements, Violation
 from rl_msprobe.planner.modes.inference import rollout_requirements
 from rl_msprobe.planner.modes.rules import Condition, EnvRule, From, Rule, VersionRule, apply, first_too_old
@@ -515,9 +517,8 @@ def _model_layers(ctx: Context) -> tuple[int | None, str]:
             return None, why
     assert config is not None
     try:
-        with open(config, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except (OSError, ValueError):
+        doc = json.loads(bounded.read_text(config, "the model's config.json", bounded.CONFIG))
+    except (OSError, ValueError, RecursionError, UserError):
         return None, f"{config} is not readable here"
     layers = doc.get("num_hidden_layers") if isinstance(doc, dict) else None
     if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):

@@ -24,9 +24,9 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rl_msprobe import bounded
 from rl_msprobe.errors import UserError
 from rl_msprobe.planner.modes.base import ConfigSpec, Context, Requirements, Violation
 from rl_msprobe.planner.modes.rules import EnvRule, apply
@@ -130,8 +130,8 @@ def read_report(path: str) -> dict[str, Any]:
     """The first divergence of a `dumps positions --json` report as {request_id, position, module,
     layer, phase, prompt_len} (values the report lacks are None)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        doc = json.loads(bounded.read_text(path, "the --zoom report", bounded.DUMP_JSON))
+    except (OSError, ValueError, RecursionError) as exc:
         raise UserError(
             f"--zoom {path}: cannot read it as JSON ({exc}); pass `dumps positions --json`'s output."
         ) from None
