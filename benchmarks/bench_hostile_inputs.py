@@ -1,11 +1,11 @@
 """Issue 45's hostile inputs, before and after: each case of tests/support/hostile.py built afresh and
 run by each CHECKOUT's code in a process of its own; its exit code, the line a user reads first, the
-wall time and the peak resident memory (wait4's ru_maxrss, as /usr/bin/time -v reports it).
+wall time and the peak resident memory (GNU time's %M: /usr/bin/time and prlimit are needed).
 
     python benchmarks/bench_hostile_inputs.py --checkout /work/main --checkout . [--case NAME ...]
 
-Each run is killed at --limit-s (default 30 s: a reader that blocks on a FIFO shows as `killed`) and
-its address space capped at 4 GiB (an unbounded reader of /dev/zero then ends in MemoryError instead
+Each run is killed at --limit-s (default 30 s: a reader that blocks on a FIFO shows as `killed`, its
+memory `?`) and its address space capped at 4 GiB (an unbounded reader of /dev/zero then ends in MemoryError instead
 of taking the shared machine's memory). Prints a markdown table; the target is <= 10 s and <= 1 GiB
 for every case on the branch.
 
@@ -51,9 +51,9 @@ def main() -> None:
             line = line.replace("|", "\\|").replace(tmp, "TMP")
             shown = line if len(line) <= 160 else line[:157] + "..."
             code = "killed" if run.code is None else str(run.code)
+            peak = f"{run.peak_rss / (1 << 20):.0f}" if run.peak_rss >= 0 else "?"
             print(
-                f"| {case.name} | {case.what} | {checkout} | {code} | {shown} | {run.seconds:.1f} | "
-                f"{run.peak_rss / (1 << 20):.0f} |",
+                f"| {case.name} | {case.what} | {checkout} | {code} | {shown} | {run.seconds:.1f} | {peak} |",
                 flush=True,
             )
 

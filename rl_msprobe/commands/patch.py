@@ -165,6 +165,7 @@ def apply(
 
     if branch and no_branch:
         raise UserError("pass --branch NAME or --no-branch, not both.")
+    _needs_tree("apply", tree, python)
     groups = selection.groups(set_names, tree, python)
     if entry_point:
         _check_entry_point(entry_point, [target.project for target, _ in groups])
@@ -176,6 +177,17 @@ def apply(
         return
     for (target, _), result in zip(groups, results, strict=True):
         _echo_applied(target, result)
+
+
+def _needs_tree(command: str, tree: str | None, python: str | None) -> None:
+    """apply and revert change a tree: the user names it (a release is read-only and never the default)."""
+    from rl_msprobe.errors import UserError
+
+    if tree is None and python is None:
+        raise UserError(
+            f"patch {command} changes the tree that runs the job: name it with --tree PATH (the folder holding "
+            "the package) or --python PY (the interpreter that runs verl; the trees it imports). Nothing was changed."
+        )
 
 
 def _check_entry_point(name: str, projects: list[str]) -> None:
@@ -247,6 +259,7 @@ def revert(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
     from rl_msprobe import engine
     from rl_msprobe.engine import selection
 
+    _needs_tree("revert", tree, python)
     groups = selection.groups(set_names, tree, python)
     results = engine.revert_many(groups)
     if as_json:
@@ -294,7 +307,8 @@ def status(set_names: tuple[str, ...], tree: str | None, python: str | None, as_
         emit_json(engine.combined_status_json(statuses))
     else:
         for (target, _), found in zip(groups, statuses, strict=True):
-            click.echo(f"{target.describe()}")
+            given = "" if tree or python else " (no --tree or --python given: the set's default release)"
+            click.echo(f"{target.describe()}{given}")
             _warn(list(found.warnings))
             _echo_recovered(found.journal)
             for entry in found.sets:

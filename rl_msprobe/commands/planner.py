@@ -17,6 +17,7 @@ from rl_msprobe.commands.planner_options import (
     command_option,
     hint_option,
     mode_option,
+    model_config_option,
     prepare_options,
     python_option,
     train_backend_option,
@@ -119,6 +120,7 @@ def prepare(**params: Any) -> None:
     help="Consistency: check the original skill's plan (batch 1, TP = devices); a script prepare derived says "
     "its plan in its header, which check reads.",
 )
+@model_config_option
 @json_option
 @handles_user_errors
 def check(
@@ -131,6 +133,7 @@ def check(
     python: str | None,
     command: int | None,
     batch_one: bool,
+    model_config: str | None,
     as_json: bool,
 ) -> None:
     """Check SCRIPT (derived or hand-written) against every rule of its collection mode.
@@ -139,7 +142,18 @@ def check(
     """
     from rl_msprobe.planner.api import check_script
 
-    result = check_script(script, mode, backend, train_backend, hint, trees, python, command, batch_one)
+    result = check_script(
+        script,
+        mode,
+        backend,
+        train_backend,
+        hint,
+        trees,
+        python,
+        command,
+        batch_one,
+        model_config=model_config,
+    )
     if as_json:
         emit_json(result.to_json())
     else:

@@ -27,6 +27,15 @@ python_option = click.option(
     metavar="PY",
     help="The training interpreter (may be `docker exec -i NAME python3`).",
 )
+model_config_option = click.option(
+    "--model-config",
+    "model_config",
+    metavar="PATH",
+    type=click.Path(dir_okay=True),
+    help="Consistency: the model's config.json (or its folder) when actor_rollout_ref.model.path cannot be read "
+    "here (a hub id not in the local Hugging Face cache, a path on another machine): the attention heads and "
+    "layers the checks and the size estimate need.",
+)
 mode_option = click.option(
     "--mode",
     type=click.Choice(registry.mode_names()),
@@ -139,6 +148,7 @@ _PREPARE = (
         help="Consistency: msprobe's prefill compare only, no per-token records (with --batch-one: no "
         "per-token record of the actor's forward over the response, DUMP_POSITIONS unset).",
     ),
+    model_config_option,
     click.option(
         "--max-dump-gib",
         type=click.FloatRange(0, min_open=True),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -48,7 +48,7 @@ from rl_msprobe.dumps.positions import (
     plain_name,
 )
 from rl_msprobe.dumps.summary import apply_engine_conventions, module_of, own_row
-from rl_msprobe.dumps.tp_merge import AGREE, COLUMN
+from rl_msprobe.dumps.tp_merge import AGREE, COLUMN, shard_dim
 from rl_msprobe.dumps.whole_response import RequestResult
 from rl_msprobe.errors import UserError
 from rl_msprobe.jsontypes import JsonObject
@@ -251,9 +251,15 @@ def _leaf(
 
 
 def _view(
-    side: rec.SideRecords, arrays: dict[int, Array], present: list[int], rename: dict[str, str], path: Path
+    side: rec.SideRecords,
+    arrays: dict[int, Array],
+    present: list[int],
+    rename: dict[str, str],
+    path: Path,
+    whole: Callable[[int], int] | None = None,
 ) -> Forward:
-    """An msprobe-like view of one side's tensors of one request (what `pairings` and `fused` read)."""
+    """An msprobe-like view of one side's tensors of one request (what `pairings` and `fused` read);
+    WHOLE: tensor index -> its whole row width, where the ranks' widths alone do not tell it."""
     import numpy as np
 
     data: dict[str, JsonObject] = {}
@@ -270,7 +276,9 @@ def _view(
         widths = side.widths[i]
         cls = (plain_name(key) or ("", ""))[1]
         width = (
-            sum(widths.values())
+            whole(i)
+            if whole is not None
+            else sum(widths.values())
             if cls in COLUMN and role == "output" and len(widths) > 1
             else widths[min(widths)]
         )
@@ -360,6 +368,33 @@ def _merge_ranks(rows: dict[int, Array], widths: dict[int, int], want: int, tp_s
     return f"TP row widths ({shown} of {tp_size} rank(s)) give neither the training width {want} nor shards of it"
 
 
+def _train_width(
+    rows: dict[int, Array], widths: dict[int, int], tp_size: int, fulls: set[int] | None
+) -> int | str:
+    """The whole width of a training tensor recorded on TP_SIZE ranks (Megatron) of WIDTHS each:
+    TP_SIZE x its rank width (shards: column-parallel outputs, row-parallel inputs) or its rank width
+    (replicated: norms, residuals, all-reduced outputs). The rollout's tensor decides (FULLS: the widths
+    it can have whole); where it cannot (a fused pair, both fit), replicated ranks agree and shards do
+    not. A note instead when the ranks disagree on the width or some rank has no row."""
+    import numpy as np
+
+    if len(rows) != tp_size:
+        return f"recorded on rank(s) {sorted(rows)} of {tp_size} only"
+    if len(set(widths.values())) != 1:
+        return "row widths " + ", ".join(f"rank {r}: {w}" for r, w in sorted(widths.items())) + " differ"
+    w = next(iter(widths.values()))
+    sharded, replicated = fulls is not None and tp_size * w in fulls, fulls is not None and w in fulls
+    if sharded != replicated:
+        return tp_size * w if sharded else w
+    base = rows[min(rows)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        same = all(
+            np.nanmax(np.abs(rows[r] - base) / np.maximum(np.abs(base), 1e-30), initial=0.0) <= AGREE
+            for r in rows
+        )
+    return w if same else tp_size * w
+
+
 def _error(r: Array, t: Array) -> Array:
     """`positions.relative_error` (statistics) at every position: rollout R, training T ([3, n])."""
     import numpy as np
@@ -410,25 +445,30 @@ def _compare(rid: str, rollout: rec.SideRecords, train: rec.SideRecords) -> Reco
         if got.problems:
             more = f" (and {len(got.problems) - 1} more)" if len(got.problems) > 1 else ""
             raise _NotCompared(f"{side} record: {got.problems[0]}{more}")
-    if len(rr.tp_size) != 1:
-        raise _NotCompared(f"the rollout's records give several TP sizes ({sorted(rr.tp_size)})")
-    if tr.tp_size != {1} or set(tr.chunks) - {0}:
-        raise _NotCompared(
-            f"the training records have TP ranks {sorted(tr.chunks)} (tp_size {sorted(tr.tp_size)}): merging "
-            "training TP shards (Megatron) is not done yet"
-        )
-    tp_size = rr.tp_size.pop()
-    rr.tp_size.add(tp_size)
+    for side, sizes in (("rollout", rr.tp_size), ("training", tr.tp_size)):
+        if len(sizes) != 1:
+            raise _NotCompared(f"the {side}'s records give several TP sizes ({sorted(sizes)})")
+    tp_size, t_tp = next(iter(rr.tp_size)), next(iter(tr.tp_size))
     r_arrays, r_rep = rr.arrays(len(rollout.tensors))
     t_arrays, t_rep = tr.arrays(len(train.tensors))
+    absent = [rank for rank in range(t_tp) if rank not in t_arrays]
+    if absent:
+        raise _NotCompared(
+            f"the training's TP rank(s) {absent} of {t_tp} wrote no record of this request (Megatron: every TP "
+            "rank of each pipeline stage records its shard)"
+        )
     t_all = t_arrays[0]
-    # positions: every training position, every rollout position on every TP rank
-    t_has = ~np.isnan(t_all[:, 2, :]).all(axis=0)
-    t_len = t_all.shape[-1]
+    t_len = max(a.shape[-1] for a in t_arrays.values())
     r_len = max(a.shape[-1] for a in r_arrays.values())
     problems = []
-    if not t_has.all():
-        problems.append(_missing_text("the training side", np.flatnonzero(~t_has).tolist()))
+    # positions: every training position on every TP rank, every rollout position on every TP rank
+    for rank in range(t_tp):
+        t_has = np.zeros(t_len, bool)
+        found = ~np.isnan(t_arrays[rank][:, 2, :]).all(axis=0)
+        t_has[: found.size] = found
+        if not t_has.all():
+            who = "the training side" if t_tp == 1 else f"the training's TP rank {rank}"
+            problems.append(_missing_text(who, np.flatnonzero(~t_has).tolist()))
     if r_len > t_len:
         problems.append(_missing_text("the training side", list(range(t_len, r_len))))
     need = max(r_len, t_len - 1)  # the last response token is never fed back to the engine
@@ -445,11 +485,19 @@ def _compare(rid: str, rollout: rec.SideRecords, train: rec.SideRecords) -> Reco
         raise _NotCompared("; ".join(problems) + ": a record cut short, unfinished or not written")
     n = r_len
     r_arrays = {k: _pad(a, n) for k, a in r_arrays.items()}
-    t_all = _pad(t_all, n)
+    t_arrays = {k: _pad(a, n) for k, a in t_arrays.items()}
+    t_all = t_arrays[0]
     rename = _rename(rollout, train)
-    r_present, t_present = _present(r_arrays), _present({0: t_all})
+    r_present, t_present = _present(r_arrays), _present(t_arrays)
+
+    def train_whole(i: int) -> int:
+        """Training tensor I's whole width for pairing (Megatron TP: shards told from replicas by value)."""
+        rows = {rank: a[i] for rank, a in t_arrays.items() if not np.isnan(a[i, 2]).all()}
+        width = _train_width(rows, {r: train.widths[i][r] for r in rows}, t_tp, None)
+        return width if isinstance(width, int) else train.widths[i][min(train.widths[i])]
+
     r_view = _view(rollout, r_arrays, r_present, rename, rollout.folder)
-    t_view = _view(train, {0: t_all}, t_present, {}, train.folder)
+    t_view = _view(train, {0: t_all}, t_present, {}, train.folder, train_whole if t_tp > 1 else None)
     r_index = {(rename.get(k, k), lab): i for i, (k, lab) in enumerate(rollout.tensors)}
     t_index = {k: i for i, k in enumerate(train.tensors)}
 
@@ -460,48 +508,74 @@ def _compare(rid: str, rollout: rec.SideRecords, train: rec.SideRecords) -> Reco
         rows = {rank: a[i] for rank, a in r_arrays.items() if not np.isnan(a[i, 2]).all()}
         return _merge_ranks(rows, {r: rollout.widths[i][r] for r in rows}, want, tp_size)
 
-    def train_value(keys: tuple[str, ...], label: str) -> tuple[Array, int, str] | str:
+    def train_part(i: int, fulls: set[int] | None) -> _Merged | str:
+        """Training tensor I over its TP ranks (Megatron): shards merged, replicated ranks checked."""
+        if t_tp == 1:
+            return _Merged(t_all[i], train.widths[i][0])
+        rows = {rank: a[i] for rank, a in t_arrays.items() if not np.isnan(a[i, 2]).all()}
+        widths = {r: train.widths[i][r] for r in rows}
+        want = _train_width(rows, widths, t_tp, fulls)
+        return want if isinstance(want, str) else _merge_ranks(rows, widths, want, t_tp)
+
+    def train_value(keys: tuple[str, ...], label: str, fulls: set[int] | None) -> _Merged | str:
         parts = [t_index[(k, label)] for k in keys if (k, label) in t_index]
         if len(parts) != len(keys):
             return "only on one side"
         odd = next((train.odd_widths[i] for i in parts if i in train.odd_widths), None)
         if odd:
             return odd
-        blocks = [t_all[i] for i in parts]
-        width = sum(train.widths[i][0] for i in parts)
-        if len(blocks) == 1:
-            return blocks[0], width, train.dtypes[parts[0]]
-        stack = np.stack(blocks)
-        merged = np.stack(
+        merged = [train_part(i, fulls if len(parts) == 1 else None) for i in parts]
+        note = next((m for m in merged if isinstance(m, str)), None)
+        if note is not None:
+            return f"the training's TP ranks: {note}"
+        done = [m for m in merged if not isinstance(m, str)]
+        disagree = next((m for m in done if m.disagree is not None), None)
+        if len(done) == 1:
+            return done[0]
+        stack = np.stack([m.values for m in done])
+        values = np.stack(
             (stack[:, 0].max(axis=0), stack[:, 1].min(axis=0), np.sqrt((stack[:, 2] ** 2).sum(axis=0)))
         )
-        return merged, width, train.dtypes[parts[0]]
+        width = sum(m.width for m in done)
+        return _Merged(values, width, *((disagree.disagree, disagree.rank) if disagree else ()))
+
+    def rollout_fulls(key: str, label: str) -> set[int]:
+        """The rollout tensor's whole width: its ranks' sum where vLLM's module shards it (`shard_dim`:
+        column-parallel outputs, row-parallel inputs), else its ranks' one width."""
+        widths = rollout.widths[r_index[(key, label)]]
+        role, _, n = label.partition(".")
+        cls = (plain_name(key) or ("", ""))[1]
+        sharded = shard_dim(cls, "output" if role == "output" else "input_args", int(n or 0), 2) is not None
+        return {sum(widths.values())} if sharded and tp_size > 1 else set(widths.values())
 
     # the token ids first: another sequence is NOT COMPARED
     ids, tids = ids_leaf(r_view, t_view), ids_leaf(t_view, r_view)
     if ids is None or tids is None:
         raise _NotCompared("no integer input (token ids) recorded on both sides: record the embedding module")
-    tv = train_value((tids[0],), tids[1])
-    rv = rollout_value(ids[0], ids[1], tv[1] if not isinstance(tv, str) else 1)
+    tv = train_value((tids[0],), tids[1], {1})
+    rv = rollout_value(ids[0], ids[1], tv.width if not isinstance(tv, str) else 1)
     if isinstance(tv, str) or isinstance(rv, str):
         raise _NotCompared(
             f"the token ids cannot be read on both sides ({tv if isinstance(tv, str) else rv})"
         )
     differ = np.flatnonzero(
-        (rv.values[0] != tv[0][0])
-        | (rv.values[1] != tv[0][1])
+        (rv.values[0] != tv.values[0])
+        | (rv.values[1] != tv.values[1])
         | ((rv.disagree if rv.disagree is not None else 0) > 0)
+        | ((tv.disagree if tv.disagree is not None else 0) > 0)
     )
     if differ.size:
         p = int(differ[0])
-        lost = [side for side, v in (("rollout", rv.values[0][p]), ("training", tv[0][0][p])) if np.isnan(v)]
+        lost = [
+            side for side, v in (("rollout", rv.values[0][p]), ("training", tv.values[0][p])) if np.isnan(v)
+        ]
         if lost:
             raise _NotCompared(
                 f"the token ids are not recorded at position {p} on the {' and '.join(lost)} side"
             )
         raise _NotCompared(
-            f"the token ids differ at position {p} (rollout {rv.values[0][p]:g}, training {tv[0][0][p]:g}): "
-            "the rollout and the training forward did not see one sequence"
+            f"the token ids differ at position {p} (rollout {rv.values[0][p]:g}, training {tv.values[0][p]:g}): "
+            "the rollout and the training forward (or two of its TP ranks) did not see one sequence"
         )
     plan = pairings(r_view, t_view)
     result = RecordResult(
@@ -511,25 +585,33 @@ def _compare(rid: str, rollout: rec.SideRecords, train: rec.SideRecords) -> Reco
     errors: dict[int, Array] = {}
     dtypes: dict[int, tuple[str, str]] = {}
     notes: dict[int, str] = {}
-    tp_cells: dict[int, tuple[Array, Array]] = {}
+    tp_cells: dict[
+        int, tuple[Array, Array, str]
+    ] = {}  # a replicated tensor whose TP ranks differ: which side
     for pair in plan:
         if pair.note:
             notes[pair.index] = pair.note
             continue
-        t = train_value(pair.train_keys, pair.label)
+        t = train_value(pair.train_keys, pair.label, rollout_fulls(pair.rollout_key, pair.label))
         if isinstance(t, str):
             notes[pair.index] = t
             continue
-        r = rollout_value(pair.rollout_key, pair.label, t[1])
+        r = rollout_value(pair.rollout_key, pair.label, t.width)
         if isinstance(r, str):
             notes[pair.index] = r
             continue
         r_dtype = rollout.dtypes[r_index[(pair.rollout_key, pair.label)]]
-        dtypes[pair.index] = (t[2], r_dtype)
-        if r.disagree is not None:
-            tp_cells[pair.index] = (r.disagree, r.rank)
+        t_dtype = train.dtypes[t_index[(pair.train_keys[0], pair.label)]]
+        dtypes[pair.index] = (t_dtype, r_dtype)
+        found = [
+            (m.disagree, m.rank, side)
+            for m, side in ((r, ""), (t, "the training's "))
+            if m.disagree is not None and m.rank is not None
+        ]
+        if found:  # the side whose ranks differ most (the rollout's on a tie)
+            tp_cells[pair.index] = max(found, key=lambda cell: float(np.nanmax(cell[0], initial=0.0)))
         if not is_integer(r_dtype):
-            errors[pair.index] = _error(r.values, t[0])
+            errors[pair.index] = _error(r.values, t.values)
     for why in notes.values():
         result.not_judged[why] = result.not_judged.get(why, 0) + 1
     rows = [
@@ -558,7 +640,7 @@ def _judge(
     plan: list[Pairing],
     rows: list[Any],
     errors: dict[int, Array],
-    tp_cells: dict[int, tuple[Array, Array]],
+    tp_cells: dict[int, tuple[Array, Array, str]],
     n: int,
 ) -> None:
     import numpy as np
@@ -599,7 +681,7 @@ def _judge(
         for i in groups[module]:
             if i not in tp_cells:
                 continue
-            diff, rank = tp_cells[i]
+            diff, rank, side = tp_cells[i]
             bad = np.flatnonzero(diff > AGREE)
             if bad.size == 0:
                 continue
@@ -609,7 +691,8 @@ def _judge(
             for p in bad.tolist():
                 label = by_index[i].tensor
                 result.tp[(at, p)] = (
-                    f"{label} on TP rank {int(rank[p])} (a replicated tensor: differs from TP rank 0 by {diff[p]:.3g})",
+                    f"{label} on {side}TP rank {int(rank[p])} (a replicated tensor: differs from TP rank 0 by "
+                    f"{diff[p]:.3g})",
                     float(diff[p]),
                 )
                 if not measured[p]:

@@ -45,10 +45,12 @@ def interpreter(python: str | None) -> list[str]:
         return [sys.executable]
     exe = shutil.which("msprobe")
     if exe:
-        try:
-            with open(exe, "rb") as f:
-                first = f.readline().decode(errors="replace").strip()
-        except OSError:
+        from rl_msprobe import bounded
+
+        try:  # its shebang line (a FIFO or device on PATH is no msprobe: never opened)
+            with bounded.open_regular(exe, "msprobe script") as f:
+                first = f.readline(4096).decode(errors="replace").strip()
+        except (OSError, UserError):
             first = ""
         if first.startswith("#!") and "python" in first:
             return shlex.split(first[2:])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class ComposedConfig:
     source: ConfigSource | None
     values: dict[str, Any] = field(default_factory=dict)  # READ_KEYS found in the config
     notes: list[str] = field(default_factory=list)
+    said: str | None = None  # whose config it is: the tree given, a release (and why that one)
+    root: Path | None = None  # the verl tree it was composed against
 
 
 def _main_file(entry: str, script_dir: Path, verl_root: Path | None) -> Path | None:
@@ -87,12 +90,21 @@ def _flag(overrides: Overrides, names: tuple[str, ...]) -> tuple[str | None, boo
     return None, False
 
 
+@functools.lru_cache(maxsize=64)
+def _yaml_doc(path: str, mtime_ns: int, size: int) -> Any:
+    """A YAML file read once per version of it (a plan locates its config several times)."""
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
 def _searchpath(config_file: Path, verl_root: Path | None, script_dir: Path) -> list[str]:
     """The primary config's hydra.searchpath, each entry pointed at a real folder."""
     import yaml
 
     try:
-        doc = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        stat = config_file.stat()
+        doc = _yaml_doc(str(config_file), stat.st_mtime_ns, stat.st_size)
     except (OSError, yaml.YAMLError):
         return []
     entries = (((doc or {}).get("hydra") or {}).get("searchpath") or []) if isinstance(doc, dict) else []
@@ -187,6 +199,70 @@ def compose(source: ConfigSource, tokens: list[str]) -> tuple[Any, str | None]:
 def _compose(
     config_dir: Path, name: str, searchpath: tuple[str, ...], tokens: tuple[str, ...]
 ) -> tuple[Any, str | None]:
+    if tokens:
+        applied = on_base(config_dir, name, searchpath, tokens)
+        if applied is not None:
+            return applied
+    return compose_whole(config_dir, name, searchpath, tokens)
+
+
+def on_base(
+    config_dir: Path, name: str, searchpath: tuple[str, ...], tokens: tuple[str, ...]
+) -> tuple[Any, str | None] | None:
+    """The config Hydra composes for `tokens`, built as Hydra builds it: the defaults list from the
+    tokens that name a config group (composed once per such set, then cached), then the other
+    overrides applied by Hydra's own step for them (`ConfigLoaderImpl._apply_overrides_to_config`,
+    what compose runs after the defaults list), in their order. About ten times faster than a whole
+    compose, which reads ~100 YAML files, and a refusal is the one a whole compose gives. None for a
+    sweep, hydra's own node or a token Hydra cannot parse: the whole compose then runs."""
+    try:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(list(tokens))
+    except Exception:  # noqa: BLE001 - another Hydra, or a token it refuses: the whole compose says why
+        return None
+    folders = [
+        config_dir,
+        *(Path(entry[len("file://") :]) for entry in searchpath if entry.startswith("file://")),
+    ]
+    groups: list[str] = []
+    values = []
+    for override, token in zip(parsed, tokens, strict=True):
+        key = override.key_or_group
+        if override.is_sweep_override() or key.split(".")[0] in ("hydra", "defaults"):
+            return None
+        if (
+            override.package is not None
+            or "/" in key
+            or any((f / key).exists() or (f / f"{key}.yaml").exists() for f in folders)
+        ):
+            groups.append(token)  # the defaults list: part of the composed base
+        else:
+            values.append(override)
+    base = _base_bytes(config_dir, name, searchpath, tuple(groups))
+    if isinstance(base, str):
+        return None, base
+    cfg = pickle.loads(base)  # a private copy (6x faster than deepcopy: a compose is checked per plan)
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # noqa: SLF001 - Hydra's own override step
+    except Exception as exc:  # noqa: BLE001 - Hydra raises many types; its message is what counts
+        return None, _message(exc)
+    return cfg, None
+
+
+@functools.lru_cache(maxsize=32)
+def _base_bytes(
+    config_dir: Path, name: str, searchpath: tuple[str, ...], groups: tuple[str, ...]
+) -> bytes | str:
+    """The config composed with only the config-group overrides, pickled (or Hydra's refusal)."""
+    base, problem = compose_whole(config_dir, name, searchpath, groups)
+    return problem if problem is not None else pickle.dumps(base)
+
+
+def compose_whole(
+    config_dir: Path, name: str, searchpath: tuple[str, ...], tokens: tuple[str, ...]
+) -> tuple[Any, str | None]:
     from hydra import compose as hydra_compose
 
     extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
@@ -195,8 +271,11 @@ def _compose(
             cfg = hydra_compose(config_name=name, overrides=[*tokens, *extra])
         return cfg, None
     except Exception as exc:  # noqa: BLE001 - Hydra raises many types; its message is what counts
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        return None, message[:500]
+        return None, _message(exc)
+
+
+def _message(exc: Exception) -> str:
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:500]
 
 
 def known_tokens(overrides: Overrides) -> list[str]:

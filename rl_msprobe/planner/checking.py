@@ -15,7 +15,7 @@ from rl_msprobe.planner.modes.base import (
     check_requirements,
 )
 from rl_msprobe.planner.patch_advice import entry_point_of, patch_commands
-from rl_msprobe.planner.reading import compose_violation, detect_text
+from rl_msprobe.planner.reading import check_keys, compose_violation, detect_text, refuse_crlf
 
 
 @dataclass
@@ -54,10 +54,20 @@ def check(
     patch_target: dict[str, str] | None = None,
     vllm_root: Path | None = None,
     batch_one: bool = False,
+    python: str | None = None,
+    model_config: str | None = None,
 ) -> CheckReport:
+    refuse_crlf(text, path)  # bash would not run it as written: exit 2
     script, detection = detect_text(text, path, hint, command, verl_root, (versions or {}).get("verl"))
+    keys = check_keys(script, detection)  # a key verl would refuse: exit 2
     chosen = choose_mode(detection, mode, path)
-    options = Options(backend=backend, train_backend=train_backend, batch_one=batch_one)
+    options = Options(
+        backend=backend,
+        train_backend=train_backend,
+        batch_one=batch_one,
+        python=python,
+        model_config=model_config,
+    )
     if chosen == "consistency":  # the plan prepare wrote into the derived script's header
         from rl_msprobe.planner.consistency_plan import options_from
 
@@ -76,6 +86,8 @@ def check(
         )
     if broken is not None:
         result.violations.append(broken)
+    if keys.unchecked:
+        result.unverifiable.insert(0, keys.unchecked)
     entry, entry_notes = entry_point_of(script, req.patch_sets)
     commands = patch_commands(req.patch_sets, patch_target or {}, entry) if not req.violations else []
     return CheckReport(chosen, detection, result, [*script.notes, *req.notes, *entry_notes], entry, commands)

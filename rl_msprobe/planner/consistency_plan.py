@@ -46,6 +46,8 @@ def plan_flags(options: Options, decided: list[str] | tuple[str, ...] = ()) -> l
         flags += ["--max-dump-gib", f"{options.max_dump_gib:g}"]
     if options.level != "mix":
         flags += ["--level", options.level]
+    if options.model_config:  # check reads the same model from the header
+        flags += ["--model-config", options.model_config]
     return [*flags, *decided]
 
 
@@ -92,6 +94,8 @@ def read_plan(text: str) -> dict[str, Any]:
                 out["max_dump_gib"] = float(next(it))
             elif word == "--level":
                 out["level"] = next(it)
+            elif word == "--model-config":
+                out["model_config"] = next(it)
     except (StopIteration, ValueError):
         return {}
     if ids:

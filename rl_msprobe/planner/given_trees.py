@@ -34,6 +34,10 @@ def resolve(trees: tuple[str, ...], python: str | None) -> Upstreams:
     if python:
         packages = projects.packages()
         located = interpreter.locate_with_python(python, list(packages.values()))
+        if "verl" not in versions and not located.get(packages["verl"]):
+            notes.append(
+                f"verl: --python {python} does not import it (is it the interpreter that runs the job?)"
+            )
         for project, package in packages.items():
             location = located.get(package)
             if project in versions or not location:

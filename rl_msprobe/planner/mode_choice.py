@@ -123,9 +123,13 @@ def requirements(ctx: Context, mode: str) -> Requirements:
     assumed = [a for arg in ctx.script.command.args for a in arg.value.assumed]
     req.notes.extend(f"assumed: {a}" for a in dict.fromkeys(assumed))
     if ctx.versions.get("verl") is None and mode != "training":
-        req.notes.append(
-            f"verl version unknown: assuming {project('verl').assumed_version} (pass --tree or --python to detect it)."
+        python = ctx.options.python
+        how = (
+            f"--python {python} does not import verl: pass --tree with the verl that runs the job"
+            if python
+            else "pass --tree or --python to detect it"
         )
+        req.notes.append(f"verl version unknown: assuming {project('verl').assumed_version} ({how}).")
     return req
 
 

@@ -76,9 +76,9 @@ def locate(value: Any, origin: str, environ: Mapping[str, str] | None = None) ->
         return cached, f"{cached}, the Hugging Face cache's copy of {text}"
     caches = ", ".join(hub_caches(environ))
     return None, (
-        f"{MODEL_KEY}={text}: no {direct} here and no models--{text.strip('/').replace('/', '--')} "
-        f"in the Hugging Face cache ({caches}); download it (huggingface-cli download {text} config.json) "
-        "or set HF_HUB_CACHE to estimate"
+        f"the model is unknown: {MODEL_KEY}={text} has no {direct} here and no "
+        f"models--{text.strip('/').replace('/', '--')} in the Hugging Face cache ({caches}); pass --model-config "
+        f"PATH (its config.json), or download it (huggingface-cli download {text} config.json)"
     )
 
 
@@ -114,9 +114,19 @@ def parse(doc: Any, where: str) -> ModelConfig:
     )
 
 
-def read(value: Any, origin: str, environ: Mapping[str, str] | None = None) -> ModelConfig:
-    """The model of `actor_rollout_ref.model.path` = VALUE (ORIGIN as Context.value gives it)."""
-    path, where = locate(value, origin, environ)
+def read(
+    value: Any, origin: str, environ: Mapping[str, str] | None = None, given: str | None = None
+) -> ModelConfig:
+    """The model of `actor_rollout_ref.model.path` = VALUE (ORIGIN as Context.value gives it), or of
+    `given` (--model-config: a config.json or the folder holding one), which wins."""
+    path: str | None
+    if given:
+        path = os.path.join(given, "config.json") if os.path.isdir(given) else given
+        where = f"{path} (--model-config)"
+        if not os.path.isfile(path):
+            return ModelConfig(None, f"--model-config {given}: no config.json there")
+    else:
+        path, where = locate(value, origin, environ)
     if path is None:
         return ModelConfig(None, where)
     try:

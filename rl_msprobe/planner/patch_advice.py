@@ -28,6 +28,23 @@ def entry_point_of(script: LaunchScript, sets: list[str]) -> tuple[str | None, l
     ]
 
 
+def tree_variable(project: str) -> str:
+    """The shell variable a printed patch command uses for a tree nobody named (VERL_TREE, ...)."""
+    return project.upper().replace("-", "_") + "_TREE"
+
+
+def tree_variables(commands: list[str]) -> list[str]:
+    """One line per tree variable the commands use: what to set it to, so each command pastes and runs."""
+    from rl_msprobe.upstream.projects import PROJECTS
+
+    return [
+        f"set {tree_variable(p.name)} to the {p.name} tree that actually runs (the folder holding its {p.package} "
+        f"package; in a container it may be /{p.package}, not your checkout), or pass --tree/--python to prepare"
+        for p in PROJECTS
+        if any(f'"${tree_variable(p.name)}"' in c for c in commands)
+    ]
+
+
 def patch_commands(sets: list[str], targets: dict[str, str], entry_point: str | None = None) -> list[str]:
     """The exact `rl-msprobe patch apply` commands: one per tree, but one for every tree a single
     --python imports (`patch apply` then patches them all or none); `--for ENTRY` last, on the
@@ -37,7 +54,7 @@ def patch_commands(sets: list[str], targets: dict[str, str], entry_point: str | 
     groups: dict[tuple[str, str], list[str]] = {}  # (project, or "" for a shared --python; where) -> sets
     for name in sets:
         upstream = project_of(name)
-        where = targets.get(upstream) or f"--tree <the {upstream} tree that actually runs>"
+        where = targets.get(upstream) or f'--tree "${tree_variable(upstream)}"'
         groups.setdefault(("" if where.startswith("--python ") else upstream, where), []).append(name)
     commands = []
     for (_, where), names in groups.items():

@@ -31,7 +31,7 @@ from rl_msprobe.planner.modes.base import (
     env_in_script,
 )
 from rl_msprobe.planner.patch_advice import entry_point_of, patch_commands
-from rl_msprobe.planner.reading import compose_violation, detect_text, read
+from rl_msprobe.planner.reading import check_keys, compose_violation, detect_text, read, refuse_crlf
 
 
 @dataclass(frozen=True)
@@ -334,9 +334,12 @@ def _check_derived(
 def plan(request: PlanRequest) -> Plan:
     """Everything `prepare` writes, in memory: the derived script, its configs, the checks of both."""
     path, versions = request.path, dict(request.versions)
+    refuse_crlf(request.text, path)  # bash would not run it as written: exit 2, nothing written
     script, detection = detect_text(
         request.text, path, request.hint, request.command, request.verl_root, versions.get("verl")
     )
+    keys = check_keys(script, detection)  # a key verl would refuse: exit 2 before anything else
+    unchecked = [keys.unchecked] if keys.unchecked else []
     chosen = choose_mode(detection, request.mode, path)
     _check_choices(request, chosen)
     layout = _layout(request, chosen)
@@ -380,7 +383,7 @@ def plan(request: PlanRequest) -> Plan:
         },
     )
     if req.violations:
-        return Plan(**common, violations=list(req.violations), refused=True)
+        return Plan(**common, violations=list(req.violations), unverifiable=unchecked, refused=True)
     changes = changes_made(ctx, req)  # before render: it reads the original's overrides
     derived, env = _derive(request, chosen, ctx, req)
     diff = "".join(
@@ -396,7 +399,7 @@ def plan(request: PlanRequest) -> Plan:
         **common,
         derived_text=derived,
         violations=result.violations,
-        unverifiable=[u for u in result.unverifiable if "does not exist (yet)" not in u],
+        unverifiable=[*unchecked, *(u for u in result.unverifiable if "does not exist (yet)" not in u)],
         warnings=result.warnings,
         diff=diff,
         env=env,

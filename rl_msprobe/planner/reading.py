@@ -11,11 +11,13 @@ from rl_msprobe.launch.bash_lexer import ShellSyntaxError
 from rl_msprobe.launch.detect import Detection, detect
 from rl_msprobe.launch.overrides import Overrides
 from rl_msprobe.launch.script import LaunchScript, parse_script
+from rl_msprobe.planner import config_keys
+from rl_msprobe.planner.config_keys import KeyCheck
 from rl_msprobe.planner.modes.base import (
     Violation,
 )
 from rl_msprobe.upstream.projects import project
-from rl_msprobe.upstream.release_cache import release_dir
+from rl_msprobe.upstream.release_cache import fetch_release, release_dir
 
 
 def read(text: str, path: str, command: int | None = None) -> LaunchScript:
@@ -38,6 +40,22 @@ def read(text: str, path: str, command: int | None = None) -> LaunchScript:
             "Pass the script that launches the verl job."
         )
     return script
+
+
+def refuse_crlf(text: str, path: str) -> None:
+    """A script with Windows (CRLF) line endings: bash reads each line's carriage return as part of its
+    last word (`\\` no longer continues the line, `key=2\\r` is not the value written), so the job would
+    not run as written; a UserError naming the line endings (exit 2, nothing written)."""
+    crlf = text.count("\r\n")
+    if not crlf:
+        return
+    first = text[: text.index("\r\n")].count("\n") + 1
+    raise UserError(
+        f"{path}:{first}: the script has Windows (CRLF) line endings ({crlf} of {text.count(chr(10))} lines end in "
+        "\\r\\n): bash takes each \\r as part of the line's last word, so the verl command would not run as "
+        f"written. Convert it to Unix line endings (dos2unix {path}, or sed -i 's/\\r$//' {path}) and run again. "
+        "Nothing was written."
+    )
 
 
 def detect_text(
@@ -66,25 +84,63 @@ def detect_text(
 def read_config(
     script: LaunchScript, overrides: Overrides, verl_root: Path | None, verl_version: str | None = None
 ) -> launch_config.ComposedConfig | None:
-    """The composed config, when a verl tree is known (None: the DEFAULTS table describes the job)."""
+    """The config the command composes against: the tree's (`verl_root`), else the release of
+    `verl_version`, else the newest release rl-msprobe knows (fetched into the cache once), and
+    whose it is in `said`. Its values are read only for a script that names its own config (verl's
+    own default config: the DEFAULTS table, checked against real releases, describes it)."""
     assert script.command is not None
     names_config = any(f in overrides.flags for f in ("--config-path", "--config-name", "-cp", "-cn"))
     own_config = names_config or not script.command.entry.startswith("verl.")
+    said = "the verl tree given"
     if verl_root is None:
-        if not own_config:
-            return None
         version = verl_version or project("verl").assumed_version
-        cached = release_dir("verl", version)
-        if not (cached / "verl" / "trainer" / "config").is_dir():
-            script.notes.append(
-                "the script names its own config: pass --tree or --python (the verl that runs it) to read it"
-            )
-            return None
-        verl_root = cached
-        script.notes.append(f"config read against verl {version} (cached release; pass --tree to choose)")
-    # verl's own default config: the DEFAULTS table (checked against real releases) describes it;
-    # it is still located, so a derived command is composed against it
-    return launch_config.read(script, overrides, verl_root, values=own_config)
+        why = (
+            f"the verl {version} release (the version given)"
+            if verl_version
+            else f"verl {version}, the newest release rl-msprobe knows (pass --tree or --python with the verl that "
+            "runs the job)"
+        )
+        verl_root, problem = _release(version)
+        if verl_root is None:
+            note = f"override keys not checked: verl {version}'s config could not be read ({problem}); pass --tree"
+            return launch_config.ComposedConfig(None, notes=[note], said=note)
+        said = why
+    composed = launch_config.read(script, overrides, verl_root, values=own_config)
+    composed.said, composed.root = said, verl_root
+    return composed
+
+
+def _release(version: str) -> tuple[Path | None, str]:
+    """The cached release of verl `version`, fetched from the package index when not there yet."""
+    cached = release_dir("verl", version)
+    if (cached / "verl" / "trainer" / "config").is_dir():
+        return cached, ""
+    try:
+        root = fetch_release("verl", version)
+    except UserError as exc:
+        return None, str(exc).splitlines()[0]
+    return (
+        (root, "")
+        if (root / "verl" / "trainer" / "config").is_dir()
+        else (None, f"{root} has no trainer config")
+    )
+
+
+def check_keys(script: LaunchScript, detection: Detection) -> KeyCheck:
+    """The script's overrides composed with the config `detect_text` found (UserError when Hydra
+    refuses any: exit 2, nothing written); the check's note goes to the script's notes."""
+    assert script.command is not None
+    if script.command.kind not in (
+        "ppo",
+        "generation_server",
+    ):  # no mode applies: the entry point rule says so
+        return KeyCheck(None)
+    composed = detection.composed if isinstance(detection.composed, launch_config.ComposedConfig) else None
+    found = config_keys.check(script, composed, composed.said if composed is not None else None)
+    config_keys.refuse(script.path, found)
+    if found.checked_against is not None:
+        script.notes.append(f"override keys checked against {found.checked_against}")
+    return found
 
 
 def compose_violation(

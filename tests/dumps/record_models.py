@@ -89,29 +89,45 @@ class Embedding(torch.nn.Module):
 
 
 class TrainAttention(torch.nn.Module):
-    def __init__(self, w: dict) -> None:
+    """HF's attention; on TP rank RANK of SIZE (Megatron's names kept as HF's here): q / k / v
+    column shards, o_proj row-parallel (its input this rank's shard, its output all-reduced)."""
+
+    def __init__(self, w: dict, rank: int = 0, size: int = 1) -> None:
         super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (Linear(w[k]) for k in "qkvo")
+        self.w, self.size = w, size
+        self.q_proj, self.k_proj, self.v_proj = (Linear(_shard(w[k], rank, size, 0)) for k in "qkv")
+        self.o_proj = Linear(w["o"]) if size == 1 else RowParallelLinear(w["o"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.q_proj(x) * self.k_proj(x) + self.v_proj(x))
+        shard = self.q_proj(x) * self.k_proj(x) + self.v_proj(x)
+        if self.size > 1:
+            self.o_proj.full = (x @ self.w["q"].T) * (x @ self.w["k"].T) + x @ self.w["v"].T
+        return self.o_proj(shard)
 
 
 class TrainMLP(torch.nn.Module):
-    def __init__(self, w: dict) -> None:
+    def __init__(self, w: dict, rank: int = 0, size: int = 1) -> None:
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = Linear(w["gate"]), Linear(w["up"]), Linear(w["down"])
+        self.w, self.size = w, size
+        self.gate_proj, self.up_proj = (
+            Linear(_shard(w["gate"], rank, size, 0)),
+            Linear(_shard(w["up"], rank, size, 0)),
+        )
+        self.down_proj = Linear(w["down"]) if size == 1 else RowParallelLinear(w["down"])
         self.act_fn = SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        shard = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        if self.size > 1:
+            self.down_proj.full = torch.nn.functional.silu(x @ self.w["gate"].T) * (x @ self.w["up"].T)
+        return self.down_proj(shard)
 
 
 class TrainLayer(torch.nn.Module):
-    def __init__(self, w: dict) -> None:
+    def __init__(self, w: dict, rank: int = 0, size: int = 1) -> None:
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = Norm(), Norm()
-        self.self_attn, self.mlp = TrainAttention(w), TrainMLP(w)
+        self.self_attn, self.mlp = TrainAttention(w, rank, size), TrainMLP(w, rank, size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h))
@@ -119,17 +135,17 @@ class TrainLayer(torch.nn.Module):
 
 
 class TrainInner(torch.nn.Module):
-    def __init__(self, ws: Weights) -> None:
+    def __init__(self, ws: Weights, rank: int = 0, size: int = 1) -> None:
         super().__init__()
         self.embed_tokens = Embedding(ws.embed)
-        self.layers = torch.nn.ModuleList(TrainLayer(w) for w in ws.layers)
+        self.layers = torch.nn.ModuleList(TrainLayer(w, rank, size) for w in ws.layers)
         self.norm = Norm()
 
 
 class TrainModel(torch.nn.Module):
-    def __init__(self, ws: Weights) -> None:
+    def __init__(self, ws: Weights, rank: int = 0, size: int = 1) -> None:
         super().__init__()
-        self.model = TrainInner(ws)
+        self.model = TrainInner(ws, rank, size)
         self.lm_head = Linear(ws.head)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [1, tokens] (packed)
@@ -259,7 +275,7 @@ class Plant:
     module: str  # model.layers.1.mlp.down_proj
     request: str
     position: int
-    tp_rank: int | None = None  # rollout: only this TP rank (None: every rank)
+    tp_rank: int | None = None  # only this TP rank of its side (None: every rank)
 
 
 def batched_schedule(
@@ -320,6 +336,7 @@ def write_job(
     tp: int = 1,
     plants: tuple[Plant, ...] = (),
     train_tokens: dict[str, list[int]] | None = None,
+    train_tp: int = 1,
 ) -> Path:
     """Records of one job under ROOT (RL_MSPROBE_RECORD_DIR): the rollout's forwards (ROLLOUT) on
     TP ranks, the training forwards (TRAIN: request ids packed per forward). TOKENS: each request's
@@ -361,31 +378,40 @@ def write_job(
                     h.remove()
                 assert path is not None
                 _move(Path(path), folder, k)
-        model = TrainModel(ws)
-        folder = root / "train" / "2000"
-        for k, packed in enumerate(train):
-            ids, segments, rows = [], [], {}
-            for rid in packed:
-                seq = (train_tokens or tokens)[rid]
-                segments.append((rid, len(ids), 0, len(seq)))
-                for q in range(len(seq)):
-                    rows[(rid, q)] = len(ids) + q
-                ids += seq
-            layout = rec.Layout(len(ids), segments)
-            hooks = _plant_hooks(model, [p for p in plants if p.side == "train"], rows, None)
-            recorder = rec.Recorder(
-                model,
-                layout,
-                "train",
-                {"rank": 0, "tp_rank": 0, "tp_size": 1, "phase": "train", "engine": "verl-fsdp"},
-            )
-            with torch.no_grad():
-                model(torch.tensor(ids)[None])
-            path = recorder.finish()
-            for h in hooks:
-                h.remove()
-            assert path is not None
-            _move(Path(path), folder, k)
+        for t_rank in range(train_tp):  # Megatron: each TP rank its own process
+            model = TrainModel(ws, t_rank, train_tp)
+            folder = root / "train" / str(2000 + t_rank)
+            engine = "verl-fsdp" if train_tp == 1 else "verl-megatron"
+            for k, packed in enumerate(train):
+                ids, segments, rows = [], [], {}
+                for rid in packed:
+                    seq = (train_tokens or tokens)[rid]
+                    segments.append((rid, len(ids), 0, len(seq)))
+                    for q in range(len(seq)):
+                        rows[(rid, q)] = len(ids) + q
+                    ids += seq
+                layout = rec.Layout(len(ids), segments)
+                train_plants = [p for p in plants if p.side == "train"]
+                hooks = _plant_hooks(model, train_plants, rows, t_rank if train_tp > 1 else None)
+                recorder = rec.Recorder(
+                    model,
+                    layout,
+                    "train",
+                    {
+                        "rank": t_rank,
+                        "tp_rank": t_rank,
+                        "tp_size": train_tp,
+                        "phase": "train",
+                        "engine": engine,
+                    },
+                )
+                with torch.no_grad():
+                    model(torch.tensor(ids)[None])
+                path = recorder.finish()
+                for h in hooks:
+                    h.remove()
+                assert path is not None
+                _move(Path(path), folder, k)
     finally:
         if old is None:
             os.environ.pop(rec.ENV_DIR, None)

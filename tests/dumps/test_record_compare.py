@@ -150,3 +150,60 @@ def test_judge_arrays_is_judge_position_by_position() -> None:
             if m in slow:
                 assert (float(jm.error[p]), bool(jm.divergent[p])) == (slow[m].error, slow[m].divergent)
                 assert float(jm.received[p]) == pytest.approx(slow[m].received)
+
+
+@pytest.mark.parametrize("tp, train_tp", [(1, 2), (2, 2), (2, 4)])
+def test_training_tp_ranks_merge_clean_and_a_one_rank_fault_is_named(
+    tmp_path: Path, tp: int, train_tp: int
+) -> None:
+    """Megatron's TP ranks on the training side (column shards of q / k / v / gate / up, row-parallel
+    o / down inputs, replicated norms and residuals) merge like the rollout's, whatever the rollout's
+    TP: clean is CONSISTENT at every position with what TP = 1 judges; a fault in a replicated tensor
+    on one training rank is DIVERGENT naming the training's rank; in a shard, at its module."""
+    _, single = run(tmp_path / "one", tp)
+    _, by = run(tmp_path / "clean", tp, train_tp=train_tp)
+    for rid, r in by.items():
+        assert r.status == "consistent", r.verdict()
+        assert r.result is not None and single[rid].result is not None
+        assert r.result.not_judged == single[rid].result.not_judged, r.result.not_judged
+    _, by = run(
+        tmp_path / "norm",
+        tp,
+        [rm.Plant("train", "model.layers.1.post_attention_layernorm", "B", 5, tp_rank=1)],
+        train_tp=train_tp,
+    )
+    r = by["B"]
+    assert r.status == "divergent" and r.result is not None, r.verdict()
+    where, _ = r.result.first  # type: ignore[misc]
+    assert where.start == 5, r.verdict()
+    assert any("on the training's TP rank 1" in text for text, _ in r.result.tp.values()), r.result.tp
+    _, by = run(
+        tmp_path / "shard",
+        tp,
+        [rm.Plant("train", "model.layers.0.mlp.up_proj", "A", 3, tp_rank=0)],
+        train_tp=train_tp,
+    )
+    r = by["A"]
+    assert r.status == "divergent" and r.result is not None, r.verdict()
+    where, j = r.result.first  # type: ignore[misc]
+    assert where.start == 3 and "layers.0.mlp" in j.module, r.verdict()
+    assert all(o.status == "consistent" for k, o in by.items() if k != "A")
+
+
+def test_a_training_tp_rank_without_records_is_not_compared(tmp_path: Path) -> None:
+    import shutil
+
+    root = rm.write_job(
+        tmp_path / "rec",
+        rm.tokens_of(LENGTHS),
+        {},
+        rm.batched_schedule(LENGTHS, chunk=2),
+        [["A", "B", "C"]],
+        train_tp=2,
+    )
+    shutil.rmtree(root / "train" / "2001")
+    found = records.find([root])
+    assert found is not None
+    job = record_compare.compare_job(found)
+    assert all(r.status == "not compared" for r in job.results), [r.verdict() for r in job.results]
+    assert "the training's TP rank(s) [1] of 2 wrote no record" in job.results[0].verdict()

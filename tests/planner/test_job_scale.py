@@ -274,3 +274,38 @@ def test_from_checkpoint_keeps_the_resume_and_counts_from_its_step(tmp_path: Pat
     plain.write_text(variant("run_scale_qwen2_7b_8gpu.sh", "vllm"))
     code, out, _ = cli("prepare", str(plain), "--mode", "consistency", "--from-checkpoint", "--json")
     assert code == 1 or any("global_step_K" in u for u in json.loads(out)["unverifiable"])
+
+
+def test_megatron_records_get_the_layout_their_helper_follows(tmp_path: Path) -> None:
+    """The Megatron helper records packed micro-batches per TP rank: with TP > 1 the plan turns
+    sequence parallelism off (verl's engine default on), a context parallel size or padded batches the
+    script sets are put back, each in the "what differs" block; --prefill-only keeps them all."""
+    base = (CORPUS / "run_deepseek_megatron_vllm.sh").read_text()
+    script = tmp_path / "run.sh"
+    script.write_text(
+        base.replace(
+            "    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=$TP",
+            "    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=$TP\n"
+            "    actor_rollout_ref.actor.megatron.context_parallel_size=2\n"
+            "    actor_rollout_ref.actor.use_remove_padding=False",
+        )
+    )
+
+    def changes(*args: str) -> dict[str, str]:
+        code, out, err = cli(
+            "prepare", str(script), "--mode", "consistency", "--out", str(tmp_path / "o"), *args, "--json"
+        )
+        doc = json.loads(out)
+        assert code == 0, (doc.get("violations"), err)
+        return {
+            c["rule"]: c["required"]
+            for c in doc["changes"]
+            if c["rule"].startswith("consistency.records.megatron")
+        }
+
+    assert changes() == {
+        "consistency.records.megatron_sequence_parallel": "False",
+        "consistency.records.megatron_context_parallel": "1",
+        "consistency.records.megatron_remove_padding": "True",
+    }
+    assert changes("--prefill-only", "--force") == {}

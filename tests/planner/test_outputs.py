@@ -86,12 +86,15 @@ def test_a_symlink_in_the_way_is_not_followed(tmp_path: Path, script: Path) -> N
     assert elsewhere.read_text() == "mine\n", "--force replaces the link, never the file it points to"
 
 
-def test_crlf_script_is_written_without_a_false_message(tmp_path: Path) -> None:
+def test_crlf_script_is_refused_naming_its_line_endings(tmp_path: Path) -> None:
+    """bash takes each line's \\r into its last word (the settings never reach verl): refused, nothing written
+    (issue 45)."""
     script = tmp_path / "run_job.sh"
     script.write_bytes(SOURCE.read_bytes().replace(b"\n", b"\r\n"))
     code, doc, err = _prepare(script)
-    assert code in (0, 1) and doc and doc["written"], err
-    assert "nothing of it was written" not in err and Path(doc["script"]).exists()
+    assert code == 2 and not doc, err
+    assert f"{script}:1: the script has Windows (CRLF) line endings" in err and "Nothing was written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run_job.sh"]
     assert script.read_bytes() == SOURCE.read_bytes().replace(b"\n", b"\r\n")
 
 

@@ -497,57 +497,52 @@ class Measured:
     out: str
     err: str
     seconds: float
-    peak_rss: int  # bytes: the command's own peak resident memory (ru_maxrss of its process)
-
-
-def _cap_memory(limit: int) -> Callable[[], None]:
-    def cap() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    return cap
+    peak_rss: int  # bytes: the command's own peak resident memory (GNU time's %M); -1: killed, unknown
 
 
 def measure(args: list[str], checkout: Path, limit_s: float = 30.0, address_space: int = 4 << 30) -> Measured:
-    """`rl-msprobe ARGS` run by CHECKOUT's code in a process of its own (PRELUDE first), its wall time
-    and peak resident memory from wait4 (as /usr/bin/time -v reports them); killed past LIMIT_S, and
-    its address space capped at ADDRESS_SPACE (an unbounded reader of /dev/zero ends in MemoryError
-    there instead of taking the shared machine's memory)."""
+    """`rl-msprobe ARGS` run by CHECKOUT's code in a process of its own (PRELUDE first): its wall time
+    and peak resident memory as GNU time reports them (`/usr/bin/time -f %M`, which forks it from its
+    own small process: a child forked from this one would count this process's memory, the case
+    builders' torch included, in its peak); killed past LIMIT_S, and its address space capped at
+    ADDRESS_SPACE by prlimit (an unbounded reader of /dev/zero ends in MemoryError there instead of
+    taking the shared machine's memory)."""
     code = (
         PRELUDE
         + "\nimport sys\nfrom rl_msprobe.cli import main\nmain(args=sys.argv[1:], prog_name='rl-msprobe')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(checkout), "MPLBACKEND": "Agg"}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile() as peak,
+    ):
+        argv = ["/usr/bin/time", "-f", "%M", "-o", peak.name, "prlimit", f"--as={address_space}"]
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args],
+            [*argv, sys.executable, "-c", code, *args],
             cwd=checkout,
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_cap_memory(address_space),
+            start_new_session=True,  # its own process group: a kill at the limit reaches the command too
         )
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - started > limit_s:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
+        killed = False
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            killed = True
         seconds = time.monotonic() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         out.seek(0)
         err.seek(0)
-        killed = os.WIFSIGNALED(status)
+        reported = Path(peak.name).read_text().split()
         return Measured(
             None if killed else proc.returncode,
             out.read().decode("utf-8", "replace"),
             err.read().decode("utf-8", "replace"),
             seconds,
-            usage.ru_maxrss * 1024,
+            int(reported[-1]) * 1024 if reported and reported[-1].isdigit() else -1,
         )

@@ -173,6 +173,7 @@ class Options:
     python: str | None = None  # prepare --python: the interpreter that runs verl
     prefill_only: bool = False  # consistency: no per-token record of the response (DUMP_POSITIONS)
     max_dump_gib: float | None = None  # consistency: the most one training step may dump (estimate)
+    model_config: str | None = None  # --model-config: the model's config.json (or its folder)
     # consistency at the job's own scale (docs/consistency.md); batch_one: the original skill's plan
     batch_one: bool = False
     requests: int | None = None  # requests recorded per dumped step (None: the default, 16, fitted)

@@ -451,7 +451,11 @@ def heads_fit_tp(ctx: Context, req: Requirements, tp: int | None) -> None:
     from rl_msprobe.planner import model_config
 
     value, origin = ctx.value(model_config.MODEL_KEY)
-    found = model_config.read(value, origin)
+    found = model_config.read(value, origin, given=ctx.options.model_config)
+    if tp is not None and found.model is None:  # said, never skipped silently
+        req.unverifiable.append(
+            f"{R}tensor_model_parallel_size={tp} divides the attention heads: {found.where}"
+        )
     if tp is None or found.model is None or found.model.heads % tp == 0:
         return
     heads = found.model.heads
@@ -495,13 +499,21 @@ def _zoom(ctx: Context, req: Requirements) -> None:
 
 
 def _model_layers(ctx: Context) -> tuple[int | None, str]:
-    """(decoder layers of the actor's model, where they were read or why not)."""
+    """(decoder layers of the actor's model, where they were read or why not): its config.json where the
+    script points, the Hugging Face cache's copy of a hub id, or --model-config (planner/model_config.py)."""
     import json
 
-    value, origin = ctx.value("actor_rollout_ref.model.path")
-    if origin == "runtime" or not isinstance(value, str) or "$" in value:
-        return None, "the model path is only known at run time"
-    config = os.path.join(os.path.expanduser(value), "config.json")
+    from rl_msprobe.planner import model_config
+
+    value, origin = ctx.value(model_config.MODEL_KEY)
+    given = ctx.options.model_config
+    if given:
+        config: str | None = os.path.join(given, "config.json") if os.path.isdir(given) else given
+    else:
+        config, why = model_config.locate(value, origin)
+        if config is None:
+            return None, why
+    assert config is not None
     try:
         with open(config, encoding="utf-8") as handle:
             doc = json.load(handle)
@@ -522,6 +534,13 @@ def _dump_extent(ctx: Context, req: Requirements) -> None:
     from rl_msprobe.dumps.position_size import GIB, whole_response
 
     prefill_only = ctx.options.prefill_only
+    # the patched Megatron engine raises on DUMP_POSITIONS=1 (the FSDP engine alone records positions)
+    if ctx.backend == "megatron" and not prefill_only:
+        prefill_only = True
+        req.notes.append(
+            "Megatron: this plan's per-token positions (DUMP_POSITIONS=1) are recorded on the FSDP engine only, so "
+            "it compares the prefill (as --prefill-only); the default plan (without --batch-one) records both sides."
+        )
     skips_decode = prefill_only and "vllm-dump" in req.patch_sets
     apply(ctx, req, [ROLLOUT_PHASES] if skips_decode else [] if prefill_only else [POSITIONS])
     what = "Prefill-only consistency" if prefill_only else "Whole-response consistency"

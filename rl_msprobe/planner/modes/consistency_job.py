@@ -141,6 +141,44 @@ BOUNDED = (
 )
 
 
+def _megatron_tp(ctx: Context) -> int:
+    return ctx.int_value(A + "megatron.tensor_model_parallel_size") or 1
+
+
+MEGATRON_RECORDS = (
+    # the Megatron helper records packed (THD) micro-batches per TP rank and pipeline stage; these three
+    # layouts it refuses at the first micro-batch (rl_msprobe_hooks: _refuse_megatron_layouts)
+    Rule(
+        "consistency.records.megatron_sequence_parallel",
+        A + "megatron.sequence_parallel",
+        False,
+        "the per-token records of the training side follow each TP rank's rows; Megatron's sequence parallelism "
+        "spreads the token rows of norms and residuals over the TP ranks (verl's default with TP > 1); the "
+        "same sums, gathered instead of reduce-scattered",
+        when=lambda ctx: ctx.backend == "megatron" and _megatron_tp(ctx) > 1,
+    ),
+    Rule(
+        "consistency.records.megatron_context_parallel",
+        A + "megatron.context_parallel_size",
+        1,
+        "the per-token records follow whole sequences on each rank; context parallelism splits each sequence "
+        "over ranks in chunks (--prefill-only keeps it: msprobe's prefill compare)",
+        when=lambda ctx: (
+            ctx.backend == "megatron" and (ctx.int_value(A + "megatron.context_parallel_size") or 1) > 1
+        ),
+    ),
+    Rule(
+        "consistency.records.megatron_remove_padding",
+        A + "use_remove_padding",
+        True,
+        "the Megatron engine's records follow its packed (THD) micro-batches, not the padded (bshd) layout",
+        when=lambda ctx: (
+            ctx.backend == "megatron" and str(ctx.value(A + "use_remove_padding")[0]).lower() == "false"
+        ),
+    ),
+)
+
+
 def _record_rules(ctx: Context, share: float | None) -> list[EnvRule]:
     """The switches of docs/records.md: where, which requests, which layers and modules."""
     options = ctx.options
@@ -290,10 +328,13 @@ def job_requirements(ctx: Context) -> Requirements:
     share = _record_extent(ctx, req, rollout_tp)
     if not options.prefill_only:
         apply(ctx, req, _record_rules(ctx, share))
+        apply(ctx, req, MEGATRON_RECORDS)
     if ctx.backend == "megatron":
         req.notes.append(
-            "Megatron: the training records come from the Megatron engine where its micro-batches allow; "
-            "where they do not yet, --prefill-compare gives msprobe's prefill compare."
+            "Megatron: the training records come from the Megatron engine's packed (THD) micro-batches, every TP "
+            "rank and pipeline stage (TP shards merge in `dumps positions`); the plan turns sequence parallelism "
+            "off and keeps context parallelism at 1 for them (above); a job that needs either: --prefill-only "
+            "(msprobe's prefill compare)."
         )
     if options.zoom is not None:  # msprobe mix dumps of one layer, one request, the prompt (modes/zoom.py)
         from rl_msprobe.planner.modes.zoom import apply_zoom
@@ -366,7 +407,7 @@ def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> f
         )
         return None
     value, origin = ctx.value(model_config.MODEL_KEY)
-    found = model_config.read(value, origin)
+    found = model_config.read(value, origin, given=options.model_config)
     prompt = ctx.int_value("data.max_prompt_length")
     response = ctx.int_value("data.max_response_length")
     missing = [

@@ -192,6 +192,16 @@ SGLANG: tuple[Rule | EnvRule, ...] = (
 )
 
 
+def _rollout_found(ctx: Context) -> str:
+    """What the script (or its config) sets actor_rollout_ref.rollout.name to, as the violation says it."""
+    if ctx.detection.rollout != "unknown":
+        return ctx.detection.rollout
+    value, origin = ctx.value("actor_rollout_ref.rollout.name")
+    if origin == "runtime":
+        return "set at run time"
+    return "not set" if value is None or value == "???" else str(value)
+
+
 def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "generate") -> None:
     """Everything the rollout side needs; shared by inference and consistency."""
     rollout = ctx.rollout
@@ -202,7 +212,7 @@ def rollout_requirements(ctx: Context, req: Requirements, role_dir: str = "gener
             Violation(
                 "inference.rollout_engine",
                 "actor_rollout_ref.rollout.name",
-                "not set" if ctx.detection.rollout == "unknown" else ctx.detection.rollout,
+                _rollout_found(ctx),
                 "vllm or sglang",
                 "set actor_rollout_ref.rollout.name=vllm|sglang in the script (verl needs it anyway) or pass --backend",
             )

@@ -20,7 +20,9 @@ where such a divergence was found; the zoom covers positions of the prompt.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,11 +60,39 @@ class ZoomTarget:
         return head or None
 
 
+def _from_requests(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """`dumps positions --json` (rl-msprobe.dumps-positions/1): each divergent request's
+    `positions.first` (start, phase, module, layer) with the request's id and prompt length; a
+    divergence in the prompt first (what the zoom can dump), else the first divergent request."""
+    found = []
+    for item in doc.get("requests") or ():
+        positions = item.get("positions") if isinstance(item, dict) else None
+        if not isinstance(positions, dict):
+            continue
+        first = positions.get("first")
+        if not isinstance(first, dict) or not first.get("module") or item.get("request_id") in (None, ""):
+            continue
+        found.append(
+            {
+                "request_id": item["request_id"],
+                "module": first["module"],
+                "layer": first.get("layer"),
+                "position": first.get("start"),
+                "phase": first.get("phase"),
+                "prompt_len": positions.get("prompt"),
+            }
+        )
+    return next((f for f in found if f["phase"] == "prefill"), found[0] if found else None)
+
+
 def _first(doc: Any) -> dict[str, Any] | None:
-    """The first divergence in a `dumps positions --json` document, read defensively (the report's
-    shape may name it first_divergence, first, or list divergences / findings / pairs)."""
+    """The first divergence in a `dumps positions --json` document (`_from_requests`), else read
+    defensively (a shape that names it first_divergence, first, or lists divergences / findings)."""
     if not isinstance(doc, dict):
         return None
+    from_requests = _from_requests(doc)
+    if from_requests is not None:
+        return from_requests
     for key in ("first_divergence", "first", "divergence"):
         value = doc.get(key)
         if isinstance(value, dict):
@@ -243,10 +273,13 @@ def apply_zoom(ctx: Context, req: Requirements, target: ZoomTarget) -> None:
     req.configs[:] = [_zoomed(spec, target, lists) for spec in req.configs]
     apply(ctx, req, [PHASES, PROMPTS])
     where = f"{target.block} of layer {target.layer}" if target.block else f"layer {target.layer}"
+    # the folder holding actor/ and generate/: a command that pastes as printed (no <placeholder>)
+    parents = {os.path.dirname(spec.dump_path.rstrip("/")) for spec in req.configs if spec.dump_path}
+    folder = parents.pop() if len(parents) == 1 else ctx.dump_dir
     req.notes.append(
         f"Zoom: msprobe mix dumps of {where} only, request {target.request_id} only (msprobe's request_id "
-        "slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom <the dump folder: "
-        "actor/ and generate/>` runs msprobe's compare of the two and names the API call where it starts."
+        f"slice), its prompt's forward on both sides. After the run, `rl-msprobe dumps zoom {shlex.quote(folder)}` "
+        "(actor/ and generate/ below it) runs msprobe's compare of the two and names the API call where it starts."
     )
     req.notes.append(
         f"Zoom: request {target.request_id} must carry the same id in this run: the verl-consistency set sends "

@@ -676,10 +676,21 @@ def test_consistency_refuses_a_dump_past_the_limit_and_prefill_only_skips_it(tmp
     assert "per-token records 0)" in note and "decode steps are not dumped" in note, note
 
 
+def test_consistency_batch_one_on_megatron_sets_no_positions_its_engine_refuses(tmp_path: Path) -> None:
+    """The patched Megatron engine raises on DUMP_POSITIONS=1 (FSDP only): the batch-one plan compares the
+    prefill there and says so (issue 45)."""
+    p = plan("run_deepseek_megatron_vllm.sh", "consistency", tmp_path, batch_one=True)
+    env = dict((n, v) for n, v, _ in p.env)
+    assert "DUMP_POSITIONS" not in env and env.get("MSPROBE_ROLLOUT_PHASES") == "prefill", env
+    assert any(n.startswith("Megatron: this plan's per-token positions") for n in p.notes), p.notes
+    fsdp = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path / "fsdp", batch_one=True)
+    assert dict((n, v) for n, v, _ in fsdp.env)["DUMP_POSITIONS"] == "1"
+
+
 def test_consistency_without_a_readable_model_says_there_is_no_estimate(tmp_path: Path) -> None:
     p = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path, batch_one=True)
     (note,) = [n for n in p.notes if n.startswith("Whole-response consistency:")]
-    assert "no size estimate" in note and "config.json is not readable here" in note
+    assert "no size estimate" in note and "the model is unknown" in note and "pass --model-config" in note
     # the default plan says the same of its records, and why (a hub id not in the Hugging Face cache)
     default = plan("run_qwen2_7b_grpo_fsdp_vllm.sh", "consistency", tmp_path / "default")
     (records,) = [n for n in default.notes if n.startswith("Records:")]

@@ -4,6 +4,8 @@ request_id slice), the prompt's forward; decode positions and engines without th
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,12 @@ def test_the_plan_sets_request_id_list_and_the_prompt_only(tmp_path: Path) -> No
     assert "layers.3._fsdp_wrapped_module.mlp." in stats["actor"]["list"]
     assert all(doc["level"] == "mix" for _, doc in p.configs.values())
     assert "MSPROBE_ROLLOUT_PHASES=prefill" in p.derived_text and "PROMPTS_ONLY=1" in p.derived_text
-    assert any(n.startswith("Zoom: msprobe mix dumps of mlp of layer 3") for n in p.notes)
+    (note,) = [n for n in p.notes if n.startswith("Zoom: msprobe mix dumps of mlp of layer 3")]
+    # the command it prints pastes as is: the folder holding both dumps, no <placeholder> (issue 45)
+    command = note.split("`")[1]
+    folders = {os.path.dirname(doc["dump_path"]) for _, doc in p.configs.values()}
+    assert "<" not in command and command == f"rl-msprobe dumps zoom {shlex.quote(folders.pop())}", note
+    assert {os.path.basename(doc["dump_path"]) for _, doc in p.configs.values()} == {"actor", "generate"}
 
 
 def test_sglang_and_level_l0_are_refused(tmp_path: Path) -> None:
@@ -109,3 +116,57 @@ def test_prepare_takes_the_zoom_flags(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     actor = json.loads(Path(doc["configs"]["actor"]).read_text())
     assert actor["statistics"]["request_id"] == "req-b" and actor["level"] == "mix", res.output
+
+
+def test_the_report_dumps_positions_writes_is_read(tmp_path: Path) -> None:
+    """`dumps positions --json` on real records (the shared writer on a tiny model, two planted faults):
+    the prompt's divergence is the zoom's target (the zoom dumps prompt forwards); a report whose only
+    divergence is in the response is refused with the reason."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from tests.dumps import record_models as rm
+
+    lengths = {"A": (6, 4), "B": (4, 6)}
+
+    def report(name: str, *plants: rm.Plant) -> Path:
+        root = rm.write_job(
+            tmp_path / name,
+            rm.tokens_of(lengths),
+            {},
+            rm.batched_schedule(lengths, chunk=2),
+            [["A", "B"]],
+            plants=plants,
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rl_msprobe",
+                "dumps",
+                "positions",
+                str(root),
+                "--out",
+                str(tmp_path / f"{name}-o"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        path = tmp_path / f"{name}.json"
+        path.write_text(out.stdout)
+        return path
+
+    both = report(
+        "both",
+        rm.Plant("rollout", "model.layers.0.self_attn.o_proj", "A", 7),  # A's response
+        rm.Plant("rollout", "model.layers.1.mlp.down_proj", "B", 2),  # B's prompt
+    )
+    target = zoom_target(str(both), None, None, None, None)
+    assert target == ZoomTarget("B", 1, "model.layers.1.mlp.down_proj", 2, "prefill", 4)
+    assert target.block == "mlp"
+    decode = report("decode", rm.Plant("rollout", "model.layers.0.self_attn.o_proj", "A", 7))
+    with pytest.raises(UserError, match="is a response \\(decode\\) position"):
+        zoom_target(str(decode), None, None, None, None)
