@@ -8,7 +8,8 @@ max_tokens 64 (ignore_eos), temperature 1. Rounds alternate in one process: `log
 asks with calculate_log_probs=True) and `logprobs=K` followed by the helper's `keep_top_k` of every
 request (verl-triage's two server lines). Figures: each round's wall time of `generate` (decode
 steps, sampling, detokenizing the returned top-k tokens and the helper) and the median decode step
-(`LLMEngine.step`); ratios are medians of the paired rounds.
+(`LLMEngine.step`); ratios are medians of the paired rounds, and the fastest round's of each mode
+(the least disturbed by other sessions' load).
 
 Run: python benchmarks/bench_rollout_topk.py [--rounds 6] [--k 20]   (needs the job venv)
 """
@@ -123,7 +124,8 @@ def main() -> None:
         print(
             f"{what}: logprobs=0 {statistics.median(r[what] for r in off) * 1e3:.1f} ms, "
             f"top {args.k} + keep_top_k {statistics.median(r[what] for r in on) * 1e3:.1f} ms: "
-            f"{statistics.median(ratios):.3f}x median [{min(ratios):.3f}-{max(ratios):.3f}] ({len(ratios)} pairs)"
+            f"{statistics.median(ratios):.3f}x median [{min(ratios):.3f}-{max(ratios):.3f}] ({len(ratios)} pairs); "
+            f"fastest round {min(r[what] for r in on) / min(r[what] for r in off):.3f}x"
         )
 
 
