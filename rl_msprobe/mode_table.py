@@ -109,7 +109,7 @@ MODES: tuple[Mode, ...] = (
         "log-prob gap per request, no msprobe",
         "triage",
         "run_triage_",
-        patch_sets=("verl-triage", "verl-request-id"),
+        patch_sets=("verl-triage", "verl-request-id", "verl-routing"),
     ),
     Mode(
         "weights",

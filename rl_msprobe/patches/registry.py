@@ -41,6 +41,7 @@ ROWS: tuple[SetRow, ...] = (
     SetRow("verl-consistency", "verl", "verl_consistency"),
     SetRow("verl-triage", "verl", "verl_triage"),
     SetRow("verl-weights", "verl", "verl_weights"),
+    SetRow("verl-routing", "verl", "verl_routing"),
     SetRow("sglang-weights", "sglang", "verl_weights"),
     SetRow("sglang-dump", "sglang", "sglang"),
     SetRow("sglang-dispatch-log", "sglang", "sglang"),

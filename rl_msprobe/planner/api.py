@@ -92,7 +92,6 @@ class PrepareOptions:
     steps: str | None = None  # "1,2"
     ranks: str | None = None  # "0,1"
     task: str = "statistics"
-    model_config: str | None = None  # --model-config PATH
     stages: str | None = None  # "S1,S2"
     backend: str | None = None
     train_backend: str | None = None
@@ -102,6 +101,7 @@ class PrepareOptions:
     command: int | None = None
     no_env_check: bool = False
     prefill_only: bool = False
+    model_config: str | None = None  # --model-config PATH
     max_dump_gib: float | None = None
     batch_one: bool = False
     requests: int | None = None

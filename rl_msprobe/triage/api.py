@@ -38,6 +38,7 @@ class MismatchReport:
     paths: dict[str, str]
     notes: tuple[str, ...]
     distribution: DistributionResult | None = None  # the distribution per position and the causes
+    routing: Any = None  # triage/routing.py's Routing, when the folder has MoE routing records
 
     @property
     def found(self) -> Found:
@@ -53,6 +54,7 @@ class MismatchReport:
         from rl_msprobe.triage.report import summary_json
 
         doc = summary_json(self.triage, self.growth, self.proposal, self.paths, self.distribution)
+        doc["routing"] = self.routing.to_json() if self.routing is not None else None
         return {"schema": SCHEMA, **doc, "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
@@ -82,6 +84,10 @@ class MismatchReport:
             out += [f"  fix: {f}" for f in cause.fix]
         if dist is not None and dist.semantic:
             out.append("next: fix the semantic cause(s) above; if a gap stays, then a consistency dump:")
+        if self.routing is not None:
+            from rl_msprobe.triage.routing_report import verdict
+
+            out.append(f"routing: {verdict(self.routing) or 'agrees (every compared token, every layer)'}")
         if self.proposal is not None:
             out.append(f"next: dump step {self.proposal.step} ({self.proposal.why})")
             out += [f"  {cmd}" for cmd in self.proposal.commands]
@@ -110,16 +116,22 @@ def mismatch_report(
     from rl_msprobe.triage.distribution_report import read_distribution, script_settings
     from rl_msprobe.triage.propose import choose, growth, write_proposal
     from rl_msprobe.triage.report import write_report
+    from rl_msprobe.triage.routing import read_routing
+    from rl_msprobe.triage.routing_report import verdict
     from rl_msprobe.triage.stream import read_triage
 
     out = (out or (folder if folder.is_dir() else folder.parent) / "report").resolve()
     result = read_triage(folder, keep=keep)
     dist = read_distribution(folder, script_settings(script.resolve() if script else None))
+    routing = read_routing(folder)
     g = growth(result)
     proposal = choose(result, result.step_worst)
     with ReportFolder(out, force) as report_folder:
         if proposal is not None:
             python = python or recorded_python([folder])[0]
             write_proposal(proposal, report_folder, script.resolve() if script else None, tree, python)
-        paths, notes = write_report(result, g, proposal, report_folder, dist)
-    return MismatchReport(result, g, proposal, paths, tuple(notes), dist)
+            cause = verdict(routing) if routing is not None else None
+            if cause:  # a routing cause: the layer and replay first, the dump after
+                proposal.notes.insert(0, cause)
+        paths, notes = write_report(result, g, proposal, report_folder, dist, routing)
+    return MismatchReport(result, g, proposal, paths, tuple(notes), dist, routing)

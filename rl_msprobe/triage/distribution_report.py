@@ -21,7 +21,7 @@ from typing import Any
 
 from rl_msprobe.triage.distribution import BadDistribution, Sums, parse, position_metrics
 from rl_msprobe.triage.semantics import Cause, Evidence, diagnose, request_evidence
-from rl_msprobe.triage.stream import Scalar, _step_order, log_files
+from rl_msprobe.triage.stream import Scalar, log_files, step_order
 
 ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode", "name")
 
@@ -49,7 +49,7 @@ class DistributionResult:
         return bool(self.steps)
 
     def step_list(self) -> list[StepDistribution]:
-        return [self.steps[s] for s in sorted(self.steps, key=_step_order)]
+        return [self.steps[s] for s in sorted(self.steps, key=step_order)]
 
     @property
     def semantic(self) -> list[Cause]:
@@ -144,9 +144,9 @@ def script_settings(script: Path | None) -> dict[str, str]:
     if script is None:
         return {}
     from rl_msprobe.launch.overrides import Overrides
-    from rl_msprobe.triage.propose import _read_script
+    from rl_msprobe.triage.propose import read_script
 
-    parsed = _read_script(script)
+    parsed = read_script(script)
     if parsed.command is None:
         return {}
     overrides = Overrides(parsed.command.args)
@@ -258,7 +258,7 @@ def plot(result: DistributionResult, plt: Any) -> dict[str, bytes]:
         return {}
     import numpy as np
 
-    from rl_msprobe.triage.report import _png
+    from rl_msprobe.triage.report import png_bytes
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for s in result.step_list()[:12]:
@@ -274,4 +274,4 @@ def plot(result: DistributionResult, plt: Any) -> dict[str, bytes]:
     for ax in axes:
         ax.set_xlabel("response position")
         ax.legend(fontsize=7)
-    return {"kl_by_position.png": _png(fig, plt)}
+    return {"kl_by_position.png": png_bytes(fig, plt)}

@@ -155,7 +155,7 @@ def write_proposal(
             f"--request {shlex.quote(str(worst.request_id))}{tree}"
         )
     if script is not None:
-        parsed = _read_script(script)
+        parsed = read_script(script)
         derived = write_repro_script(script, parsed, data, out, proposal.step)
         proposal.script = str(derived)
         # one prompt: the original skill's batch-1 plan fits it (a one-row dataset cannot fill the job's batch)
@@ -210,7 +210,7 @@ def trained_weights_note(step: int, freq: object) -> str:
     )
 
 
-def _read_script(script: Path) -> LaunchScript:
+def read_script(script: Path) -> LaunchScript:
     """The user's launch script, parsed once for the reproduction script and its save_freq."""
     from rl_msprobe import bounded, planner
 
@@ -239,7 +239,7 @@ def target_args(verl_tree: str | None, python: str | None) -> str:
 def write_repro_script(
     script: Path, parsed: LaunchScript, data: Path, out: ReportFolder, step: Scalar
 ) -> Path:
-    """A copy of the user's launch script (`parsed`: as `_read_script` read it) with the one-prompt
+    """A copy of the user's launch script (`parsed`: as `read_script` read it) with the one-prompt
     data and one training step."""
     from rl_msprobe.launch.overrides import Overrides
     from rl_msprobe.launch.render import Token, comment, render

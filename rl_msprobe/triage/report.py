@@ -292,7 +292,7 @@ def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]
             ax.set_xlabel("step")
             ax.set_title(f"{LABEL[q]} per step")
             ax.legend()
-        pngs["gap_per_step.png"] = _png(fig, plt)
+        pngs["gap_per_step.png"] = png_bytes(fig, plt)
         names["steps"] = "gap_per_step.png"
     sums, counts = result.by_position["dlogp"]
     if len(counts):
@@ -305,12 +305,12 @@ def plots(result: Triage) -> tuple[dict[str, str], dict[str, bytes], str | None]
         ax.set_xlabel("response position")
         ax.set_ylabel("mean |Δ log p|")
         ax.set_yscale("log")
-        pngs["gap_by_position.png"] = _png(fig, plt)
+        pngs["gap_by_position.png"] = png_bytes(fig, plt)
         names["positions"] = "gap_by_position.png"
     return names, pngs, None
 
 
-def _png(fig: Any, plt: Any) -> bytes:
+def png_bytes(fig: Any, plt: Any) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
@@ -356,9 +356,10 @@ def write_report(
     proposal: Proposal | None,
     out: ReportFolder,
     distribution: DistributionResult | None = None,
+    routing: Any = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Write everything into out (staged: in place when the command's folder commits); returns
-    (name -> path, notes)."""
+    (name -> path, notes). ROUTING: the MoE routing comparison (triage/routing.py), if any."""
     names, pngs, why_not = plots(result)
     extra: list[Section] = []
     if distribution is not None and distribution.present:
@@ -369,6 +370,10 @@ def write_report(
         names.update({name.removesuffix(".png"): name for name in more})
         verl_dp = {s.step: s.gaps["dp"].mean() for s in result.step_list() if "dp" in s.gaps}
         extra = distribution_report.sections(distribution, verl_dp, names)
+    if routing is not None:  # the MoE routing sections (triage/routing_report.py)
+        from rl_msprobe.triage import routing_report
+
+        extra = [*extra, *routing_report.parts(routing, pngs)]
     parts = sections(result, g, proposal, names, extra)
     paths = {
         "md": str(out.path / "report.md"),
@@ -380,5 +385,6 @@ def write_report(
     out.write("report.md", render_markdown(parts))
     out.write("report.html", render_html(parts, pngs))
     doc = summary_json(result, g, proposal, paths, distribution)
+    doc["routing"] = routing.to_json() if routing is not None else None
     out.write("summary.json", json.dumps(doc, indent=2, default=str))
     return paths, [why_not] if why_not else []

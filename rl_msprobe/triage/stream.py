@@ -180,10 +180,10 @@ class Triage:
     step_worst: dict[Scalar, Worst] = field(default_factory=dict)  # each step's worst request
 
     def step_list(self) -> list[StepStats]:
-        return [self.steps[k] for k in sorted(self.steps, key=_step_order)]
+        return [self.steps[k] for k in sorted(self.steps, key=step_order)]
 
 
-def _step_order(step: Scalar) -> tuple[int, float | str]:
+def step_order(step: Scalar) -> tuple[int, float | str]:
     return (0, step) if isinstance(step, (int, float)) else (1, str(step))
 
 

@@ -227,6 +227,30 @@ def qwen3_model(python: Path) -> Path:
     return vllm_cpu.cached_folder(dest, expected, python, _QWEN3_SCRIPT, *args, what="the tiny Qwen3")
 
 
+QWEN3_MOE_MODEL = {
+    **QWEN3_MODEL,
+    "moe_intermediate_size": 64,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+_QWEN3_MOE_SCRIPT = _QWEN3_SCRIPT.replace("Qwen3Config", "Qwen3MoeConfig").replace(
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
+)
+
+
+def qwen3_moe_model(python: Path) -> Path:
+    """A tiny random Qwen3-MoE (3 layers, each a sparse MoE block of 8 experts, top-2) with the
+    tokenizer of `qwen3_model`, cached: vLLM CPU 0.32 runs it (its CPU MoE backend)."""
+    options = {"full_vocab": True, "chat_template": CHAT_TEMPLATE, "chatml": True}
+    dest = vllm_cpu.models_dir() / "tiny-qwen3-moe-chatml-s0"
+    expected = {"spec": QWEN3_MOE_MODEL, "seed": 0, "options": options}
+    args = (json.dumps(QWEN3_MOE_MODEL), "0", json.dumps(options))
+    return vllm_cpu.cached_folder(dest, expected, python, _QWEN3_MOE_SCRIPT, *args, what="the tiny Qwen3-MoE")
+
+
 def job_data(python: Path) -> Path:
     """train.parquet / val.parquet for the tiny job, made once with the venv's pandas."""
     rows = {"train": TRAIN_ROWS, "val": VAL_ROWS}
@@ -315,11 +339,12 @@ def prepare_job(
 ) -> Job:
     """Write a job folder under DEST (script `run_tiny_grpo.sh`); pytest.skip loudly when the
     venv cannot be built here. EXTRA overrides go after the standard ones. RANKS devices (FSDP2
-    world RANKS, one vLLM server with TP = RANKS; DOMAIN §9), MODEL qwen2 or qwen3 (tiny, with
-    q_norm/k_norm and the ChatML tokens verl's Qwen3 logic needs), DTYPE of the rollout."""
+    world RANKS, one vLLM server with TP = RANKS; DOMAIN §9), MODEL qwen2, qwen3 (tiny, with
+    q_norm/k_norm and the ChatML tokens verl's Qwen3 logic needs) or qwen3-moe (the same, MoE), DTYPE of the rollout."""
     python = python or VENV.python_or_skip()
     dest.mkdir(parents=True, exist_ok=True)
-    model_dir = qwen3_model(python) if model == "qwen3" else job_model(python)
+    makers = {"qwen3": qwen3_model, "qwen3-moe": qwen3_moe_model}
+    model_dir = makers.get(model, job_model)(python)
     data = job_data(python)
     (dest / "reward.py").write_text(REWARD)
     script = dest / "run_tiny_grpo.sh"
@@ -333,7 +358,7 @@ def prepare_job(
         extra,
         replace=variant_overrides(ranks, dtype),
         exports=exports,
-        model_name="Qwen3" if model == "qwen3" else "Qwen2",
+        model_name={"qwen3": "Qwen3", "qwen3-moe": "Qwen3-MoE"}.get(model, "Qwen2"),
     )
     script.write_text(text)
     script.chmod(0o755)

@@ -87,7 +87,7 @@ def requirements(ctx: Context) -> Requirements:
                 "its own distribution at the same positions (prepare --top-k; 0: the sampled token only)",
             )
         )
-    req.patch_sets += ["verl-triage", "verl-request-id"]
+    req.patch_sets += ["verl-triage", "verl-request-id", "verl-routing"]  # routing: MoE models only
     report = f"rl-msprobe mismatch report {shlex.quote(folder)} --script {shlex.quote(ctx.script.path)}"
     if ctx.options.python:  # the proposed consistency command then names it too
         report += f" --python {shlex.quote(ctx.options.python)}"

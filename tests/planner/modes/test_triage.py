@@ -22,8 +22,10 @@ def test_prepare_triage_sets_log_probs_env_and_the_patch_set(tmp_path):
     code, out, err = run_cli("prepare", str(script), "--mode", "triage", "--python", "python3", "--json")
     assert code == 0, err + out
     plan = json.loads(out)
-    assert plan["patch_sets"] == ["verl-triage", "verl-request-id"] and plan["configs"] == {}
-    assert plan["patch_commands"][0].startswith("rl-msprobe patch apply verl-triage verl-request-id")
+    assert plan["patch_sets"] == ["verl-triage", "verl-request-id", "verl-routing"] and plan["configs"] == {}
+    assert plan["patch_commands"][0].startswith(
+        "rl-msprobe patch apply verl-triage verl-request-id verl-routing"
+    )
     derived = (tmp_path / "run_triage_grpo.sh").read_text()
     assert "actor_rollout_ref.rollout.calculate_log_probs=True" in derived
     folder = str(tmp_path / "msprobe_grpo" / "dump" / "triage")
