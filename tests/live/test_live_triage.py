@@ -162,7 +162,12 @@ def test_planted_rollout_perturbation_makes_the_gap_jump_at_its_step(triage_run)
     proposal = report["proposal"]
     assert proposal["step"] == PLANT_STEP and proposal["request"]["step"] == PLANT_STEP
     assert Path(proposal["data_file"]).is_file() and Path(proposal["script"]).is_file()
-    assert proposal["commands"][0].startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
+    # with the stable request ids (verl-request-id), the job's own `--steps N --request ID` comes first;
+    # the one-prompt reproduction script's command is there too
+    assert any(
+        c.startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
+        for c in proposal["commands"]
+    ), proposal["commands"]
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user", row  # the dataset row came through, ready for verl's loader
 
@@ -275,7 +280,10 @@ def repro_run(triage_run, user_python):
     prints applied to the user's venv, the derived reproduction run with the same rollout bug
     planted from the first weight sync (the reproduction has one step), dumps check and compare,
     then the sets reverted."""
-    command = triage_run.report["proposal"]["commands"][0]
+    proposal = triage_run.report["proposal"]
+    command = next(
+        c for c in proposal["commands"] if c.startswith(f"rl-msprobe prepare {proposal['script']} ")
+    )
     argv = shlex.split(command)
     assert argv[0] == "rl-msprobe" and "<" not in command, command  # nothing left to fill in
     prepared = live_flow.cli(*argv[1:])
