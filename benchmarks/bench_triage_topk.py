@@ -9,6 +9,16 @@ work: logits, log-softmax of the sampled token, entropy) and set (plus, at the r
 logsumexp, entropy, the rollout's k ids' log-probs and the engine's own top k). Ratios: medians of
 each round's on / off time.
 
+Measured 2026-12-07 on the shared 2-core machine (torch 2.13 CPU, OMP_NUM_THREADS=1, verl 0.9.1),
+the defaults (hidden 512, 4 layers, vocab 32768, k 20, 1408 tokens, 672 response positions):
+  23:44 UTC, load average 12.8, 7 rounds: 3.821 s without, 4.183 s with, 1.058x median
+  [0.926-1.224] (the logsumexp from verl's float32 log-probs: one copy of the response rows, one
+  top-k, one gather). The first version (its own logsumexp and a softmax entropy over the
+  response rows) measured 1.117x (23:40, load 10) and 1.136x (23:41, load 8): a log-prob-shaped
+  pass over [rows, vocab] costs ~5% here. That remains the path when verl's log-probs are not
+  float32 (bf16 under CPU autocast, as in the live job): between the two figures.
+No accelerator was used; there the top-k and gather are two kernels beside the lm_head matmul.
+
 Run: python benchmarks/bench_triage_topk.py [--repeat 5] [--k 20] [--hidden 512] [--layers 4]
 [--vocab 32768] [--scale 32]   (needs the job venv: python -m tests.support.job_venv build)
 """

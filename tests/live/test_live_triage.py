@@ -20,9 +20,15 @@ KL about 0 and the same top-1 token at every position, steps 3-4 numerics; and j
 steps, full tier) plants one scenario per step on the rollout (tests/live/live_perturb.py): 2 the
 final norm x1.01 (KL up at every position, numerics), 3 the sampler at temperature 0.8 (named
 temperature with T_rollout / T_train 0.80), 4 top-p 0.9 with verl's processed log-probs (named
-renormalisation). Measured 2026-12-07 23:20-23:26 UTC (load from other sessions): job 3 372 s;
-its report: KL >= 1.1e-7 / 1.6e-6 / 1.0e-3 / 4.2e-4 per step, top-1 agreement 1.0 at every
-position of every step, slope 1.2498 (T ratio 0.800), kept mass 0.901.
+renormalisation). Measured 2026-12-07 23:20-23:26 UTC and again 2026-12-08 00:14-00:19 (load from
+other sessions; each job waits for the live-job lock): job 3 about 6 min; its report: mean KL >=
+1.1e-7 / 1.6e-6 / 1.0e-3 / 4.2e-4 per step (every position of step 2 above every position of step
+1: 1.2e-6 .. 2.3e-6 against 6e-8 .. 1.7e-7), top-1 agreement 1.0 at every position of every step,
+slope 1.2499 (T_rollout / T_train 0.800), kept mass 0.901 at all 64 positions. Job 1's steps 1-2:
+KL >= 1.1e-7, top-1 1.0 everywhere; steps 3-4 (layer-1 norm x4): KL 4.1e-3 / 3.9e-3, numerics.
+The clean steps' verdict is numerics, not "no gap": the training log-probs are bf16 on this CPU
+job (|Δ log p| ~0.01). The tiny model's distributions are flat (vocab 512), so the top 20 hold
+little mass and the TV upper bound stays ~0.93: the KL bound and top-1 carry the signal here.
 
 Measured (2 cores shared with other sessions, 2026-12-01, two runs): the triage fixture
 230-276 s (user venv ~15 s, the 4-step job, the report < 5 s); the reproduction fixture 191 s
@@ -156,7 +162,12 @@ def test_planted_rollout_perturbation_makes_the_gap_jump_at_its_step(triage_run)
     proposal = report["proposal"]
     assert proposal["step"] == PLANT_STEP and proposal["request"]["step"] == PLANT_STEP
     assert Path(proposal["data_file"]).is_file() and Path(proposal["script"]).is_file()
-    assert proposal["commands"][0].startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
+    # with the stable request ids (verl-request-id), the job's own `--steps N --request ID` comes first;
+    # the one-prompt reproduction script's command is there too
+    assert any(
+        c.startswith(f"rl-msprobe prepare {proposal['script']} --mode consistency")
+        for c in proposal["commands"]
+    ), proposal["commands"]
     row = json.loads(Path(proposal["data_file"]).read_text())
     assert row["prompt"][0]["role"] == "user", row  # the dataset row came through, ready for verl's loader
 
@@ -269,7 +280,10 @@ def repro_run(triage_run, user_python):
     prints applied to the user's venv, the derived reproduction run with the same rollout bug
     planted from the first weight sync (the reproduction has one step), dumps check and compare,
     then the sets reverted."""
-    command = triage_run.report["proposal"]["commands"][0]
+    proposal = triage_run.report["proposal"]
+    command = next(
+        c for c in proposal["commands"] if c.startswith(f"rl-msprobe prepare {proposal['script']} ")
+    )
     argv = shlex.split(command)
     assert argv[0] == "rl-msprobe" and "<" not in command, command  # nothing left to fill in
     prepared = live_flow.cli(*argv[1:])
