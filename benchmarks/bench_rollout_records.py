@@ -49,6 +49,16 @@ above 1.5x on this CPU: ~8 ms a step of small per-tensor work (next: copy the fe
 step at hook time and reduce them per width group at the record's end, a handful of ops a step
 instead of three per tensor).
 
+2026-12-08 23:03 UTC (load 1.3), the recorder's per-tensor path trimmed (the tensor table one tuple
+per tensor, no detach / reshape of rows already 2-D, no no_grad guard under inference, a float32 CPU
+fast path, no per-part reshape in the gather), 6 paired rounds: (i) 14.1 ms median, (ii) 19.5 ms:
+**1.39x** median [1.36-1.39], 27.8 KB a step. A micro-benchmark of 285 tensors of 8 rows had shown the
+reductions themselves at ~2 ms a step (7 us a tensor): most of the added time was the Python around
+them, which is what the trim took. Deferring the reductions to one batched pass per width group at the
+record's end (a copy per tensor, then cat / amax / amin / norm per group) measured slower on CPU
+(3.0 against 2.0 ms for the same 285 tensors) and was not kept. Under load 7-9 (other sessions' live
+jobs) the paired ratio spread [0.24-26] and no figure could be read.
+
 Run: python benchmarks/bench_rollout_records.py [--rounds 4] [--msprobe-rounds 2] [--recorder FILE] [--profile]
 (needs the job venv: python -m tests.support.job_venv build). --recorder replaces the patched tree's
 rl_msprobe_records.py with FILE (e.g. an older recorder, for a before / after figure).
