@@ -49,7 +49,7 @@ above 1.5x on this CPU: ~8 ms a step of small per-tensor work (next: copy the fe
 step at hook time and reduce them per width group at the record's end, a handful of ops a step
 instead of three per tensor).
 
-2026-12-08 23:03 UTC (load 1.3), the recorder's per-tensor path trimmed (the tensor table one tuple
+2026-12-07 23:03 UTC (load 1.3), the recorder's per-tensor path trimmed (the tensor table one tuple
 per tensor, no detach / reshape of rows already 2-D, no no_grad guard under inference, a float32 CPU
 fast path, no per-part reshape in the gather), 6 paired rounds: (i) 14.1 ms median, (ii) 19.5 ms:
 **1.39x** median [1.36-1.39], 27.8 KB a step. A micro-benchmark of 285 tensors of 8 rows had shown the
