@@ -58,6 +58,9 @@ them, which is what the trim took. Deferring the reductions to one batched pass 
 record's end (a copy per tensor, then cat / amax / amin / norm per group) measured slower on CPU
 (3.0 against 2.0 ms for the same 285 tensors) and was not kept. Under load 7-9 (other sessions' live
 jobs) the paired ratio spread [0.24-26] and no figure could be read.
+2026-12-08 01:08 UTC, load 0.9-1.4, the two recorders one after the other, 8 paired rounds each: the
+trimmed one 1.38x median [1.29-1.55] (14.1 -> 19.5 ms), the one before it (`--recorder`, main
+98be699's) 1.50x [1.46-1.54] (13.5 -> 20.3 ms): +5.4 against +6.8 ms a step.
 
 Run: python benchmarks/bench_rollout_records.py [--rounds 4] [--msprobe-rounds 2] [--recorder FILE] [--profile]
 (needs the job venv: python -m tests.support.job_venv build). --recorder replaces the patched tree's

@@ -28,6 +28,8 @@ host copy per forward): not recorded 0.518 s; every request 0.559 s, 1.07x media
 one of 6 1.03x [0.96-1.09]. The recorder before that work (`--recorder`, integ's), 21:03 (load
 3.6): 1.11x [1.09-1.20] every request, 1.02x one of 6: on CPU and float32 the difference is
 within the noise (the packed rows were one range and the copies small beside the matmuls).
+2026-12-08 01:09 UTC (load 1.2), the per-tensor path trimmed (bench_rollout_records.py): every request
+0.558 s, 1.06x median [1.03-1.09]; one of 6 1.03x [0.99-1.07].
 
 Run: python benchmarks/bench_train_records.py [--repeat 5] [--hidden 512] [--layers 4] [--vocab 8192] [--scale 32]
 [--recorder FILE: the tree's rl_msprobe_records.py replaced by FILE, e.g. an older one]
