@@ -154,13 +154,17 @@ class ZoomOutcome:
 
 def _dump_files(side: Path) -> list[Path]:
     """SIDE's msprobe dump.json files that hold data (msprobe writes empty ones for steps it skipped)."""
+    from rl_msprobe import bounded
+    from rl_msprobe.dumps.layout import walk_files
+    from rl_msprobe.errors import UserError
+
     found = []
-    for path in sorted(side.rglob("dump.json")):
+    for path in walk_files(side, {"dump.json"}):
         try:
-            if path.stat().st_size and json.loads(path.read_text(encoding="utf-8")).get("data"):
+            if json.loads(bounded.read_text(path, "msprobe dump.json", bounded.DUMP_JSON)).get("data"):
                 found.append(path)
-        except (OSError, ValueError, AttributeError, RecursionError):
-            continue
+        except (OSError, ValueError, AttributeError, RecursionError, UserError):
+            continue  # empty, cut short, not JSON or not a regular file: not a dump to compare
     return found
 
 

@@ -430,9 +430,7 @@ def _record_extent(ctx: Context, req: Requirements, rollout_tp: int | None) -> f
         if samples and not options.request_ids:
             _note_empty_steps(req, min(1.0, requests / samples), samples, steps)
         return min(1.0, requests / samples) if samples else None
-    train_tp = (
-        (ctx.int_value(A + "megatron.tensor_model_parallel_size") or 1) if ctx.backend == "megatron" else 1
-    )
+    train_tp = _megatron_tp(ctx) if ctx.backend == "megatron" else 1
     tokens = prompt + response
     layers = len(options.layers) if options.layers is not None else None
     if samples is not None:
